@@ -1,0 +1,119 @@
+"""The exception tree of shadowpoint; each class carries the protocol's error `kind`.
+
+    ShadowpointError                      (kind: internal)
+    ├── InvalidParamsError                invalid_params
+    ├── WorkspaceError
+    │   ├── NoWorkspaceError              no_workspace
+    │   ├── ProtectedDirectoryError       protected_directory
+    │   ├── PathOutsideWorkspaceError     path_outside_workspace
+    │   └── ShadowRepoMismatchError       init_failed (hash collision or moved workspace)
+    ├── TaskError
+    │   ├── UnknownTaskError              unknown_task
+    │   ├── UnknownMessageError           unknown_message
+    │   ├── InitTimeoutError              init_timeout
+    │   ├── InitFailedError               init_failed
+    │   └── CheckpointsDisabledError      checkpoints_disabled
+    ├── CheckpointError
+    │   ├── UnknownCheckpointError        unknown_checkpoint
+    │   ├── NoFileSnapshotError           no_file_snapshot
+    │   ├── AlreadyRestoredError          already_restored
+    │   ├── NothingToUndoError            nothing_to_undo
+    │   └── RestoreFailedError            restore_failed
+    ├── LockTimeoutError                  lock_timeout
+    └── RepoError                         init_failed (a libgit2 failure, translated in shadow_repo.py)
+
+Entry points map `kind` to a JSON-RPC `data.kind` (sidecar) or an exit code (CLI).
+"""
+
+from __future__ import annotations
+
+
+class ShadowpointError(Exception):
+    """Root of every error shadowpoint raises on purpose."""
+
+    kind: str = "internal"
+
+
+class InvalidParamsError(ShadowpointError):
+    kind = "invalid_params"
+
+
+class WorkspaceError(ShadowpointError):
+    kind = "no_workspace"
+
+
+class NoWorkspaceError(WorkspaceError):
+    kind = "no_workspace"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(
+            message or "No workspace detected. Please open shadowpoint in a workspace to use checkpoints."
+        )
+
+
+class ProtectedDirectoryError(WorkspaceError):
+    kind = "protected_directory"
+
+
+class PathOutsideWorkspaceError(WorkspaceError):
+    kind = "path_outside_workspace"
+
+
+class ShadowRepoMismatchError(WorkspaceError):
+    kind = "init_failed"
+
+
+class TaskError(ShadowpointError):
+    kind = "unknown_task"
+
+
+class UnknownTaskError(TaskError):
+    kind = "unknown_task"
+
+
+class UnknownMessageError(TaskError):
+    kind = "unknown_message"
+
+
+class InitTimeoutError(TaskError):
+    kind = "init_timeout"
+
+
+class InitFailedError(TaskError):
+    kind = "init_failed"
+
+
+class CheckpointsDisabledError(TaskError):
+    kind = "checkpoints_disabled"
+
+
+class CheckpointError(ShadowpointError):
+    kind = "unknown_checkpoint"
+
+
+class UnknownCheckpointError(CheckpointError):
+    kind = "unknown_checkpoint"
+
+
+class NoFileSnapshotError(CheckpointError):
+    kind = "no_file_snapshot"
+
+
+class AlreadyRestoredError(CheckpointError):
+    kind = "already_restored"
+
+
+class NothingToUndoError(CheckpointError):
+    kind = "nothing_to_undo"
+
+
+class RestoreFailedError(CheckpointError):
+    kind = "restore_failed"
+
+
+class LockTimeoutError(ShadowpointError):
+    kind = "lock_timeout"
+
+
+class RepoError(ShadowpointError):
+    kind = "init_failed"
