@@ -8,6 +8,157 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import NewType
 
+from shadowpoint.errors import (
+    NoWorkspaceError,
+    PathOutsideWorkspaceError,
+    ProtectedDirectoryError,
+)
+
 RepoPath = NewType("RepoPath", str)
+
+HASH_DIGITS = 13
+
+
+def workspace_hash(real_root: Path) -> str:
+    """13 decimal digits from the sha256 of the canonical path (the seed's 32-bit hash collides)."""
+    digest = hashlib.sha256(os.fsencode(str(real_root))).digest()
+    return str(int.from_bytes(digest[:16], "big") % 10**HASH_DIGITS).zfill(HASH_DIGITS)
+
+
+def is_git_component(name: str) -> bool:
+    """True for `.git` and its case variants, which no request path may name."""
+    return name.lower() == ".git"
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    """One workspace root and where its shadow repo lives."""
+
+    root: Path
+    name: str
+    hash: str
+    git_dir: Path
+
+    def disk_path(self, path: RepoPath) -> Path:
+        """The location of `path` on disk (not resolved: symlinks are not followed)."""
+        return self.root / path if path else self.root
+
+
+def canonical_root(raw: str | os.PathLike[str], protected: Mapping[str, Path]) -> Path:
+    """Validate a workspace root and return its canonical real path.
+
+    Raises:
+        NoWorkspaceError: empty, missing or not a directory.
+        ProtectedDirectoryError: the root is the home, Desktop, Documents or Downloads folder.
+    """
+    if not str(raw).strip():
+        raise NoWorkspaceError()
+    real = Path(os.path.realpath(os.path.expanduser(str(raw))))
+    if not real.is_dir():
+        raise NoWorkspaceError(f"No workspace detected: {raw} is not a directory.")
+    for name, folder in protected.items():
+        if os.path.realpath(folder) == str(real):
+            raise ProtectedDirectoryError(f"Cannot use checkpoints in {name} directory")
+    return real
+
+
+def open_workspaces(
+    roots: Sequence[str | os.PathLike[str]], docs_dir: Path, protected: Mapping[str, Path]
+) -> list[Workspace]:
+    """Validate `roots` and name them (base names made unique), in order.
+
+    Raises:
+        NoWorkspaceError: no roots, or a root that is not a directory.
+        ProtectedDirectoryError: a root is a protected folder.
+    """
+    if not roots:
+        raise NoWorkspaceError()
+    reals = [canonical_root(r, protected) for r in roots]
+    names: list[str] = []
+    for real in reals:
+        base = real.name or "root"
+        name, n = base, 2
+        while name in names:
+            name, n = f"{base}-{n}", n + 1
+        names.append(name)
+    out = []
+    for real, name in zip(reals, names, strict=True):
+        h = workspace_hash(real)
+        out.append(Workspace(real, name, h, docs_dir / "checkpoints" / h / ".git"))
+    return out
+
+
+class PathResolver:
+    """Turns request paths into (workspace, RepoPath) and result paths back (PROTOCOL.md)."""
+
+    def __init__(self, workspaces: Sequence[Workspace], aliases: Mapping[str, Sequence[str]] | None = None):
+        self.workspaces = list(workspaces)
+        self._aliases = aliases or {}
+
+    @property
+    def multi(self) -> bool:
+        return len(self.workspaces) > 1
+
+    def by_name(self, name: str) -> Workspace:
+        for ws in self.workspaces:
+            if ws.name == name:
+                return ws
+        raise KeyError(name)
+
+    def display(self, ws: Workspace, path: RepoPath) -> str:
+        """A result path: root-relative, name-prefixed when there are several roots."""
+        return f"{ws.name}/{path}" if self.multi else str(path)
+
+    def resolve(self, raw: str) -> tuple[Workspace, RepoPath]:
+        """Resolve one request path.
+
+        Raises:
+            PathOutsideWorkspaceError: escapes every root, goes through `.git` or through a
+                symlink that leads outside.
+        """
+        if not isinstance(raw, str) or not raw or "\0" in raw:
+            raise PathOutsideWorkspaceError(f"Invalid path {raw!r}.")
+        if os.path.isabs(raw):
+            norm = posixpath.normpath(raw)
+            for ws in self.workspaces:
+                for base in (str(ws.root), *self._aliases.get(ws.name, ())):
+                    if norm.startswith(base.rstrip("/") + "/"):
+                        return ws, self._checked(ws, norm[len(base.rstrip("/")) + 1 :], raw)
+            raise PathOutsideWorkspaceError(f"{raw} is outside the workspace.")
+        norm = posixpath.normpath(raw.replace("\\", "/") if os.sep == "\\" else raw)
+        if self.multi:
+            name, _, rest = norm.partition("/")
+            try:
+                ws = self.by_name(name)
+            except KeyError:
+                raise PathOutsideWorkspaceError(
+                    f"{raw}: with several workspace roots a relative path starts with a root's name "
+                    f"({', '.join(w.name for w in self.workspaces)})."
+                ) from None
+            return ws, self._checked(ws, rest, raw)
+        return self.workspaces[0], self._checked(self.workspaces[0], norm, raw)
+
+    def _checked(self, ws: Workspace, rel: str, raw: str) -> RepoPath:
+        rel = posixpath.normpath(rel) if rel else ""
+        if not rel or rel == "." or rel == ".." or rel.startswith("../") or rel.startswith("/"):
+            raise PathOutsideWorkspaceError(f"{raw} is outside the workspace {ws.root}.")
+        parts = rel.split("/")
+        if any(is_git_component(p) for p in parts):
+            raise PathOutsideWorkspaceError(f"{raw} is inside a .git folder, which checkpoints never touch.")
+        # A path through a symlinked folder that leads outside is refused (PROTOCOL.md).
+        current = ws.root
+        for part in parts[:-1]:
+            current = current / part
+            if current.is_symlink():
+                target = os.path.realpath(current)
+                if target != str(ws.root) and not target.startswith(str(ws.root) + os.sep):
+                    raise PathOutsideWorkspaceError(f"{raw} goes through a symlink that leads outside.")
+            elif not current.exists():
+                break
+        return RepoPath(rel)

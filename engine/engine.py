@@ -1,0 +1,859 @@
+"""`Engine`: wires shadowpoint together for a set of workspace roots; the facade every
+entry point (sidecar, library hooks, CLI) drives.
+
+Owns one `RootState` per root (shadow repo, exclusion rules, stat cache, watcher, lock)
+and one `TaskRuntime` per task (record, round recorder, baseline future). Methods are
+called on the task's engine thread (the sidecar's per-task worker, or the caller's
+thread for hooks); the baseline builds on its own thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from shadowpoint.checkpoints import CheckpointRecord, CheckpointStore, TaskRecord, checkpoint_or_raise
+from shadowpoint.config import Settings, protected_directories
+from shadowpoint.diff import TITLE_NEW, TITLE_SINCE, FileChange, diff_to_wire, file_changes
+from shadowpoint.errors import (
+    AlreadyRestoredError,
+    CheckpointsDisabledError,
+    InitFailedError,
+    InitTimeoutError,
+    NoFileSnapshotError,
+    NothingToUndoError,
+    RestoreFailedError,
+    ShadowpointError,
+    UnknownCheckpointError,
+    UnknownMessageError,
+    UnknownTaskError,
+)
+from shadowpoint.exclusions import ExclusionRules
+from shadowpoint.locking import WorkspaceLock
+from shadowpoint.restore import RestorePlan, apply_plan, plan_restore
+from shadowpoint.rounds import RoundRecord, RoundRecorder, tool_kind
+from shadowpoint.scanner import Scanner, StageOptions, StagePlan, StageResult
+from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo, TreeEntry, safety_ref, task_ref
+from shadowpoint.stat_cache import FileState, StatCache
+from shadowpoint.workspace import PathResolver, RepoPath, Workspace, open_workspaces
+
+log = structlog.get_logger(__name__)
+
+Notify = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """What the engine needs from `Settings`, filled in once at an entry point."""
+
+    docs_dir: Path
+    read_only_tools: frozenset[str]
+    extra_exclusions: tuple[str, ...] = ()
+    max_file_bytes: int = 100 * 1024 * 1024
+    init_warn_s: float = 15.0
+    init_timeout_s: float = 600.0
+    watcher: bool = True
+    lock_timeout_s: float = 30.0
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> EngineOptions:
+        return cls(
+            docs_dir=s.resolved_docs_dir(),
+            read_only_tools=frozenset(s.read_only_tools),
+            extra_exclusions=tuple(s.extra_exclusions),
+            max_file_bytes=s.max_file_bytes,
+            init_warn_s=s.init_warn_s,
+            init_timeout_s=s.init_timeout_s,
+            watcher=s.watcher,
+            lock_timeout_s=s.lock_timeout_s,
+        )
+
+
+class RootState:
+    """One workspace root: its shadow repo, rules, stat cache and lock."""
+
+    def __init__(self, ws: Workspace, options: EngineOptions) -> None:
+        self.ws = ws
+        self.options = options
+        self.lock = WorkspaceLock(ws.git_dir.parent / "shadowpoint.lock", options.lock_timeout_s)
+        self.repo: ShadowRepo | None = None
+        self.cache = StatCache()
+        self.rules = ExclusionRules(ws.root, extra=options.extra_exclusions)
+        self.scanner: Scanner | None = None
+        self.watcher: Any = None
+
+    @property
+    def cache_file(self) -> Path:
+        return self.ws.git_dir / "shadowpoint" / "statcache.pickle"
+
+    def open(self) -> ShadowRepo:
+        """Open (or create) the shadow repo and bring the stat cache in line with it. Lock held."""
+        if self.repo is None or not self.ws.git_dir.is_dir():
+            if self.repo is not None:
+                self.repo.close()
+            self.repo = ShadowRepo.open_or_init(self.ws.git_dir, self.ws.root)
+            self.scanner = Scanner(self.ws.root, self.repo, self.rules,
+                                   StageOptions(max_file_bytes=self.options.max_file_bytes))
+            head = self.repo.read_ref(HEAD_REF)
+            loaded = StatCache.load(self.cache_file, head)
+            self.cache = loaded if loaded is not None else StatCache()
+            if loaded is None:
+                self._reset_cache(head)
+        else:
+            head = self.repo.read_ref(HEAD_REF)
+            if head != self.cache.base_commit:
+                # another process (or a crash) moved the head: mirror its tree
+                self._reset_cache(head)
+        return self.repo
+
+    def _reset_cache(self, head: str | None) -> None:
+        assert self.repo is not None
+        tree = self.repo.tree_of_commit_or_none(head) if head else None
+        self.cache.reset_to(tree, self.repo.list_tree(tree), head)
+
+    def stage(self, plan: StagePlan) -> StageResult:
+        """Stage `plan` into the cache's tree (lock held)."""
+        self.open()
+        assert self.scanner is not None
+        try:
+            return self.scanner.stage(plan, self.cache)
+        except BaseException:
+            self._reset_cache(self.cache.base_commit)
+            raise
+
+    def set_head(self, commit: str) -> None:
+        assert self.repo is not None
+        self.repo.set_ref(HEAD_REF, commit)
+        self.cache.base_commit = commit
+
+    def save_cache(self) -> None:
+        if self.repo is not None and self.ws.git_dir.is_dir():
+            self.cache.save(self.cache_file)
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            with contextlib.suppress(Exception):
+                self.watcher.stop()
+            self.watcher = None
+        self.save_cache()
+        if self.repo is not None:
+            self.repo.close()
+            self.repo = None
+
+    def forget_repo(self) -> None:
+        """The checkpoints folder was deleted: drop handles, start afresh next time."""
+        if self.repo is not None:
+            self.repo.close()
+        self.repo = None
+        self.scanner = None
+        self.cache = StatCache()
+
+
+@dataclass(slots=True)
+class TaskRuntime:
+    """In-memory state of one task."""
+
+    record: TaskRecord
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    state: str = "initializing"  # initializing | ready | disabled | failed
+    error: dict[str, str] | None = None
+    baseline: Future[None] | None = None
+    recorder: RoundRecorder | None = None
+    round_no: int = 0
+    generation: int = 0
+    timers: list[threading.Timer] = field(default_factory=list)
+
+
+class Engine:
+    """Checkpoints for a set of workspace roots."""
+
+    def __init__(self, roots: Sequence[str | Path], options: EngineOptions, notify: Notify | None = None) -> None:
+        self.options = options
+        self.workspaces = open_workspaces(roots, options.docs_dir, protected_directories())
+        self.resolver = PathResolver(self.workspaces)
+        self.roots = {ws.name: RootState(ws, options) for ws in self.workspaces}
+        self.store = CheckpointStore(options.docs_dir)
+        self.notify: Notify = notify or (lambda method, params: None)
+        self._tasks: dict[str, TaskRuntime] = {}
+        self._tasks_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def first_root(self) -> str:
+        return self.workspaces[0].name
+
+    def describe_roots(self) -> list[dict[str, str]]:
+        return [{"root": str(ws.root), "name": ws.name, "workspaceHash": ws.hash,
+                 "shadowGitDir": str(ws.git_dir)} for ws in self.workspaces]
+
+    # ================================================================== tasks
+
+    def _task(self, task_id: Any) -> TaskRuntime:
+        if not isinstance(task_id, str) or not task_id:
+            raise UnknownTaskError(f"Unknown task {task_id!r}.")
+        with self._tasks_lock:
+            rt = self._tasks.get(task_id)
+        if rt is not None:
+            return rt
+        if not self.store.exists(task_id):
+            raise UnknownTaskError(f"Unknown task {task_id!r}: start it with task/start first.")
+        return self._resume(task_id)
+
+    def _resume(self, task_id: str) -> TaskRuntime:
+        record = self.store.load(task_id)
+        rt = TaskRuntime(record)
+        with self._tasks_lock:
+            existing = self._tasks.get(task_id)
+            if existing is not None:
+                return existing
+            self._tasks[task_id] = rt
+        with rt.lock:
+            self._recover_restore(rt)
+            if record.disabled:
+                rt.state = "disabled"
+            elif record.last_snapshot() is not None:
+                rt.state = "ready"
+                rt.round_no = len(record.checkpoints)
+            else:
+                self._begin_baseline(rt, record.checkpoints[0].ts if record.checkpoints else 0)
+        return rt
+
+    def start_task(self, task_id: str, ts: int = 0) -> dict[str, Any]:
+        """Start (or resume) a task; its baseline builds in the background."""
+        with self._tasks_lock:
+            rt = self._tasks.get(task_id)
+        if rt is None and self.store.exists(task_id):
+            rt = self._resume(task_id)
+        if rt is None:
+            record = TaskRecord(task_id=task_id, roots={ws.name: str(ws.root) for ws in self.workspaces})
+            rt = TaskRuntime(record)
+            with self._tasks_lock:
+                self._tasks[task_id] = rt
+            with rt.lock:
+                record.add_message(ts, "user", None)
+                self._begin_baseline(rt, ts)
+        return self.task_state(rt)
+
+    def retry_task(self, task_id: str) -> dict[str, Any]:
+        rt = self._task(task_id)
+        with rt.lock:
+            if rt.state in ("failed", "disabled") or (rt.state == "initializing" and rt.baseline is None):
+                rt.record.disabled = False
+                ts = rt.record.messages[0].ts if rt.record.messages else 0
+                if rt.record.last_snapshot() is None:
+                    self._begin_baseline(rt, ts)
+                else:
+                    rt.state, rt.error = "ready", None
+        return self.task_state(rt)
+
+    def disable_task(self, task_id: str) -> None:
+        rt = self._task(task_id)
+        with rt.lock:
+            rt.state = "disabled"
+            rt.record.disabled = True
+            self._save(rt)
+
+    @staticmethod
+    def task_state(rt: TaskRuntime) -> dict[str, Any]:
+        state = "disabled" if rt.state in ("disabled", "failed") else rt.state
+        out: dict[str, Any] = {"state": state}
+        if rt.error:
+            out["error"] = dict(rt.error)
+        return out
+
+    def _save(self, rt: TaskRuntime) -> None:
+        self.store.save(rt.record)
+
+    # ------------------------------------------------------------------ baseline
+
+    def _begin_baseline(self, rt: TaskRuntime, ts: int) -> None:
+        rt.generation += 1
+        gen = rt.generation
+        rt.state, rt.error = "initializing", None
+        fut: Future[None] = Future()
+        rt.baseline = fut
+        task_id = rt.record.task_id
+        started = time.monotonic()
+
+        def slow() -> None:
+            if not fut.done():
+                self.notify("task/initSlow", {"taskId": task_id, "seconds": round(time.monotonic() - started, 1)})
+                log.warning("task.init_slow", task_id=task_id, hint="the repository may be large")
+
+        def timeout() -> None:
+            if fut.done():
+                return
+            with rt.lock:
+                if rt.generation != gen or rt.state != "initializing":
+                    return
+                rt.generation += 1  # the build's result is dropped: no timeout paid on every round
+                self._fail(rt, InitTimeoutError(
+                    f"Checkpoint initialisation took over {self.options.init_timeout_s:.0f} s; "
+                    "checkpoints are off for this task (task/retry tries again)."))
+            if not fut.done():
+                fut.set_result(None)
+
+        for delay, fn in ((self.options.init_warn_s, slow), (self.options.init_timeout_s, timeout)):
+            timer = threading.Timer(delay, fn)
+            timer.daemon = True
+            timer.name = f"shadowpoint-init-timer:{task_id}"
+            timer.start()
+            rt.timers.append(timer)
+
+        def build() -> None:
+            try:
+                self._build_baseline(rt, ts, gen)
+            except ShadowpointError as exc:
+                with rt.lock:
+                    if rt.generation == gen:
+                        self._fail(rt, exc if exc.kind in ("init_failed", "init_timeout", "lock_timeout")
+                                   else InitFailedError(str(exc)))
+            except Exception as exc:  # a bug or an OS error: the task reports it, never silently off
+                log.exception("task.init_failed", task_id=task_id)
+                with rt.lock:
+                    if rt.generation == gen:
+                        self._fail(rt, InitFailedError(f"Checkpoint initialisation failed: {exc}"))
+            finally:
+                for t in rt.timers:
+                    t.cancel()
+                if not fut.done():
+                    fut.set_result(None)
+
+        threading.Thread(target=build, name=f"shadowpoint-baseline:{task_id}", daemon=True).start()
+
+    def _fail(self, rt: TaskRuntime, exc: ShadowpointError) -> None:
+        rt.state = "failed"
+        kind = exc.kind if exc.kind in ("init_timeout", "init_failed", "lock_timeout") else "init_failed"
+        rt.error = {"kind": kind, "message": str(exc)}
+        self.notify("task/initFailed", {"taskId": rt.record.task_id, "kind": kind, "message": str(exc)})
+        log.error("task.init_failed", task_id=rt.record.task_id, kind=kind, reason=str(exc))
+
+    def _build_baseline(self, rt: TaskRuntime, ts: int, gen: int) -> None:
+        start = time.perf_counter()
+        hashes: dict[str, str] = {}
+        warnings: list[dict[str, str]] = []
+        for name, root in self.roots.items():
+            with root.lock.held():
+                result = root.stage(StagePlan(rescan=True))
+                assert root.repo is not None
+                commit = root.repo.commit(result.tree, [], "baseline", rt.record.task_id)
+                with rt.lock:
+                    if rt.generation != gen:
+                        return
+                root.repo.set_ref(task_ref(rt.record.task_id), commit)
+                root.set_head(commit)
+                root.save_cache()
+            hashes[name] = commit
+            warnings.extend(self._warnings(name, result))
+        with rt.lock:
+            if rt.generation != gen:
+                return
+            cp = CheckpointRecord(ts=ts, kind="baseline", hashes=hashes, warnings=warnings)
+            rt.record.add_checkpoint(cp)
+            rt.state, rt.error = "ready", None
+            self._save(rt)
+        log.info("task.baseline_built", task_id=rt.record.task_id,
+                 duration_ms=round((time.perf_counter() - start) * 1e3, 1))
+
+    def _wait_ready(self, rt: TaskRuntime) -> bool:
+        """Block until the baseline is built (the barrier). False if checkpoints are off."""
+        fut = rt.baseline
+        if rt.state == "initializing" and fut is not None:
+            fut.result()
+        return rt.state == "ready"
+
+    def _warnings(self, root: str, result: StageResult) -> list[dict[str, str]]:
+        return [{"path": self.resolver.display(self.roots[root].ws, s.path), "reason": s.reason.value}
+                for s in result.stats.skipped]
+
+    # ================================================================== rounds
+
+    def begin_round(self, task_id: str) -> int:
+        rt = self._task(task_id)
+        with rt.lock:
+            rt.round_no += 1
+            rt.recorder = RoundRecorder(rt.round_no)
+            return rt.round_no
+
+    def _resolve_paths(self, paths: Iterable[Any] | None) -> list[tuple[str, str]]:
+        out = []
+        for raw in paths or ():
+            ws, rel = self.resolver.resolve(raw)
+            root = self.roots[ws.name]
+            if self._in_nested_repo(root, rel):
+                from shadowpoint.errors import PathOutsideWorkspaceError
+
+                raise PathOutsideWorkspaceError(f"{raw} is inside a nested repository, which checkpoints never touch.")
+            out.append((ws.name, str(rel)))
+        return out
+
+    @staticmethod
+    def _in_nested_repo(root: RootState, rel: RepoPath) -> bool:
+        parts = rel.split("/")
+        return any(root.rules.is_nested_repo(RepoPath("/".join(parts[:i]))) for i in range(1, len(parts)))
+
+    def tool_began(self, task_id: str, tool: str, kind: str | None, paths: Iterable[Any] | None) -> None:
+        rt = self._task(task_id)
+        resolved_kind = tool_kind(tool, kind, self.options.read_only_tools)
+        resolved = self._resolve_paths(paths) if resolved_kind != "read" else []
+        if resolved_kind != "read":
+            self._wait_ready(rt)
+        with rt.lock:
+            if rt.recorder is None:
+                rt.round_no += 1
+                rt.recorder = RoundRecorder(rt.round_no)
+            rt.recorder.tool_began(tool, resolved_kind, resolved)
+
+    def tool_ended(self, task_id: str, tool: str, paths: Iterable[Any] | None, kind: str | None = None) -> None:
+        rt = self._task(task_id)
+        resolved_kind = tool_kind(tool, kind, self.options.read_only_tools)
+        resolved = self._resolve_paths(paths) if resolved_kind != "read" else []
+        with rt.lock:
+            if rt.recorder is None:
+                rt.round_no += 1
+                rt.recorder = RoundRecorder(rt.round_no)
+            rt.recorder.tool_ended(tool, resolved_kind, resolved)
+
+    def end_round(self, task_id: str, ts: int) -> CheckpointRecord | None:
+        """Close the round; one checkpoint if it held a tool that may modify the workspace."""
+        rt = self._task(task_id)
+        with rt.lock:
+            rec = rt.recorder.finish() if rt.recorder is not None else None
+            rt.recorder = None
+            self._touch_message(rt, ts)
+            if rec is None or not rec.mutating:
+                self._save(rt)
+                return None
+            for root_name, path in rec.edited:
+                bucket = rt.record.edited.setdefault(root_name, [])
+                if path not in bucket:
+                    bucket.append(path)
+        if not self._wait_ready(rt):
+            with rt.lock:
+                self._save(rt)
+            return None
+        with rt.lock:
+            return self._checkpoint(rt, "round", ts, self._plans(rec))
+
+    def _plans(self, rec: RoundRecord | None) -> dict[str, StagePlan]:
+        plans: dict[str, StagePlan] = {}
+        for name, root in self.roots.items():
+            forced = frozenset(RepoPath(p) for r, p in (rec.edited if rec else ()) if r == name)
+            watched: frozenset[RepoPath] = frozenset()
+            rescan = rec is None or rec.has_command or rec.has_unreported_edit
+            if root.watcher is not None and rec is not None:
+                snap = root.watcher.swap()
+                if snap.healthy:
+                    watched = snap.paths
+                    rescan = False if not rec.has_command else not (snap.paths or forced) and False
+                else:
+                    rescan = True
+            plans[name] = StagePlan(forced=forced, watched=watched, rescan=rescan)
+        return plans
+
+    def complete(self, task_id: str, ts: int) -> CheckpointRecord:
+        rt = self._task(task_id)
+        with rt.lock:
+            self._touch_message(rt, ts)
+        if not self._wait_ready(rt):
+            raise CheckpointsDisabledError(f"Checkpoints are off for task {task_id}.")
+        with rt.lock:
+            cp = self._checkpoint(rt, "completion", ts, self._plans(None), dedup_completion=True)
+            assert cp is not None
+            return cp
+
+    def compacted(self, task_id: str, ts: int) -> CheckpointRecord:
+        rt = self._task(task_id)
+        with rt.lock:
+            self._touch_message(rt, ts)
+            cp = CheckpointRecord(ts=ts, kind="compaction", hashes={})
+            rt.record.add_checkpoint(cp)
+            self._save(rt)
+            return cp
+
+    @staticmethod
+    def _touch_message(rt: TaskRuntime, ts: int) -> None:
+        """Record the assistant message a checkpoint is attached to (keeps a known role)."""
+        known = rt.record.message(ts)
+        rt.record.add_message(ts, known.role if known else "assistant", None)
+
+    def add_message(self, task_id: str, ts: int, role: str, text: str | None) -> None:
+        rt = self._task(task_id)
+        with rt.lock:
+            rt.record.add_message(ts, role, text)
+            self._save(rt)
+
+    def _checkpoint(self, rt: TaskRuntime, kind: str, ts: int, plans: dict[str, StagePlan],
+                    dedup_completion: bool = False) -> CheckpointRecord:
+        start = time.perf_counter()
+        prev = rt.record.last_snapshot()
+        hashes: dict[str, str] = {}
+        warnings: list[dict[str, str]] = []
+        reused_all = True
+        stats = []
+        for name, root in self.roots.items():
+            with root.lock.held():
+                result = root.stage(plans[name])
+                assert root.repo is not None
+                parent = prev.hashes.get(name) if prev else None
+                parent_tree = root.repo.tree_of_commit_or_none(parent) if parent else None
+                if parent is not None and parent_tree == result.tree and root.repo.has_object(parent):
+                    commit = parent
+                else:
+                    reused_all = False
+                    commit = root.repo.commit(result.tree, [parent] if parent else [],
+                                              f"{kind} checkpoint at {ts}", rt.record.task_id)
+                    root.repo.set_ref(task_ref(rt.record.task_id), commit)
+                root.set_head(commit)
+            hashes[name] = commit
+            warnings.extend(self._warnings(name, result))
+            stats.append(result.stats)
+        if dedup_completion and reused_all:
+            recent = rt.record.timeline_ts()[-3:]
+            for cp in reversed(rt.record.checkpoints):
+                if cp.kind == "completion" and cp.ts in recent and cp.hashes == hashes:
+                    log.info("checkpoint.deduplicated", task_id=rt.record.task_id, ts=cp.ts)
+                    return cp
+        cp = CheckpointRecord(ts=ts, kind=kind, hashes=hashes, reused=reused_all, warnings=warnings)
+        rt.record.add_checkpoint(cp)
+        self._save(rt)
+        log.info("round.checkpointed", task_id=rt.record.task_id, kind=kind, ts=ts, reused=reused_all,
+                 paths=sum(s.examined for s in stats), changed=sum(s.changed for s in stats),
+                 rescan=any(s.rescan for s in stats),
+                 duration_ms=round((time.perf_counter() - start) * 1e3, 2))
+        return cp
+
+    # ================================================================== reading
+
+    def list_checkpoints(self, task_id: str) -> dict[str, Any]:
+        rt = self._task(task_id)
+        with rt.lock:
+            out = self.task_state(rt)
+            out["checkpoints"] = [c.to_wire(self.first_root) for c in rt.record.checkpoints]
+            return out
+
+    def checkpoint_wire(self, cp: CheckpointRecord | None) -> dict[str, Any] | None:
+        return cp.to_wire(self.first_root) if cp is not None else None
+
+    def _snapshot_of(self, rt: TaskRuntime, ts: Any) -> CheckpointRecord:
+        cp = checkpoint_or_raise(rt.record, ts)
+        if not cp.has_snapshot:
+            raise NoFileSnapshotError(f"The checkpoint at ts={ts} has no file snapshot (Restore Task only).")
+        return cp
+
+    def diff(self, task_id: str, from_ts: Any, to_ts: Any = None) -> dict[str, Any]:
+        rt = self._task(task_id)
+        with rt.lock:
+            old = self._snapshot_of(rt, from_ts)
+            new = self._snapshot_of(rt, to_ts) if to_ts is not None else None
+        changes: list[FileChange] = []
+        for name, root in self.roots.items():
+            with root.lock.held():
+                repo = root.open()
+                old_tree = self._tree(root, old.hashes.get(name))
+                if new is not None:
+                    new_tree = self._tree(root, new.hashes.get(name))
+                else:
+                    new_tree = root.stage(StagePlan(rescan=True, forced=self._edited(rt, name))).tree
+                changes.extend(file_changes(repo, old_tree, new_tree, self._displayer(root.ws)))
+        return diff_to_wire(TITLE_SINCE if new is None else TITLE_NEW, changes)
+
+    def view_changes(self, task_id: str, ts: Any) -> dict[str, Any]:
+        rt = self._task(task_id)
+        with rt.lock:
+            cp = self._snapshot_of(rt, ts)
+            earlier = [c for c in rt.record.checkpoints if c.ts < cp.ts and c.has_snapshot]
+            base = next((c for c in reversed(earlier) if c.kind == "completion"), None)
+            if base is None:
+                base = earlier[0] if earlier else cp
+        changes: list[FileChange] = []
+        for name, root in self.roots.items():
+            with root.lock.held():
+                repo = root.open()
+                changes.extend(file_changes(repo, self._tree(root, base.hashes.get(name)),
+                                            self._tree(root, cp.hashes.get(name)), self._displayer(root.ws)))
+        return diff_to_wire(TITLE_NEW, changes)
+
+    def _displayer(self, ws: Workspace) -> Callable[[RepoPath], str]:
+        return lambda path: self.resolver.display(ws, path)
+
+    @staticmethod
+    def _tree(root: RootState, commit: str | None) -> str | None:
+        repo = root.open()
+        return repo.commit_tree(commit) if commit else None
+
+    def _edited(self, rt: TaskRuntime, root_name: str) -> frozenset[RepoPath]:
+        return frozenset(RepoPath(p) for p in rt.record.edited.get(root_name, ()))
+
+    # ================================================================== restore
+
+    def restore(self, task_id: str, ts: Any, mode: str) -> dict[str, Any]:
+        rt = self._task(task_id)
+        if mode not in ("files", "task", "both"):
+            from shadowpoint.errors import InvalidParamsError
+
+            raise InvalidParamsError(f"mode must be files, task or both, not {mode!r}.")
+        with rt.lock:
+            cp = checkpoint_or_raise(rt.record, ts)
+            if mode == "files":
+                if not cp.has_snapshot:
+                    raise NoFileSnapshotError(
+                        f"The checkpoint at ts={ts} has no file snapshot: only Restore Task is possible.")
+                if cp.restored:
+                    raise AlreadyRestoredError(
+                        f"The files are already restored to ts={ts}; save a new checkpoint first.")
+            out: dict[str, Any] = {"files": None, "task": None}
+            if mode in ("files", "both"):
+                try:
+                    if not cp.has_snapshot:
+                        raise NoFileSnapshotError(f"The checkpoint at ts={ts} has no file snapshot.")
+                    self._wait_ready(rt)
+                    out["files"] = self._restore_files(rt, cp)
+                    cp.restored = True
+                except ShadowpointError as exc:
+                    if mode == "files":
+                        raise
+                    out["error"] = {"kind": exc.kind, "message": str(exc)}
+            if mode in ("task", "both"):
+                out["task"] = {"keepThrough": self._cut(rt, cp.ts)}
+            self._save(rt)
+            return out
+
+    def _cut(self, rt: TaskRuntime, keep_through: int) -> int:
+        rt.record.cut_after(keep_through)
+        rt.recorder = None
+        last = rt.record.last_snapshot()
+        if last is not None:
+            for name, root in self.roots.items():
+                commit = last.hashes.get(name)
+                if commit:
+                    with root.lock.held():
+                        root.open().set_ref(task_ref(rt.record.task_id), commit)
+        return keep_through
+
+    def _restore_files(self, rt: TaskRuntime, cp: CheckpointRecord,
+                       scope_override: dict[str, list[str]] | None = None,
+                       target_override: dict[str, str | None] | None = None) -> dict[str, Any]:
+        """Safety checkpoint, journal, then the safe writer; marks nothing itself."""
+        task_id = rt.record.task_id
+        restored: list[str] = []
+        deleted: list[str] = []
+        errors: list[str] = []
+        safety_hashes: dict[str, str] = {}
+        undo: dict[str, Any] = {}
+        prev = rt.record.last_snapshot()
+        locks = [root.lock.held() for root in self.roots.values()]
+        with contextlib.ExitStack() as stack:
+            for lk in locks:
+                stack.enter_context(lk)
+            plans: dict[str, RestorePlan] = {}
+            for name, root in self.roots.items():
+                repo = root.open()
+                edited = (scope_override or rt.record.edited).get(name)
+                any_edits = any(rt.record.edited.values()) if scope_override is None else True
+                current = root.stage(StagePlan(rescan=True, forced=frozenset(RepoPath(p) for p in edited or ())))
+                parent = prev.hashes.get(name) if prev else None
+                safety = repo.commit(current.tree, [parent] if parent and repo.has_object(parent) else [],
+                                     "safety checkpoint before restore", task_id)
+                repo.set_ref(safety_ref(task_id), safety)
+                root.set_head(safety)
+                safety_hashes[name] = safety
+                if target_override is not None:
+                    target_tree = target_override.get(name)
+                else:
+                    commit = cp.hashes.get(name)
+                    if commit is None:
+                        continue
+                    target_tree = repo.commit_tree(commit)
+                target = repo.list_tree(target_tree)
+                scope = [RepoPath(p) for p in edited or ()] if any_edits else None
+                plans[name] = plan_restore(name, target, {p: s.entry for p, s in root.cache.entries.items()}, scope)
+            journal = {"plans": [p.to_json() for p in plans.values()], "safety": safety_hashes}
+            self.store.write_journal(task_id, journal)
+            for name, plan in plans.items():
+                root = self.roots[name]
+                stats = apply_plan(root.ws.root, root.open(), plan)
+                self._mirror_restore(root, plan)
+                restored += [self.resolver.display(root.ws, p) for p in stats.restored]
+                deleted += [self.resolver.display(root.ws, p) for p in stats.deleted]
+                errors += [f"{self.resolver.display(root.ws, p)}: {why}" for p, why in stats.failed]
+                undo[name] = {"safety": safety_hashes[name], "paths": [op.path for op in plan.ops]}
+            self.store.clear_journal(task_id)
+        rt.record.last_restore = undo
+        log.info("restore.applied", task_id=task_id, ts=cp.ts, restored=len(restored), deleted=len(deleted),
+                 failed=len(errors))
+        if errors:
+            raise RestoreFailedError(f"Some files could not be restored: {'; '.join(errors[:5])}")
+        return {"restored": restored, "deleted": deleted, "safety": safety_hashes[self.first_root]}
+
+    @staticmethod
+    def _mirror_restore(root: RootState, plan: RestorePlan) -> None:
+        """The tracked set now holds what the restore wrote (stat unknown: re-verified on rescan)."""
+        changes: dict[RepoPath, TreeEntry | None] = {}
+        for op in plan.ops:
+            changes[op.path] = op.entry
+            if op.entry is None:
+                root.cache.remove(op.path)
+            else:
+                root.cache.set(op.path, FileState.unknown(op.entry))
+        if changes:
+            assert root.repo is not None
+            root.cache.tree = root.repo.patch_tree(root.cache.tree, changes)
+
+    def _recover_restore(self, rt: TaskRuntime) -> None:
+        """Complete a restore that a crash interrupted (roll forward from the journal)."""
+        journal = self.store.read_journal(rt.record.task_id)
+        if not journal:
+            return
+        log.warning("restore.recovering", task_id=rt.record.task_id)
+        for data in journal.get("plans", []):
+            plan = RestorePlan.from_json(data)
+            root = self.roots.get(plan.root)
+            if root is None:
+                continue
+            with root.lock.held():
+                from shadowpoint.safe_fs import cleanup_temp_files
+
+                cleanup_temp_files(root.ws.root, [op.path for op in plan.ops])
+                apply_plan(root.ws.root, root.open(), plan)
+                self._mirror_restore(root, plan)
+        safety = journal.get("safety") or {}
+        rt.record.last_restore = {
+            p["root"]: {"safety": safety.get(p["root"]), "paths": [op[0] for op in p["ops"]]}
+            for p in journal.get("plans", [])
+        }
+        self.store.clear_journal(rt.record.task_id)
+        self._save(rt)
+
+    def undo_restore(self, task_id: str) -> dict[str, Any]:
+        rt = self._task(task_id)
+        with rt.lock:
+            undo = rt.record.last_restore
+            if not undo:
+                raise NothingToUndoError(f"Task {task_id} has no file restore to undo.")
+            scope: dict[str, list[str]] = {}
+            targets: dict[str, str | None] = {}
+            for name, info in undo.items():
+                root = self.roots.get(name)
+                if root is None or not info.get("safety"):
+                    continue
+                with root.lock.held():
+                    targets[name] = root.open().commit_tree(info["safety"])
+                scope[name] = list(info.get("paths", []))
+            marker = rt.record.last_snapshot() or rt.record.checkpoints[0]
+            files = self._restore_files(rt, marker, scope_override=scope, target_override=targets)
+            rt.record.last_restore = None
+            self._save(rt)
+            return {"files": files, "task": None}
+
+    def edit_message(self, task_id: str, ts: Any, text: Any, restore: str) -> dict[str, Any]:
+        rt = self._task(task_id)
+        with rt.lock:
+            msg = rt.record.message(ts) if isinstance(ts, int) else None
+            if msg is None:
+                raise UnknownMessageError(f"Task {task_id} has no message at ts={ts!r}.")
+            if msg.text is not None and msg.text == text:
+                return {"files": None, "task": None, "text": text}
+            earlier = [t for t in rt.record.timeline_ts() if t < ts]
+            keep_through = earlier[-1] if earlier else ts - 1
+            out: dict[str, Any] = {"files": None, "task": None, "text": text}
+            if restore == "all":
+                if rt.state != "ready":
+                    raise CheckpointsDisabledError(
+                        f"Restore All is not available while task {task_id} shows a checkpoint error.")
+                candidates = [c for c in rt.record.checkpoints if c.ts <= ts and c.has_snapshot]
+                if not candidates:
+                    raise UnknownCheckpointError(f"No checkpoint at or before ts={ts} to restore files to.")
+                cp = candidates[-1]
+                try:
+                    out["files"] = self._restore_files(rt, cp)
+                    cp.restored = True
+                except ShadowpointError as exc:
+                    out["error"] = {"kind": exc.kind, "message": str(exc)}
+            out["task"] = {"keepThrough": self._cut(rt, keep_through)}
+            self._save(rt)
+            return out
+
+    # ================================================================== storage
+
+    def delete_task(self, task_id: str) -> None:
+        rt = self._task(task_id)
+        with rt.lock:
+            rt.generation += 1
+            for t in rt.timers:
+                t.cancel()
+            with self._tasks_lock:
+                self._tasks.pop(task_id, None)
+            self._drop_refs(rt.record)
+            self.store.delete(task_id)
+        if not self.store.task_ids():
+            self._remove_checkpoints_folder()
+
+    def delete_all(self, keep: Sequence[str]) -> None:
+        keep_set = set(keep)
+        ids = set(self.store.task_ids())
+        with self._tasks_lock:
+            ids |= set(self._tasks)
+        for task_id in sorted(ids - keep_set):
+            try:
+                self.delete_task(task_id)
+            except UnknownTaskError:
+                self.store.delete(task_id)
+        if not keep_set or not self.store.task_ids():
+            self._remove_checkpoints_folder()
+
+    def _drop_refs(self, record: TaskRecord) -> None:
+        for name, root in self.roots.items():
+            if name not in record.roots or not root.ws.git_dir.is_dir():
+                continue
+            with root.lock.held():
+                repo = root.open()
+                repo.delete_ref(task_ref(record.task_id))
+                repo.delete_ref(safety_ref(record.task_id))
+
+    def _remove_checkpoints_folder(self) -> None:
+        for root in self.roots.values():
+            with root.lock.held():
+                root.forget_repo()
+        shutil.rmtree(self.options.docs_dir / "checkpoints", ignore_errors=True)
+        log.info("storage.checkpoints_removed", docs_dir=str(self.options.docs_dir))
+
+    def collect_garbage(self, grace_s: float = 3600.0) -> dict[str, Any]:
+        """Drop the objects no task reaches any more, in every root's shadow repo."""
+        out = {}
+        for name, root in self.roots.items():
+            if not root.ws.git_dir.is_dir():
+                continue
+            with root.lock.held():
+                kept, freed = root.open().collect_garbage(grace_s)
+                # the stat cache may name blobs of uncommitted scans (a diff): forget them
+                root._reset_cache(root.cache.base_commit)
+            out[name] = {"kept": kept, "freedBytes": freed}
+        return out
+
+    # ================================================================== lifecycle
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._tasks_lock:
+            tasks = list(self._tasks.values())
+        for rt in tasks:
+            for t in rt.timers:
+                t.cancel()
+            if rt.baseline is not None and not rt.baseline.done():
+                with contextlib.suppress(Exception):
+                    rt.baseline.result(timeout=self.options.init_timeout_s)
+        for root in self.roots.values():
+            with contextlib.suppress(Exception), root.lock.held():
+                root.close()

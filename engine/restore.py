@@ -1,0 +1,133 @@
+"""Restore: `RestorePlan` (which paths get which content) and carrying it out safely.
+
+Planning is pure (trees in, a plan out) so tests can inspect it; applying goes through
+`SafeWriter` (never libgit2's checkout), path by path, each file written to a temporary
+name and renamed. The engine writes a journal before applying so a crash is completed on
+the next start. Runs on the task's engine thread under the root's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from shadowpoint.errors import RestoreFailedError, ShadowpointError
+from shadowpoint.safe_fs import SafeWriter
+from shadowpoint.shadow_repo import MODE_EXEC, MODE_LINK, ShadowRepo, TreeEntry
+from shadowpoint.workspace import RepoPath
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreOp:
+    """Put `path` back to `entry`, or delete it when `entry` is None."""
+
+    path: RepoPath
+    entry: TreeEntry | None
+
+
+@dataclass(frozen=True, slots=True)
+class RestorePlan:
+    """The file work of one restore on one root; nothing is written until `apply_plan`."""
+
+    root: str
+    ops: tuple[RestoreOp, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "ops": [[op.path, op.entry.oid if op.entry else None, int(op.entry.mode) if op.entry else None]
+                    for op in self.ops],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RestorePlan:
+        ops = tuple(
+            RestoreOp(RepoPath(p), TreeEntry(oid, mode) if oid else None) for p, oid, mode in data["ops"]
+        )
+        return cls(str(data["root"]), ops)
+
+
+@dataclass(slots=True)
+class RestoreStats:
+    restored: list[RepoPath] = field(default_factory=list)
+    deleted: list[RepoPath] = field(default_factory=list)
+    failed: list[tuple[RepoPath, str]] = field(default_factory=list)
+
+
+def plan_restore(
+    root: str,
+    target: Mapping[RepoPath, TreeEntry],
+    current: Mapping[RepoPath, TreeEntry],
+    scope: Iterable[RepoPath] | None,
+) -> RestorePlan:
+    """Plan a restore of one root from the `current` snapshot to the `target` one.
+
+    Args:
+        root: the root's name.
+        target: the checkpoint's files.
+        current: the files as they are now (the safety snapshot just taken).
+        scope: the paths edit tools reported over the task (only those are touched, with
+            what lies under a reported directory); None to reset every file either
+            snapshot tracks (a task that changed files only through commands).
+    """
+    if scope is None:
+        paths = set(target) | set(current)
+    else:
+        wanted = set(scope)
+        prefixes = tuple(p + "/" for p in wanted)
+        paths = {p for p in wanted if p in target or p in current}
+        if prefixes:
+            paths |= {p for p in (*target, *current) if p.startswith(prefixes)}
+    ops = []
+    for path in sorted(paths):
+        want = target.get(path)
+        have = current.get(path)
+        if want == have:
+            continue
+        ops.append(RestoreOp(path, want))
+    return RestorePlan(root, tuple(ops))
+
+
+def apply_plan(workspace_root: Path, repo: ShadowRepo, plan: RestorePlan) -> RestoreStats:
+    """Carry out `plan` with the safe writer; per-path failures are collected, not raised.
+
+    Deletions run first (deepest first) so a directory that replaces a file, or a file
+    that replaces a directory, finds its place free.
+    """
+    stats = RestoreStats()
+    deletes = sorted((op for op in plan.ops if op.entry is None), key=lambda o: o.path.count("/"), reverse=True)
+    writes = [op for op in plan.ops if op.entry is not None]
+    with SafeWriter(workspace_root) as writer:
+        for op in deletes:
+            try:
+                if writer.remove(op.path):
+                    stats.deleted.append(op.path)
+            except ShadowpointError as exc:
+                stats.failed.append((op.path, str(exc)))
+        for op in writes:
+            assert op.entry is not None
+            try:
+                data = repo.read_blob(op.entry.oid)
+                if op.entry.mode == MODE_LINK:
+                    writer.write_symlink(op.path, data)
+                else:
+                    writer.write_file(op.path, data, executable=op.entry.mode == MODE_EXEC)
+                stats.restored.append(op.path)
+            except ShadowpointError as exc:
+                stats.failed.append((op.path, str(exc)))
+    if stats.failed:
+        log.warning("restore.failed", root=plan.root, failed=len(stats.failed), first=stats.failed[0][1])
+    return stats
+
+
+def raise_if_failed(stats: RestoreStats) -> None:
+    if stats.failed:
+        path, why = stats.failed[0]
+        more = f" (and {len(stats.failed) - 1} more)" if len(stats.failed) > 1 else ""
+        raise RestoreFailedError(f"Could not restore {path}: {why}{more}")

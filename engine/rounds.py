@@ -1,0 +1,76 @@
+"""`RoundRecorder`: what the tools of one round were and which paths edit tools reported.
+
+Fed by the engine from round events (tool began/ended); at the round's end it yields a
+`RoundRecord`, a plain value the stager turns into a plan. Runs on the engine thread of
+its task; no locking of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+COMMAND_HINTS = ("command", "exec", "shell", "bash")
+
+
+def tool_kind(tool: str, kind: str | None, read_only: frozenset[str]) -> str:
+    """The kind of a tool: given, else from its name (PROTOCOL.md): read, command or edit."""
+    if kind in ("read", "edit", "command"):
+        return kind
+    if tool in read_only:
+        return "read"
+    lowered = tool.lower()
+    if any(h in lowered for h in COMMAND_HINTS):
+        return "command"
+    return "edit"
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRecord:
+    """One finished round: did it mutate, what edit tools reported, did a command run."""
+
+    number: int
+    mutating: bool
+    has_command: bool
+    has_unreported_edit: bool
+    edited: frozenset[tuple[str, str]]  # (root name, RepoPath)
+
+
+@dataclass(slots=True)
+class RoundRecorder:
+    """Accumulates the tools of the current round."""
+
+    number: int
+    mutating: bool = False
+    has_command: bool = False
+    has_unreported_edit: bool = False
+    edited: set[tuple[str, str]] = field(default_factory=set)
+    _open_edits: dict[str, bool] = field(default_factory=dict)
+
+    def tool_began(self, tool: str, kind: str, paths: Iterable[tuple[str, str]]) -> None:
+        if kind == "read":
+            return
+        self.mutating = True
+        if kind == "command":
+            self.has_command = True
+            return
+        reported = list(paths)
+        self.edited.update(reported)
+        self._open_edits[tool] = bool(reported)
+
+    def tool_ended(self, tool: str, kind: str, paths: Iterable[tuple[str, str]]) -> None:
+        if kind == "read":
+            return
+        self.mutating = True
+        if kind == "command":
+            self.has_command = True
+            return
+        reported = list(paths)
+        self.edited.update(reported)
+        if not reported and not self._open_edits.get(tool, False):
+            self.has_unreported_edit = True
+        self._open_edits.pop(tool, None)
+
+    def finish(self) -> RoundRecord:
+        return RoundRecord(self.number, self.mutating, self.has_command, self.has_unreported_edit,
+                           frozenset(self.edited))

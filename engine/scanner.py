@@ -1,0 +1,301 @@
+"""`Scanner`: turns a `StagePlan` into tree changes for one root, reading the disk safely.
+
+Stages explicit paths in O(paths) (edit-tool paths forced past every exclusion, watcher
+paths filtered), or walks the whole root for the baseline and the rescan fallback, using
+the `StatCache` so unchanged files are not re-hashed. Runs on whichever thread holds the
+root's lock (task worker or baseline builder); never writes to the workspace.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+import stat
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from shadowpoint.exclusions import ExclusionRules
+from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
+from shadowpoint.stat_cache import FileState, StatCache
+from shadowpoint.workspace import RepoPath, is_git_component
+
+log = structlog.get_logger(__name__)
+
+
+class SkipReason(enum.Enum):
+    """Why a file was left out of a snapshot (reported on the checkpoint, never silent)."""
+
+    TOO_LARGE = "over the size cap"
+    UNREADABLE = "unreadable"
+    VANISHED = "vanished while being read"
+    NOT_REGULAR = "not a regular file"
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    path: RepoPath
+    reason: SkipReason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StageOptions:
+    """Per-root staging settings derived from `Settings`."""
+
+    max_file_bytes: int = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """Work for one root at a round's end: nothing is read until `Scanner.stage` runs."""
+
+    forced: frozenset[RepoPath] = frozenset()
+    watched: frozenset[RepoPath] = frozenset()
+    rescan: bool = False
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.forced or self.watched or self.rescan)
+
+
+@dataclass(slots=True)
+class StageStats:
+    """What one staging did."""
+
+    examined: int = 0
+    hashed: int = 0
+    changed: int = 0
+    rescan: bool = False
+    skipped: list[Skipped] = field(default_factory=list)
+    duration_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class _Staging:
+    """The running state of one `Scanner.stage` call."""
+
+    cache: StatCache
+    stats: StageStats
+    now_ns: int
+    changes: dict[RepoPath, TreeEntry | None] = field(default_factory=dict)
+    originals: dict[RepoPath, TreeEntry | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StageResult:
+    tree: str | None
+    changed: bool
+    stats: StageStats
+
+
+class Scanner:
+    """Reads one root and writes blobs and trees into its shadow repo."""
+
+    def __init__(self, root: Path, repo: ShadowRepo, rules: ExclusionRules, options: StageOptions) -> None:
+        self.root = root
+        self.repo = repo
+        self.rules = rules
+        self.options = options
+
+    # ------------------------------------------------------------------ entry points
+
+    def stage(self, plan: StagePlan, cache: StatCache) -> StageResult:
+        """Apply `plan` to `cache` (the tracked set) and write the resulting tree."""
+        start = time.perf_counter()
+        run = _Staging(cache, StageStats(rescan=plan.rescan), time.time_ns())
+        self._invalidate_rules(plan.forced | plan.watched)
+        if plan.rescan:
+            self._rescan(run)
+        else:
+            for path in sorted(plan.watched - plan.forced):
+                self._stage_path(run, path, forced=False)
+        # forced paths last: they win over every exclusion
+        for path in sorted(plan.forced):
+            self._stage_path(run, path, forced=True)
+        tree = cache.tree
+        if run.changes:
+            tree = self.repo.patch_tree(cache.tree, run.changes)
+            cache.tree = tree
+        run.stats.changed = len(run.changes)
+        run.stats.duration_ms = (time.perf_counter() - start) * 1e3
+        log.debug("scanner.staged", root=str(self.root), examined=run.stats.examined,
+                  hashed=run.stats.hashed, changed=run.stats.changed, rescan=run.stats.rescan,
+                  duration_ms=round(run.stats.duration_ms, 2))
+        return StageResult(tree, bool(run.changes), run.stats)
+
+    # ------------------------------------------------------------------ internals
+
+    def _invalidate_rules(self, paths: Iterable[RepoPath]) -> None:
+        for p in paths:
+            name = p.rsplit("/", 1)[-1]
+            if name in (".gitignore", ".gitattributes", ".gitmodules") or is_git_component(name):
+                parent = RepoPath(p.rsplit("/", 1)[0] if "/" in p else "")
+                self.rules.invalidate(parent)
+
+    def _rescan(self, run: _Staging) -> None:
+        seen: set[RepoPath] = set()
+        for path, dirent in self.rules.walk():
+            seen.add(path)
+            try:
+                st = dirent.stat(follow_symlinks=False)
+            except OSError:
+                self._record(run, path, None)
+                continue
+            self._stage_stat(run, path, st)
+        # Tracked paths the walk did not reach: deleted, or tracked despite an exclusion
+        # (force-added earlier); git semantics: exclusions apply to untracked files only.
+        for path in [p for p in run.cache.entries if p not in seen]:
+            self._stage_path(run, path, forced=True, expand_dirs=False)
+
+    def _stage_path(self, run: _Staging, path: RepoPath, *, forced: bool, expand_dirs: bool = True) -> None:
+        cache = run.cache
+        link_parent = self._symlink_ancestor(path)
+        if link_parent is not None:
+            # git never stages a path beyond a symlink: the link itself is what changed.
+            for tracked in [path, *cache.under(link_parent)]:
+                self._record(run, tracked, None)
+            self._stage_path(run, link_parent, forced=forced, expand_dirs=False)
+            return
+        try:
+            st = os.lstat(self.root / path)
+        except OSError:
+            self._record(run, path, None)
+            for tracked in cache.under(path):
+                self._record(run, tracked, None)
+            return
+        if stat.S_ISDIR(st.st_mode):
+            self._record(run, path, None)
+            if not expand_dirs or (not forced and self.rules.is_excluded(path, is_dir=True)):
+                return
+            seen: set[RepoPath] = set()
+            for child, dirent in self._walk_dir(path, forced):
+                seen.add(child)
+                try:
+                    cst = dirent.stat(follow_symlinks=False)
+                except OSError:
+                    self._record(run, child, None)
+                    continue
+                self._stage_stat(run, child, cst)
+            for tracked in cache.under(path):
+                if tracked not in seen:
+                    self._stage_path(run, tracked, forced=True, expand_dirs=False)
+            return
+        if not forced and path not in cache.entries and self.rules.is_excluded(path, is_dir=False):
+            return
+        self._stage_stat(run, path, st)
+
+    def _walk_dir(self, path: RepoPath, forced: bool) -> Iterator[tuple[RepoPath, os.DirEntry[str]]]:
+        if not forced:
+            yield from self.rules.walk(path)
+            return
+        # A directory an edit tool reported: everything in it but git dirs and nested repos.
+        stack = [path]
+        while stack:
+            current = stack.pop()
+            try:
+                with os.scandir(self.root / current) as it:
+                    entries = list(it)
+            except OSError:
+                continue
+            for dirent in entries:
+                if is_git_component(dirent.name):
+                    continue
+                child = RepoPath(f"{current}/{dirent.name}")
+                if dirent.is_dir(follow_symlinks=False):
+                    if not self.rules.is_nested_repo(child):
+                        stack.append(child)
+                else:
+                    yield child, dirent
+
+    def _symlink_ancestor(self, path: RepoPath) -> RepoPath | None:
+        parts = path.split("/")
+        current = self.root
+        for i, part in enumerate(parts[:-1]):
+            current = current / part
+            try:
+                st = os.lstat(current)
+            except OSError:
+                return None
+            if stat.S_ISLNK(st.st_mode):
+                return RepoPath("/".join(parts[: i + 1]))
+            if not stat.S_ISDIR(st.st_mode):
+                return None
+        return None
+
+    def _record(self, run: _Staging, path: RepoPath, entry: TreeEntry | None,
+                state: FileState | None = None) -> None:
+        """Note the new content of `path`; a path back at its original content is no change."""
+        cache = run.cache
+        if path not in run.originals:
+            run.originals[path] = cache.entry(path)
+        if entry == run.originals[path]:
+            run.changes.pop(path, None)
+        else:
+            run.changes[path] = entry
+        if entry is None:
+            cache.remove(path)
+        elif state is not None:
+            cache.set(path, state)
+
+    def _stage_stat(self, run: _Staging, path: RepoPath, st: os.stat_result) -> None:
+        run.stats.examined += 1
+        known = run.cache.entries.get(path)
+        if known is not None and known.is_clean(st):
+            return
+        mode = st.st_mode
+        if stat.S_ISLNK(mode):
+            try:
+                target = os.readlink(self.root / path)
+            except OSError as exc:
+                reason = SkipReason.VANISHED if exc.errno == errno.ENOENT else SkipReason.UNREADABLE
+                self._skip(run, path, reason, str(exc))
+                return
+            entry = TreeEntry(self.repo.write_blob(os.fsencode(target)), MODE_LINK)
+        elif stat.S_ISREG(mode):
+            if st.st_size > self.options.max_file_bytes:
+                self._skip(run, path, SkipReason.TOO_LARGE, f"{st.st_size} bytes")
+                return
+            try:
+                data, st = self._read_file(path)
+            except FileNotFoundError as exc:
+                self._skip(run, path, SkipReason.VANISHED, str(exc))
+                return
+            except OSError as exc:
+                self._skip(run, path, SkipReason.UNREADABLE, str(exc))
+                return
+            if len(data) > self.options.max_file_bytes:
+                self._skip(run, path, SkipReason.TOO_LARGE, f"{len(data)} bytes")
+                return
+            entry = TreeEntry(self.repo.write_blob(data), MODE_EXEC if st.st_mode & 0o100 else MODE_FILE)
+        else:
+            self._skip(run, path, SkipReason.NOT_REGULAR, "")
+            return
+        run.stats.hashed += 1
+        self._record(run, path, entry, FileState.of(st, entry, run.now_ns))
+
+    def _read_file(self, path: RepoPath) -> tuple[bytes, os.stat_result]:
+        # O_NOFOLLOW: a file swapped for a symlink after the walk is never read through.
+        fd = os.open(self.root / path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            chunks = []
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            return b"".join(chunks), st
+        finally:
+            os.close(fd)
+
+    def _skip(self, run: _Staging, path: RepoPath, reason: SkipReason, detail: str) -> None:
+        run.stats.skipped.append(Skipped(path, reason, detail))
+        self._record(run, path, None)
+        log.warning("scanner.skipped", root=str(self.root), path=path, reason=reason.value, detail=detail)
