@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from shadowpoint.bus import RoundBus
 from shadowpoint.checkpoints import CheckpointRecord, CheckpointStore, TaskRecord, checkpoint_or_raise
 from shadowpoint.config import Settings, protected_directories
 from shadowpoint.diff import TITLE_NEW, TITLE_SINCE, FileChange, diff_to_wire, file_changes
@@ -36,6 +37,16 @@ from shadowpoint.errors import (
     UnknownCheckpointError,
     UnknownMessageError,
     UnknownTaskError,
+)
+from shadowpoint.events import (
+    ContextCompacted,
+    MessageAdded,
+    RoundBegan,
+    RoundEnded,
+    TaskCompleted,
+    TaskStarted,
+    ToolBegan,
+    ToolEnded,
 )
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.locking import WorkspaceLock
@@ -186,6 +197,20 @@ class Engine:
         self._tasks: dict[str, TaskRuntime] = {}
         self._tasks_lock = threading.Lock()
         self._closed = False
+        self.bus = RoundBus()
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        """The checkpoint logic listens on the round-boundary bus; entry points publish."""
+        bus = self.bus
+        bus.subscribe(TaskStarted, lambda e: self.start_task(e.task_id, e.ts))
+        bus.subscribe(RoundBegan, lambda e: self.begin_round(e.task_id))
+        bus.subscribe(ToolBegan, lambda e: self.tool_began(e.task_id, e.tool, e.kind, e.paths))
+        bus.subscribe(ToolEnded, lambda e: self.tool_ended(e.task_id, e.tool, e.paths, e.kind))
+        bus.subscribe(RoundEnded, lambda e: self.end_round(e.task_id, e.ts))
+        bus.subscribe(TaskCompleted, lambda e: self.complete(e.task_id, e.ts))
+        bus.subscribe(ContextCompacted, lambda e: self.compacted(e.task_id, e.ts))
+        bus.subscribe(MessageAdded, lambda e: self.add_message(e.task_id, e.ts, e.role, e.text))
 
     @property
     def first_root(self) -> str:

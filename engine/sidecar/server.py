@@ -24,6 +24,17 @@ from shadowpoint import __version__
 from shadowpoint.config import Settings, load_settings
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.errors import InvalidParamsError, NoWorkspaceError, ShadowpointError
+from shadowpoint.events import (
+    ContextCompacted,
+    Event,
+    MessageAdded,
+    RoundBegan,
+    RoundEnded,
+    TaskCompleted,
+    TaskStarted,
+    ToolBegan,
+    ToolEnded,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -54,13 +65,20 @@ def _int(params: dict[str, Any], key: str, *, default: int | None = None) -> int
     return value
 
 
-def _paths(params: dict[str, Any], key: str = "paths") -> list[Any] | None:
+def _paths(params: dict[str, Any], key: str = "paths") -> tuple[str, ...] | None:
     value = params.get(key)
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
         raise InvalidParamsError(f"`{key}` must be a list of strings.")
-    return value
+    return tuple(value)
+
+
+def _kind(params: dict[str, Any]) -> str | None:
+    kind = params.get("kind")
+    if kind is not None and kind not in ("read", "edit", "command"):
+        raise InvalidParamsError("`kind` must be read, edit or command.")
+    return kind
 
 
 class _TaskWorker:
@@ -193,20 +211,20 @@ class Server:
         return {
             "initialize": self._initialize,
             "shutdown": self._shutdown,
-            "task/start": lambda p: self._eng().start_task(_str(p, "taskId"), _int(p, "ts", default=0)),
+            "task/start": lambda p: self._publish(TaskStarted(_str(p, "taskId"), _int(p, "ts", default=0))),
             "task/retry": lambda p: self._eng().retry_task(_str(p, "taskId")),
             "task/disable": lambda p: self._eng().disable_task(_str(p, "taskId")),
-            "round/begin": lambda p: {"round": self._eng().begin_round(_str(p, "taskId"))},
-            "tool/begin": lambda p: self._eng().tool_began(
-                _str(p, "taskId"), _str(p, "tool"), _str(p, "kind", optional=True), _paths(p)),
-            "tool/end": lambda p: self._eng().tool_ended(
-                _str(p, "taskId"), _str(p, "tool"), _paths(p), _str(p, "kind", optional=True)),
+            "round/begin": lambda p: {"round": self._publish(RoundBegan(_str(p, "taskId")))},
+            "tool/begin": lambda p: self._publish(ToolBegan(
+                _str(p, "taskId"), _str(p, "tool"), _kind(p), _paths(p))),
+            "tool/end": lambda p: self._publish(ToolEnded(
+                _str(p, "taskId"), _str(p, "tool"), _kind(p), _paths(p), p.get("ok") is not False)),
             "round/end": lambda p: {"checkpoint": self._eng().checkpoint_wire(
-                self._eng().end_round(_str(p, "taskId"), _int(p, "ts")))},
+                self._publish(RoundEnded(_str(p, "taskId"), _int(p, "ts"))))},
             "task/complete": lambda p: {"checkpoint": self._eng().checkpoint_wire(
-                self._eng().complete(_str(p, "taskId"), _int(p, "ts")))},
+                self._publish(TaskCompleted(_str(p, "taskId"), _int(p, "ts"))))},
             "task/compacted": lambda p: {"checkpoint": self._eng().checkpoint_wire(
-                self._eng().compacted(_str(p, "taskId"), _int(p, "ts")))},
+                self._publish(ContextCompacted(_str(p, "taskId"), _int(p, "ts"))))},
             "message/add": self._message_add,
             "checkpoint/list": lambda p: self._eng().list_checkpoints(_str(p, "taskId")),
             "checkpoint/diff": lambda p: self._eng().diff(_str(p, "taskId"), _int(p, "from"), p.get("to")),
@@ -218,6 +236,9 @@ class Server:
             "task/delete": lambda p: self._eng().delete_task(_str(p, "taskId")),
             "history/deleteAll": self._delete_all,
         }
+
+    def _publish(self, event: Event) -> Any:
+        return self._eng().bus.publish(event)
 
     def _eng(self) -> Engine:
         if self.engine is None:
@@ -269,7 +290,7 @@ class Server:
         text = p.get("text")
         if text is not None and not isinstance(text, str):
             raise InvalidParamsError("`text` must be a string.")
-        self._eng().add_message(_str(p, "taskId"), _int(p, "ts"), role, text)
+        self._publish(MessageAdded(_str(p, "taskId"), _int(p, "ts"), role, text))
 
     def _message_edit(self, p: dict[str, Any]) -> dict[str, Any]:
         restore = _str(p, "restore")
