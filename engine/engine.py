@@ -55,7 +55,8 @@ from shadowpoint.rounds import RoundRecord, RoundRecorder, tool_kind
 from shadowpoint.scanner import Scanner, StageOptions, StagePlan, StageResult
 from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo, TreeEntry, safety_ref, task_ref
 from shadowpoint.stat_cache import FileState, StatCache
-from shadowpoint.workspace import PathResolver, RepoPath, Workspace, open_workspaces
+from shadowpoint.watcher import WorkspaceWatcher
+from shadowpoint.workspace import PathResolver, RepoPath, Workspace, is_git_component, open_workspaces
 
 log = structlog.get_logger(__name__)
 
@@ -98,9 +99,33 @@ class RootState:
         self.lock = WorkspaceLock(ws.git_dir.parent / "shadowpoint.lock", options.lock_timeout_s)
         self.repo: ShadowRepo | None = None
         self.cache = StatCache()
-        self.rules = ExclusionRules(ws.root, extra=options.extra_exclusions)
+        extra = list(options.extra_exclusions)
+        with contextlib.suppress(ValueError):
+            # a docs root inside the workspace never snapshots itself
+            extra.append("/" + str(options.docs_dir.resolve().relative_to(ws.root)) + "/")
+        self.extra = tuple(extra)
+        self.rules = ExclusionRules(ws.root, extra=self.extra)
         self.scanner: Scanner | None = None
-        self.watcher: Any = None
+        self.watcher: WorkspaceWatcher | None = None
+
+    def start_watcher(self, notify: Notify) -> None:
+        """Start recording touched paths (before the baseline, so nothing slips between)."""
+        if not self.options.watcher or self.watcher is not None:
+            return
+        # The watcher's threads get rules of their own: ExclusionRules caches are not shared.
+        rules = ExclusionRules(self.ws.root, extra=self.extra)
+        rules_lock = threading.Lock()
+
+        def skip_dirs(path: RepoPath) -> bool:
+            with rules_lock:
+                return rules.is_excluded(path, is_dir=True)
+
+        def degraded(reason: str) -> None:
+            log.warning("watcher.degraded", root=str(self.ws.root), reason=reason)
+            notify("watcher/degraded", {"root": str(self.ws.root), "reason": reason})
+
+        self.watcher = WorkspaceWatcher(self.ws.root, skip_dirs=skip_dirs, on_degraded=degraded)
+        self.watcher.start()
 
     @property
     def cache_file(self) -> Path:
@@ -167,6 +192,11 @@ class RootState:
         self.repo = None
         self.scanner = None
         self.cache = StatCache()
+
+
+def _is_rules_file(path: RepoPath) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return name in (".gitignore", ".gitattributes", ".gitmodules") or is_git_component(name)
 
 
 @dataclass(slots=True)
@@ -366,6 +396,8 @@ class Engine:
         start = time.perf_counter()
         hashes: dict[str, str] = {}
         warnings: list[dict[str, str]] = []
+        for root in self.roots.values():
+            root.start_watcher(self.notify)
         for name, root in self.roots.items():
             with root.lock.held():
                 result = root.stage(StagePlan(rescan=True))
@@ -470,18 +502,29 @@ class Engine:
             return self._checkpoint(rt, "round", ts, self._plans(rec))
 
     def _plans(self, rec: RoundRecord | None) -> dict[str, StagePlan]:
+        """Per root: edit-tool paths (forced), watcher paths, or the rescan fallback (SPEC §4).
+
+        `rec` None is a completion: whatever changed since the last round.
+        """
         plans: dict[str, StagePlan] = {}
         for name, root in self.roots.items():
             forced = frozenset(RepoPath(p) for r, p in (rec.edited if rec else ()) if r == name)
+            unknown_changes = rec is None or rec.has_command or rec.has_unreported_edit
             watched: frozenset[RepoPath] = frozenset()
-            rescan = rec is None or rec.has_command or rec.has_unreported_edit
-            if root.watcher is not None and rec is not None:
+            if root.watcher is None:
+                rescan = unknown_changes
+            else:
+                flushed = root.watcher.flush()
                 snap = root.watcher.swap()
-                if snap.healthy:
-                    watched = snap.paths
-                    rescan = False if not rec.has_command else not (snap.paths or forced) and False
-                else:
+                if not (flushed and snap.healthy):
                     rescan = True
+                    log.info("stager.rescan_fallback", root=str(root.ws.root),
+                             reasons=list(snap.reasons) or ["flush barrier timed out"])
+                else:
+                    watched = snap.paths
+                    # a changed ignore file can re-include what the watcher skipped
+                    rules_changed = any(_is_rules_file(p) for p in watched)
+                    rescan = rules_changed or (rec is not None and unknown_changes and not watched)
             plans[name] = StagePlan(forced=forced, watched=watched, rescan=rescan)
         return plans
 
@@ -553,7 +596,8 @@ class Engine:
         self._save(rt)
         log.info("round.checkpointed", task_id=rt.record.task_id, kind=kind, ts=ts, reused=reused_all,
                  paths=sum(s.examined for s in stats), changed=sum(s.changed for s in stats),
-                 rescan=any(s.rescan for s in stats),
+                 rescan=any(s.rescan for s in stats), forced=sum(len(p.forced) for p in plans.values()),
+                 watched=sum(len(p.watched) for p in plans.values()),
                  duration_ms=round((time.perf_counter() - start) * 1e3, 2))
         return cp
 

@@ -1,0 +1,77 @@
+"""Library hooks: rounds and tools as context managers, checkpoints as futures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shadowpoint.engine import EngineOptions
+from shadowpoint.errors import PathOutsideWorkspaceError
+from shadowpoint.hooks import Checkpoints
+from tests.conftest import make_tree
+
+
+def test_round_and_tool_context_managers_checkpoint_each_round(workspace: Path, options: EngineOptions) -> None:
+    make_tree(workspace, {"app.py": "print(1)\n", "README.md": "r\n"})
+    with Checkpoints([workspace], options=options) as cps:
+        task = cps.task("lib-task", ts=1000)
+        with task.round(ts=2000) as rnd:
+            with task.tool("write_to_file", paths=["app.py"]):
+                (workspace / "app.py").write_text("print(2)\n")
+            with task.tool("read_file", paths=["README.md"]):
+                pass
+        first = rnd.checkpoint.result(timeout=60)
+        assert first is not None and first.kind == "round" and not first.reused
+
+        with task.round(ts=3000) as rnd2:
+            with task.tool("execute_command") as call:
+                (workspace / "made.txt").write_text("by a command\n")
+                call.report()  # a command reports nothing: the round rescans
+        second = rnd2.checkpoint.result(timeout=60)
+        assert second is not None and second.hashes != first.hashes
+
+        with task.round(ts=4000) as rnd3:
+            with task.tool("read_file", paths=["app.py"]):
+                pass
+        assert rnd3.checkpoint.result(timeout=60) is None
+
+        diff = task.diff(1000)
+        files = {f["path"]: f for f in diff["files"]}
+        assert set(files) == {"app.py", "made.txt"}
+        assert files["app.py"]["after"] == "print(2)\n"
+        assert [c["ts"] for c in task.checkpoints()] == [1000, 2000, 3000]
+
+        res = task.restore(1000, "files")
+        assert "app.py" in res["files"]["restored"]
+        assert (workspace / "app.py").read_text() == "print(1)\n"
+
+
+def test_decorated_tool_reports_its_paths(workspace: Path, options: EngineOptions) -> None:
+    make_tree(workspace, {".gitignore": "gen/\n", "a.txt": "a\n"})
+    with Checkpoints([workspace], options=options) as cps:
+        task = cps.task("deco", ts=1)
+
+        @task.wrap_tool("write_to_file", paths=lambda rel, text: [rel])
+        def write(rel: str, text: str) -> None:
+            target = workspace / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+
+        with task.round(ts=2) as rnd:
+            write("gen/out.py", "generated\n")
+        cp = rnd.checkpoint.result(timeout=60)
+        assert cp is not None
+        changed = {f["path"] for f in task.diff(1, 2)["files"]}
+        assert changed == {"gen/out.py"}, "an edit tool's path is force-added past .gitignore"
+
+
+def test_path_outside_is_refused_before_the_tool_runs(workspace: Path, options: EngineOptions) -> None:
+    make_tree(workspace, {"a.txt": "a\n"})
+    with Checkpoints([workspace], options=options) as cps:
+        task = cps.task("t", ts=1)
+        ran = False
+        with pytest.raises(PathOutsideWorkspaceError), task.round(ts=2):
+            with task.tool("write_to_file", paths=["../escape.txt"]):
+                ran = True
+        assert not ran
