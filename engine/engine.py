@@ -29,6 +29,7 @@ from shadowpoint.errors import (
     AlreadyRestoredError,
     CheckpointsDisabledError,
     InitFailedError,
+    InvalidParamsError,
     InitTimeoutError,
     NoFileSnapshotError,
     NothingToUndoError,
@@ -265,6 +266,11 @@ class Engine:
 
     def _resume(self, task_id: str) -> TaskRuntime:
         record = self.store.load(task_id)
+        mine = {ws.name: str(ws.root) for ws in self.workspaces}
+        if record.roots and record.roots != mine:
+            raise InvalidParamsError(
+                f"Task {task_id!r} belongs to the workspace {', '.join(record.roots.values())}, "
+                f"not {', '.join(mine.values())}; task ids are unique per docs root.")
         rt = TaskRuntime(record)
         with self._tasks_lock:
             existing = self._tasks.get(task_id)
@@ -668,8 +674,6 @@ class Engine:
     def restore(self, task_id: str, ts: Any, mode: str) -> dict[str, Any]:
         rt = self._task(task_id)
         if mode not in ("files", "task", "both"):
-            from shadowpoint.errors import InvalidParamsError
-
             raise InvalidParamsError(f"mode must be files, task or both, not {mode!r}.")
         with rt.lock:
             cp = checkpoint_or_raise(rt.record, ts)
