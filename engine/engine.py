@@ -51,7 +51,7 @@ from shadowpoint.events import (
 )
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.locking import WorkspaceLock
-from shadowpoint.restore import RestorePlan, apply_plan, plan_restore
+from shadowpoint.restore import RestorePlan, RestoreStats, apply_plan, plan_restore
 from shadowpoint.rounds import RoundRecord, RoundRecorder, tool_kind
 from shadowpoint.scanner import Scanner, StageOptions, StagePlan, StageResult
 from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo, TreeEntry, safety_ref, task_ref
@@ -108,6 +108,9 @@ class RootState:
         self.rules = ExclusionRules(ws.root, extra=self.extra)
         self.scanner: Scanner | None = None
         self.watcher: WorkspaceWatcher | None = None
+        # Until this process has scanned the root once, the tracked set may miss changes made
+        # while no shadowpoint ran (the watcher only sees what happens after its start).
+        self.scanned = False
 
     def start_watcher(self, notify: Notify) -> None:
         """Start recording touched paths (before the baseline, so nothing slips between)."""
@@ -161,8 +164,12 @@ class RootState:
         """Stage `plan` into the cache's tree (lock held)."""
         self.open()
         assert self.scanner is not None
+        if not self.scanned and not plan.rescan:
+            plan = StagePlan(forced=plan.forced, watched=plan.watched, rescan=True)
         try:
-            return self.scanner.stage(plan, self.cache)
+            result = self.scanner.stage(plan, self.cache)
+            self.scanned = True
+            return result
         except BaseException:
             self._reset_cache(self.cache.base_commit)
             raise
@@ -191,6 +198,7 @@ class RootState:
         if self.repo is not None:
             self.repo.close()
         self.repo = None
+        self.scanned = False
         self.scanner = None
         self.cache = StatCache()
 
@@ -754,8 +762,7 @@ class Engine:
             self.store.write_journal(task_id, journal)
             for name, plan in plans.items():
                 root = self.roots[name]
-                stats = apply_plan(root.ws.root, root.open(), plan)
-                self._mirror_restore(root, plan)
+                stats = self._apply_restore(root, plan, safety_hashes[name], task_id)
                 restored += [self.resolver.display(root.ws, p) for p in stats.restored]
                 deleted += [self.resolver.display(root.ws, p) for p in stats.deleted]
                 errors += [f"{self.resolver.display(root.ws, p)}: {why}" for p, why in stats.failed]
@@ -767,6 +774,17 @@ class Engine:
         if errors:
             raise RestoreFailedError(f"Some files could not be restored: {'; '.join(errors[:5])}")
         return {"restored": restored, "deleted": deleted, "safety": safety_hashes[self.first_root]}
+
+    def _apply_restore(self, root: RootState, plan: RestorePlan, safety: str | None, task_id: str) -> RestoreStats:
+        """Write the plan's files, then make the head name what the workspace now holds
+        (for other processes and restarts). Lock held."""
+        repo = root.open()
+        stats = apply_plan(root.ws.root, repo, plan)
+        self._mirror_restore(root, plan)
+        parents = [safety] if safety and repo.has_object(safety) else []
+        root.set_head(repo.commit(root.cache.tree, parents, "workspace after restore", task_id))
+        root.save_cache()
+        return stats
 
     @staticmethod
     def _mirror_restore(root: RootState, plan: RestorePlan) -> None:
@@ -797,8 +815,7 @@ class Engine:
                 from shadowpoint.safe_fs import cleanup_temp_files
 
                 cleanup_temp_files(root.ws.root, [op.path for op in plan.ops])
-                apply_plan(root.ws.root, root.open(), plan)
-                self._mirror_restore(root, plan)
+                self._apply_restore(root, plan, (journal.get("safety") or {}).get(plan.root), rt.record.task_id)
         safety = journal.get("safety") or {}
         rt.record.last_restore = {
             p["root"]: {"safety": safety.get(p["root"]), "paths": [op[0] for op in p["ops"]]}
