@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     watcher: bool = True
     watch_debounce_s: float = Field(default=2.0, gt=0, description="quiet period of `shadowpoint watch`")
     lock_timeout_s: float = Field(default=30.0, gt=0)
+    retention_max_age_days: float | None = Field(default=None, gt=0, description="delete older tasks")
+    retention_max_tasks: int | None = Field(default=None, gt=0, description="keep at most this many tasks")
+    retention_max_bytes: int | None = Field(default=None, gt=0, description="shadow repos' total size cap")
+    gc_grace_s: float = Field(default=3600.0, ge=0, description="unreachable objects younger than this stay")
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
     log_file: Path | None = None

@@ -56,6 +56,8 @@ from shadowpoint.rounds import RoundRecord, RoundRecorder, tool_kind
 from shadowpoint.scanner import Scanner, StageOptions, StagePlan, StageResult
 from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo, TreeEntry, safety_ref, task_ref
 from shadowpoint.stat_cache import FileState, StatCache
+from shadowpoint.storage import RetentionLimits, apply_retention
+from shadowpoint.storage import collect_garbage as collect_repo_garbage
 from shadowpoint.watcher import WorkspaceWatcher
 from shadowpoint.workspace import PathResolver, RepoPath, Workspace, is_git_component, open_workspaces
 
@@ -76,6 +78,8 @@ class EngineOptions:
     init_timeout_s: float = 600.0
     watcher: bool = True
     lock_timeout_s: float = 30.0
+    retention: RetentionLimits = RetentionLimits()
+    gc_grace_s: float = 3600.0
 
     @classmethod
     def from_settings(cls, s: Settings) -> EngineOptions:
@@ -88,6 +92,8 @@ class EngineOptions:
             init_timeout_s=s.init_timeout_s,
             watcher=s.watcher,
             lock_timeout_s=s.lock_timeout_s,
+            retention=RetentionLimits(s.retention_max_age_days, s.retention_max_tasks, s.retention_max_bytes),
+            gc_grace_s=s.gc_grace_s,
         )
 
 
@@ -174,6 +180,16 @@ class RootState:
             self._reset_cache(self.cache.base_commit)
             raise
 
+    def anchor(self, task_id: str) -> None:
+        """Name the tracked set's tree by the head ref when no checkpoint did (a diff's scan),
+        so garbage collection never drops a blob the stat cache will reuse. Lock held."""
+        assert self.repo is not None
+        head = self.cache.base_commit
+        head_tree = self.repo.tree_of_commit_or_none(head) if head else None
+        if head is not None and head_tree == self.cache.tree:
+            return
+        self.set_head(self.repo.commit(self.cache.tree, [head] if head else [], "workspace scan", task_id))
+
     def set_head(self, commit: str) -> None:
         assert self.repo is not None
         self.repo.set_ref(HEAD_REF, commit)
@@ -237,6 +253,7 @@ class Engine:
         self._tasks_lock = threading.Lock()
         self._closed = False
         self.bus = RoundBus()
+        self._background: list[threading.Thread] = []
         self._subscribe()
 
     def _subscribe(self) -> None:
@@ -434,6 +451,7 @@ class Engine:
             self._save(rt)
         log.info("task.baseline_built", task_id=rt.record.task_id,
                  duration_ms=round((time.perf_counter() - start) * 1e3, 1))
+        self._retain()
 
     def _wait_ready(self, rt: TaskRuntime) -> bool:
         """Block until the baseline is built (the barrier). False if checkpoints are off."""
@@ -647,6 +665,7 @@ class Engine:
                     new_tree = self._tree(root, new.hashes.get(name))
                 else:
                     new_tree = root.stage(StagePlan(rescan=True, forced=self._edited(rt, name))).tree
+                    root.anchor(rt.record.task_id)
                 changes.extend(file_changes(repo, old_tree, new_tree, self._displayer(root.ws)))
         return diff_to_wire(TITLE_SINCE if new is None else TITLE_NEW, changes)
 
@@ -887,6 +906,34 @@ class Engine:
             self.store.delete(task_id)
         if not self.store.task_ids():
             self._remove_checkpoints_folder()
+        else:
+            self._collect_in_background()
+
+    def _collect_in_background(self) -> None:
+        """Free what deleted tasks alone referenced, off the request path."""
+        dirs = [root.ws.git_dir for root in self.roots.values() if root.ws.git_dir.is_dir()]
+        if not dirs or self._closed:
+            return
+
+        def run() -> None:
+            try:
+                collect_repo_garbage(self.options.docs_dir, grace_s=self.options.gc_grace_s,
+                                     lock_timeout_s=self.options.lock_timeout_s, only=dirs)
+            except Exception:  # never fatal: the next collection tries again
+                log.exception("storage.collect_failed")
+
+        t = threading.Thread(target=run, name="shadowpoint-gc", daemon=True)
+        self._background.append(t)
+        t.start()
+
+    def _retain(self) -> None:
+        """Apply the retention limits (oldest tasks first; open tasks are kept)."""
+        if self.options.retention.is_unlimited:
+            return
+        with self._tasks_lock:
+            live = set(self._tasks)
+        if apply_retention(self.options.docs_dir, self.options.retention, protect=live):
+            self._collect_in_background()
 
     def delete_all(self, keep: Sequence[str]) -> None:
         keep_set = set(keep)
@@ -944,6 +991,8 @@ class Engine:
             if rt.baseline is not None and not rt.baseline.done():
                 with contextlib.suppress(Exception):
                     rt.baseline.result(timeout=self.options.init_timeout_s)
+        for worker in self._background:
+            worker.join()
         for root in self.roots.values():
             with contextlib.suppress(Exception), root.lock.held():
                 root.close()

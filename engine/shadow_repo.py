@@ -108,6 +108,7 @@ def ref_component(task_id: str) -> str:
     import hashlib
 
     cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", task_id)[:60].strip("._") or "task"
+    cleaned = re.sub(r"\.{2,}", "_", cleaned)  # ".." is invalid in a ref name ("a/../b" -> "a_.._b")
     return f"{cleaned}-{hashlib.sha256(task_id.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
 
 
@@ -154,30 +155,40 @@ class ShadowRepo:
     def _open_existing(cls, git_dir: Path, worktree: Path) -> pygit2.Repository:
         cls._clear_stale_locks(git_dir)
         try:
+            # libgit2 reads a NUL-filled config as empty but refuses to write it, so look first.
+            if b"\0" in (git_dir / "config").read_bytes():
+                raise ValueError("the config file holds NUL bytes")
             repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
             recorded = repo.config["core.worktree"] if "core.worktree" in repo.config else None
         except (pygit2.GitError, KeyError, ValueError, OSError) as exc:
-            # A truncated or garbled config: rebuild it, keeping every object that survives.
-            log.warning("shadow_repo.repaired", git_dir=str(git_dir), reason=str(exc))
-            cfg = git_dir / "config"
-            with contextlib.suppress(OSError):
-                cfg.unlink()
-            for name in ("HEAD",):
-                if not (git_dir / name).is_file() or (git_dir / name).stat().st_size == 0:
-                    (git_dir / name).write_text("ref: refs/heads/main\n")
-            with translated("repair"):
-                (git_dir / "refs").mkdir(exist_ok=True)
-                cfg.write_text("[core]\n\trepositoryformatversion = 0\n\tbare = true\n")
-                repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
-            cls._write_config(repo, worktree)
-            return repo
+            return cls._repair(git_dir, worktree, str(exc))
         if recorded is None:
-            cls._write_config(repo, worktree)
+            try:
+                cls._write_config(repo, worktree)
+            except RepoError as exc:  # readable but not writable (garbled): rebuild it
+                return cls._repair(git_dir, worktree, str(exc))
         elif os.path.realpath(recorded) != str(worktree):
             raise ShadowRepoMismatchError(
                 f"The shadow repository {git_dir} belongs to {recorded}, not {worktree} "
                 "(a workspace hash collision or a moved workspace). Move it aside to start afresh."
             )
+        return repo
+
+    @classmethod
+    def _repair(cls, git_dir: Path, worktree: Path, reason: str) -> pygit2.Repository:
+        """A truncated or garbled config: rebuild it, keeping every object that survives."""
+        log.warning("shadow_repo.repaired", git_dir=str(git_dir), reason=reason)
+        cfg = git_dir / "config"
+        with contextlib.suppress(OSError):
+            cfg.unlink()
+        for name in ("HEAD",):
+            if not (git_dir / name).is_file() or (git_dir / name).stat().st_size == 0:
+                (git_dir / name).write_text("ref: refs/heads/main\n")
+        with translated("repair"):
+            (git_dir / "refs").mkdir(exist_ok=True)
+            cfg.write_text("[core]\n\trepositoryformatversion = 0\n\tbare = true\n")
+            repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+        cls._write_config(repo, worktree)
         return repo
 
     @staticmethod
@@ -213,6 +224,27 @@ class ShadowRepo:
                 with contextlib.suppress(OSError):
                     lock.unlink()
                     log.warning("shadow_repo.stale_lock_removed", path=str(lock))
+
+    @classmethod
+    def open_existing(cls, git_dir: Path) -> ShadowRepo:
+        """Open a shadow repo for maintenance (report, gc) without creating or checking it.
+
+        Raises:
+            RepoError: missing or unreadable.
+        """
+        isolate_libgit2()
+        with translated(f"open {git_dir}"):
+            repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+            worktree = repo.config["core.worktree"] if "core.worktree" in repo.config else ""
+        return cls(repo, git_dir, Path(worktree or ""))
+
+    def object_size(self, oid: str) -> int:
+        """Uncompressed size of an object (0 when it is missing)."""
+        try:
+            _, size = self._repo.odb.read_header(pygit2.Oid(hex=oid))
+            return int(size)
+        except (pygit2.GitError, KeyError, ValueError):
+            return 0
 
     def clear_stale_locks(self) -> None:
         self._clear_stale_locks(self.git_dir)
@@ -373,7 +405,7 @@ class ShadowRepo:
         with translated(f"move {name}"):
             try:
                 self._repo.references.create(name, pygit2.Oid(hex=commit), force=True)
-            except pygit2.GitError:
+            except (pygit2.GitError, OSError):  # pygit2 raises OSError for "failed to lock file"
                 # A stale `<ref>.lock` of a killed writer: we hold the workspace lock.
                 self._clear_stale_locks(self.git_dir)
                 self._repo.references.create(name, pygit2.Oid(hex=commit), force=True)

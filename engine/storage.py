@@ -1,0 +1,213 @@
+"""Storage: what each workspace and task uses, retention limits, and garbage collection.
+
+Reads `<docs-root>/checkpoints/*/.git` and `<docs-root>/tasks/*/` for `shadowpoint
+storage` and the engine's retention pass; collecting garbage holds each repo's workspace
+lock. Called from the CLI, or from a background thread of the engine after a task is
+deleted or a baseline is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from shadowpoint.checkpoints import CheckpointStore, TaskRecord
+from shadowpoint.errors import ShadowpointError
+from shadowpoint.locking import WorkspaceLock
+from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo, disk_usage, safety_ref, task_ref
+from shadowpoint.workspace import workspace_hash
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionLimits:
+    """Tasks beyond these are deleted, oldest first (favourites and open tasks are kept)."""
+
+    max_age_days: float | None = None
+    max_tasks: int | None = None
+    max_bytes: int | None = None
+
+    @property
+    def is_unlimited(self) -> bool:
+        return self.max_age_days is None and self.max_tasks is None and self.max_bytes is None
+
+
+def _git_dirs(docs_dir: Path) -> list[Path]:
+    root = docs_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(d / ".git" for d in root.iterdir() if (d / ".git" / "objects").is_dir())
+
+
+def _records(docs_dir: Path) -> list[TaskRecord]:
+    store = CheckpointStore(docs_dir)
+    out = []
+    for task_id in store.task_ids():
+        with contextlib.suppress(ShadowpointError):
+            out.append(store.load(task_id))
+    return out
+
+
+def _last_activity(rec: TaskRecord) -> datetime:
+    stamps = [rec.created_at, *(c.created_at for c in rec.checkpoints)]
+    parsed = []
+    for s in stamps:
+        with contextlib.suppress(ValueError):
+            parsed.append(datetime.fromisoformat(s.replace("Z", "+00:00")))
+    return max(parsed) if parsed else datetime.now(UTC)
+
+
+def storage_report(docs_dir: Path, *, per_task_objects: bool = True) -> dict[str, Any]:
+    """Disk use of every workspace's shadow repo and of every task.
+
+    A task's `uniqueBytes` is the uncompressed size of the objects only its refs reach:
+    what deleting it (and collecting garbage) would free, before compression.
+    """
+    records = _records(docs_dir)
+    by_hash: dict[str, list[TaskRecord]] = {}
+    for rec in records:
+        for root in rec.roots.values():
+            by_hash.setdefault(workspace_hash(Path(root)), []).append(rec)
+    workspaces = []
+    for git_dir in _git_dirs(docs_dir):
+        h = git_dir.parent.name
+        tasks = by_hash.get(h, [])
+        entry: dict[str, Any] = {"workspaceHash": h, "shadowGitDir": str(git_dir), "bytes": disk_usage(git_dir),
+                                 "worktree": None, "tasks": []}
+        try:
+            repo = ShadowRepo.open_existing(git_dir)
+        except ShadowpointError as exc:
+            entry["error"] = str(exc)
+            workspaces.append(entry)
+            continue
+        try:
+            entry["worktree"] = str(repo.worktree)
+            reach: dict[str, set[str]] = {}
+            if per_task_objects:
+                for rec in tasks:
+                    tips = [t for t in (repo.read_ref(task_ref(rec.task_id)), repo.read_ref(safety_ref(rec.task_id)))
+                            if t]
+                    reach[rec.task_id] = repo.reachable_objects(tips)
+                head = repo.read_ref(HEAD_REF)
+                shared = repo.reachable_objects([head]) if head else set()
+            for rec in tasks:
+                row: dict[str, Any] = {
+                    "taskId": rec.task_id,
+                    "checkpoints": len(rec.checkpoints),
+                    "metadataBytes": disk_usage(CheckpointStore(docs_dir).task_dir(rec.task_id)),
+                    "lastActivity": _last_activity(rec).isoformat(),
+                }
+                if per_task_objects:
+                    others: set[str] = set(shared)
+                    for other, objs in reach.items():
+                        if other != rec.task_id:
+                            others |= objs
+                    unique = reach[rec.task_id] - others
+                    row["objects"] = len(reach[rec.task_id])
+                    row["uniqueBytes"] = sum(repo.object_size(o) for o in unique)
+                entry["tasks"].append(row)
+        finally:
+            repo.close()
+        workspaces.append(entry)
+    total = sum(w["bytes"] for w in workspaces) + disk_usage(docs_dir / "tasks")
+    return {"docsDir": str(docs_dir), "totalBytes": total, "workspaces": workspaces,
+            "tasks": len(records)}
+
+
+def collect_garbage(docs_dir: Path, *, grace_s: float = 3600.0, lock_timeout_s: float = 300.0,
+                    only: Iterable[Path] | None = None) -> dict[str, Any]:
+    """Drop unreachable objects from every shadow repo (or those in `only`), lock held."""
+    out: dict[str, Any] = {}
+    wanted = {Path(p) for p in only} if only is not None else None
+    for git_dir in _git_dirs(docs_dir):
+        if wanted is not None and git_dir not in wanted:
+            continue
+        lock = WorkspaceLock(git_dir.parent / "shadowpoint.lock", lock_timeout_s)
+        start = time.perf_counter()
+        with lock.held():
+            repo = ShadowRepo.open_existing(git_dir)
+            try:
+                kept, freed = repo.collect_garbage(grace_s)
+            finally:
+                repo.close()
+        out[git_dir.parent.name] = {"kept": kept, "freedBytes": freed,
+                                    "durationMs": round((time.perf_counter() - start) * 1e3, 1)}
+    return out
+
+
+def apply_retention(docs_dir: Path, limits: RetentionLimits, *, protect: Iterable[str] = ()) -> list[str]:
+    """Delete the oldest tasks beyond the limits (never those in `protect`); returns their ids.
+
+    Deleting a task removes its folder and its refs; objects are freed by the next
+    `collect_garbage`.
+    """
+    if limits.is_unlimited:
+        return []
+    keep = set(protect)
+    records = sorted(_records(docs_dir), key=_last_activity)
+    victims: list[TaskRecord] = []
+    now = datetime.now(UTC)
+    if limits.max_age_days is not None:
+        victims += [r for r in records if (now - _last_activity(r)).total_seconds() > limits.max_age_days * 86400]
+    remaining = [r for r in records if r not in victims]
+    if limits.max_tasks is not None and len(remaining) > limits.max_tasks:
+        victims += remaining[: len(remaining) - limits.max_tasks]
+        remaining = remaining[len(remaining) - limits.max_tasks:]
+    if limits.max_bytes is not None:
+        total = sum(disk_usage(g) for g in _git_dirs(docs_dir))
+        for rec in list(remaining):
+            if total <= limits.max_bytes or len(remaining) <= 1:
+                break
+            victims.append(rec)
+            remaining.remove(rec)
+            total -= _estimate(rec, docs_dir)
+    deleted = []
+    for rec in victims:
+        if rec.task_id in keep:
+            continue
+        delete_task_storage(docs_dir, rec)
+        deleted.append(rec.task_id)
+    if deleted:
+        log.info("storage.retention_applied", deleted=len(deleted))
+    return deleted
+
+
+def _estimate(rec: TaskRecord, docs_dir: Path) -> int:
+    report = storage_report(docs_dir)
+    for ws in report["workspaces"]:
+        for t in ws["tasks"]:
+            if t["taskId"] == rec.task_id:
+                return int(t.get("uniqueBytes", 0))
+    return 0
+
+
+def delete_task_storage(docs_dir: Path, rec: TaskRecord) -> None:
+    """Remove a task's refs from its shadow repos and its folder (the repos stay)."""
+    for root in rec.roots.values():
+        git_dir = docs_dir / "checkpoints" / workspace_hash(Path(root)) / ".git"
+        if not git_dir.is_dir():
+            continue
+        with WorkspaceLock(git_dir.parent / "shadowpoint.lock").held():
+            try:
+                repo = ShadowRepo.open_existing(git_dir)
+            except ShadowpointError:
+                continue
+            try:
+                repo.delete_ref(task_ref(rec.task_id))
+                repo.delete_ref(safety_ref(rec.task_id))
+            finally:
+                repo.close()
+    CheckpointStore(docs_dir).delete(rec.task_id)
+
+
+def remove_all_checkpoints(docs_dir: Path) -> None:
+    shutil.rmtree(docs_dir / "checkpoints", ignore_errors=True)
