@@ -150,11 +150,17 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Write `data` as JSON to `path` so that a crash leaves the old or the new file, whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as fh:
-        json.dump(data, fh, ensure_ascii=True, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as fh:
+            json.dump(data, fh, ensure_ascii=True, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # a failed write (unserialisable data, disk full) must not leave its temp file behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     with contextlib.suppress(OSError):
         dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:

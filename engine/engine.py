@@ -23,20 +23,16 @@ import structlog
 
 from shadowpoint.bus import RoundBus
 from shadowpoint.checkpoints import CheckpointRecord, CheckpointStore, TaskRecord, checkpoint_or_raise
-from shadowpoint.config import Settings, protected_directories
+from shadowpoint.config import protected_directories
 from shadowpoint.diff import TITLE_NEW, TITLE_SINCE, FileChange, diff_to_wire, file_changes
 from shadowpoint.errors import (
-    AlreadyRestoredError,
     CheckpointsDisabledError,
     InitFailedError,
-    InvalidParamsError,
     InitTimeoutError,
+    InvalidParamsError,
     NoFileSnapshotError,
-    NothingToUndoError,
-    RestoreFailedError,
+    PathOutsideWorkspaceError,
     ShadowpointError,
-    UnknownCheckpointError,
-    UnknownMessageError,
     UnknownTaskError,
 )
 from shadowpoint.events import (
@@ -49,179 +45,19 @@ from shadowpoint.events import (
     ToolBegan,
     ToolEnded,
 )
-from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.locking import WorkspaceLock
-from shadowpoint.restore import RestorePlan, RestoreStats, apply_plan, plan_restore
+from shadowpoint.options import EngineOptions
+from shadowpoint.restorer import Restorer
+from shadowpoint.roots import Notify, RootState, is_rules_file
 from shadowpoint.rounds import RoundRecord, RoundRecorder, tool_kind
-from shadowpoint.scanner import Scanner, StageOptions, StagePlan, StageResult
-from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo, TreeEntry, safety_ref, task_ref
-from shadowpoint.stat_cache import FileState, StatCache
-from shadowpoint.storage import RetentionLimits, apply_retention
+from shadowpoint.scanner import StagePlan, StageResult
+from shadowpoint.shadow_repo import safety_ref, task_ref
+from shadowpoint.storage import apply_retention
 from shadowpoint.storage import collect_garbage as collect_repo_garbage
-from shadowpoint.watcher import WorkspaceWatcher
-from shadowpoint.workspace import PathResolver, RepoPath, Workspace, is_git_component, open_workspaces
+from shadowpoint.workspace import PathResolver, RepoPath, Workspace, open_workspaces
+
+__all__ = ["Engine", "EngineOptions", "TaskRuntime"]
 
 log = structlog.get_logger(__name__)
-
-Notify = Callable[[str, dict[str, Any]], None]
-
-
-@dataclass(frozen=True, slots=True)
-class EngineOptions:
-    """What the engine needs from `Settings`, filled in once at an entry point."""
-
-    docs_dir: Path
-    read_only_tools: frozenset[str]
-    extra_exclusions: tuple[str, ...] = ()
-    max_file_bytes: int = 100 * 1024 * 1024
-    init_warn_s: float = 15.0
-    init_timeout_s: float = 600.0
-    watcher: bool = True
-    lock_timeout_s: float = 30.0
-    retention: RetentionLimits = RetentionLimits()
-    gc_grace_s: float = 3600.0
-
-    @classmethod
-    def from_settings(cls, s: Settings) -> EngineOptions:
-        return cls(
-            docs_dir=s.resolved_docs_dir(),
-            read_only_tools=frozenset(s.read_only_tools),
-            extra_exclusions=tuple(s.extra_exclusions),
-            max_file_bytes=s.max_file_bytes,
-            init_warn_s=s.init_warn_s,
-            init_timeout_s=s.init_timeout_s,
-            watcher=s.watcher,
-            lock_timeout_s=s.lock_timeout_s,
-            retention=RetentionLimits(s.retention_max_age_days, s.retention_max_tasks, s.retention_max_bytes),
-            gc_grace_s=s.gc_grace_s,
-        )
-
-
-class RootState:
-    """One workspace root: its shadow repo, rules, stat cache and lock."""
-
-    def __init__(self, ws: Workspace, options: EngineOptions) -> None:
-        self.ws = ws
-        self.options = options
-        self.lock = WorkspaceLock(ws.git_dir.parent / "shadowpoint.lock", options.lock_timeout_s)
-        self.repo: ShadowRepo | None = None
-        self.cache = StatCache()
-        extra = list(options.extra_exclusions)
-        with contextlib.suppress(ValueError):
-            # a docs root inside the workspace never snapshots itself
-            extra.append("/" + str(options.docs_dir.resolve().relative_to(ws.root)) + "/")
-        self.extra = tuple(extra)
-        self.rules = ExclusionRules(ws.root, extra=self.extra)
-        self.scanner: Scanner | None = None
-        self.watcher: WorkspaceWatcher | None = None
-        # Until this process has scanned the root once, the tracked set may miss changes made
-        # while no shadowpoint ran (the watcher only sees what happens after its start).
-        self.scanned = False
-
-    def start_watcher(self, notify: Notify) -> None:
-        """Start recording touched paths (before the baseline, so nothing slips between)."""
-        if not self.options.watcher or self.watcher is not None:
-            return
-        # The watcher's threads get rules of their own: ExclusionRules caches are not shared.
-        rules = ExclusionRules(self.ws.root, extra=self.extra)
-        rules_lock = threading.Lock()
-
-        def skip_dirs(path: RepoPath) -> bool:
-            with rules_lock:
-                return rules.is_excluded(path, is_dir=True)
-
-        def degraded(reason: str) -> None:
-            log.warning("watcher.degraded", root=str(self.ws.root), reason=reason)
-            notify("watcher/degraded", {"root": str(self.ws.root), "reason": reason})
-
-        self.watcher = WorkspaceWatcher(self.ws.root, skip_dirs=skip_dirs, on_degraded=degraded)
-        self.watcher.start()
-
-    @property
-    def cache_file(self) -> Path:
-        return self.ws.git_dir / "shadowpoint" / "statcache.pickle"
-
-    def open(self) -> ShadowRepo:
-        """Open (or create) the shadow repo and bring the stat cache in line with it. Lock held."""
-        if self.repo is None or not self.ws.git_dir.is_dir():
-            if self.repo is not None:
-                self.repo.close()
-            self.repo = ShadowRepo.open_or_init(self.ws.git_dir, self.ws.root)
-            self.scanner = Scanner(self.ws.root, self.repo, self.rules,
-                                   StageOptions(max_file_bytes=self.options.max_file_bytes))
-            head = self.repo.read_ref(HEAD_REF)
-            loaded = StatCache.load(self.cache_file, head)
-            self.cache = loaded if loaded is not None else StatCache()
-            if loaded is None:
-                self._reset_cache(head)
-        else:
-            head = self.repo.read_ref(HEAD_REF)
-            if head != self.cache.base_commit:
-                # another process (or a crash) moved the head: mirror its tree
-                self._reset_cache(head)
-        return self.repo
-
-    def _reset_cache(self, head: str | None) -> None:
-        assert self.repo is not None
-        tree = self.repo.tree_of_commit_or_none(head) if head else None
-        self.cache.reset_to(tree, self.repo.list_tree(tree), head)
-
-    def stage(self, plan: StagePlan) -> StageResult:
-        """Stage `plan` into the cache's tree (lock held)."""
-        self.open()
-        assert self.scanner is not None
-        if not self.scanned and not plan.rescan:
-            plan = StagePlan(forced=plan.forced, watched=plan.watched, rescan=True)
-        try:
-            result = self.scanner.stage(plan, self.cache)
-            self.scanned = True
-            return result
-        except BaseException:
-            self._reset_cache(self.cache.base_commit)
-            raise
-
-    def anchor(self, task_id: str) -> None:
-        """Name the tracked set's tree by the head ref when no checkpoint did (a diff's scan),
-        so garbage collection never drops a blob the stat cache will reuse. Lock held."""
-        assert self.repo is not None
-        head = self.cache.base_commit
-        head_tree = self.repo.tree_of_commit_or_none(head) if head else None
-        if head is not None and head_tree == self.cache.tree:
-            return
-        self.set_head(self.repo.commit(self.cache.tree, [head] if head else [], "workspace scan", task_id))
-
-    def set_head(self, commit: str) -> None:
-        assert self.repo is not None
-        self.repo.set_ref(HEAD_REF, commit)
-        self.cache.base_commit = commit
-
-    def save_cache(self) -> None:
-        if self.repo is not None and self.ws.git_dir.is_dir():
-            self.cache.save(self.cache_file)
-
-    def close(self) -> None:
-        if self.watcher is not None:
-            with contextlib.suppress(Exception):
-                self.watcher.stop()
-            self.watcher = None
-        self.save_cache()
-        if self.repo is not None:
-            self.repo.close()
-            self.repo = None
-
-    def forget_repo(self) -> None:
-        """The checkpoints folder was deleted: drop handles, start afresh next time."""
-        if self.repo is not None:
-            self.repo.close()
-        self.repo = None
-        self.scanned = False
-        self.scanner = None
-        self.cache = StatCache()
-
-
-def _is_rules_file(path: RepoPath) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return name in (".gitignore", ".gitattributes", ".gitmodules") or is_git_component(name)
 
 
 @dataclass(slots=True)
@@ -252,6 +88,7 @@ class Engine:
         self._tasks: dict[str, TaskRuntime] = {}
         self._tasks_lock = threading.Lock()
         self._closed = False
+        self.restorer = Restorer(self)
         self.bus = RoundBus()
         self._background: list[threading.Thread] = []
         self._subscribe()
@@ -303,7 +140,7 @@ class Engine:
                 return existing
             self._tasks[task_id] = rt
         with rt.lock:
-            self._recover_restore(rt)
+            self.restorer.recover(rt)
             if record.disabled:
                 rt.state = "disabled"
             elif record.last_snapshot() is not None:
@@ -438,7 +275,7 @@ class Engine:
                     if rt.generation != gen:
                         return
                 root.repo.set_ref(task_ref(rt.record.task_id), commit)
-                root.set_head(commit)
+                root.set_head(result.tree)
                 root.save_cache()
             hashes[name] = commit
             warnings.extend(self._warnings(name, result))
@@ -479,8 +316,6 @@ class Engine:
             ws, rel = self.resolver.resolve(raw)
             root = self.roots[ws.name]
             if self._in_nested_repo(root, rel):
-                from shadowpoint.errors import PathOutsideWorkspaceError
-
                 raise PathOutsideWorkspaceError(f"{raw} is inside a nested repository, which checkpoints never touch.")
             out.append((ws.name, str(rel)))
         return out
@@ -555,7 +390,7 @@ class Engine:
                 else:
                     watched = snap.paths
                     # a changed ignore file can re-include what the watcher skipped
-                    rules_changed = any(_is_rules_file(p) for p in watched)
+                    rules_changed = any(is_rules_file(p) for p in watched)
                     rescan = rules_changed or (rec is not None and unknown_changes and not watched)
             plans[name] = StagePlan(forced=forced, watched=watched, rescan=rescan)
         return plans
@@ -613,7 +448,7 @@ class Engine:
                     commit = root.repo.commit(result.tree, [parent] if parent else [],
                                               f"{kind} checkpoint at {ts}", rt.record.task_id)
                     root.repo.set_ref(task_ref(rt.record.task_id), commit)
-                root.set_head(commit)
+                root.set_head(result.tree)
             hashes[name] = commit
             warnings.extend(self._warnings(name, result))
             stats.append(result.stats)
@@ -665,7 +500,7 @@ class Engine:
                     new_tree = self._tree(root, new.hashes.get(name))
                 else:
                     new_tree = root.stage(StagePlan(rescan=True, forced=self._edited(rt, name))).tree
-                    root.anchor(rt.record.task_id)
+                    root.set_head(new_tree)
                 changes.extend(file_changes(repo, old_tree, new_tree, self._displayer(root.ws)))
         return diff_to_wire(TITLE_SINCE if new is None else TITLE_NEW, changes)
 
@@ -699,198 +534,16 @@ class Engine:
     # ================================================================== restore
 
     def restore(self, task_id: str, ts: Any, mode: str) -> dict[str, Any]:
-        rt = self._task(task_id)
-        if mode not in ("files", "task", "both"):
-            raise InvalidParamsError(f"mode must be files, task or both, not {mode!r}.")
-        with rt.lock:
-            cp = checkpoint_or_raise(rt.record, ts)
-            if mode == "files":
-                if not cp.has_snapshot:
-                    raise NoFileSnapshotError(
-                        f"The checkpoint at ts={ts} has no file snapshot: only Restore Task is possible.")
-                if cp.restored:
-                    raise AlreadyRestoredError(
-                        f"The files are already restored to ts={ts}; save a new checkpoint first.")
-            out: dict[str, Any] = {"files": None, "task": None}
-            if mode in ("files", "both"):
-                try:
-                    if not cp.has_snapshot:
-                        raise NoFileSnapshotError(f"The checkpoint at ts={ts} has no file snapshot.")
-                    self._wait_ready(rt)
-                    out["files"] = self._restore_files(rt, cp)
-                    cp.restored = True
-                except ShadowpointError as exc:
-                    if mode == "files":
-                        raise
-                    out["error"] = {"kind": exc.kind, "message": str(exc)}
-            if mode in ("task", "both"):
-                out["task"] = {"keepThrough": self._cut(rt, cp.ts)}
-            self._save(rt)
-            return out
-
-    def _cut(self, rt: TaskRuntime, keep_through: int) -> int:
-        rt.record.cut_after(keep_through)
-        rt.recorder = None
-        last = rt.record.last_snapshot()
-        if last is not None:
-            for name, root in self.roots.items():
-                commit = last.hashes.get(name)
-                if commit:
-                    with root.lock.held():
-                        root.open().set_ref(task_ref(rt.record.task_id), commit)
-        return keep_through
-
-    def _restore_files(self, rt: TaskRuntime, cp: CheckpointRecord,
-                       scope_override: dict[str, list[str]] | None = None,
-                       target_override: dict[str, str | None] | None = None) -> dict[str, Any]:
-        """Safety checkpoint, journal, then the safe writer; marks nothing itself."""
-        task_id = rt.record.task_id
-        restored: list[str] = []
-        deleted: list[str] = []
-        errors: list[str] = []
-        safety_hashes: dict[str, str] = {}
-        undo: dict[str, Any] = {}
-        prev = rt.record.last_snapshot()
-        locks = [root.lock.held() for root in self.roots.values()]
-        with contextlib.ExitStack() as stack:
-            for lk in locks:
-                stack.enter_context(lk)
-            plans: dict[str, RestorePlan] = {}
-            for name, root in self.roots.items():
-                repo = root.open()
-                edited = (scope_override or rt.record.edited).get(name)
-                any_edits = any(rt.record.edited.values()) if scope_override is None else True
-                current = root.stage(StagePlan(rescan=True, forced=frozenset(RepoPath(p) for p in edited or ())))
-                parent = prev.hashes.get(name) if prev else None
-                safety = repo.commit(current.tree, [parent] if parent and repo.has_object(parent) else [],
-                                     "safety checkpoint before restore", task_id)
-                repo.set_ref(safety_ref(task_id), safety)
-                root.set_head(safety)
-                safety_hashes[name] = safety
-                if target_override is not None:
-                    target_tree = target_override.get(name)
-                else:
-                    commit = cp.hashes.get(name)
-                    if commit is None:
-                        continue
-                    target_tree = repo.commit_tree(commit)
-                target = repo.list_tree(target_tree)
-                scope = [RepoPath(p) for p in edited or ()] if any_edits else None
-                plans[name] = plan_restore(name, target, {p: s.entry for p, s in root.cache.entries.items()}, scope)
-            journal = {"plans": [p.to_json() for p in plans.values()], "safety": safety_hashes}
-            self.store.write_journal(task_id, journal)
-            for name, plan in plans.items():
-                root = self.roots[name]
-                stats = self._apply_restore(root, plan, safety_hashes[name], task_id)
-                restored += [self.resolver.display(root.ws, p) for p in stats.restored]
-                deleted += [self.resolver.display(root.ws, p) for p in stats.deleted]
-                errors += [f"{self.resolver.display(root.ws, p)}: {why}" for p, why in stats.failed]
-                undo[name] = {"safety": safety_hashes[name], "paths": [op.path for op in plan.ops]}
-            self.store.clear_journal(task_id)
-        rt.record.last_restore = undo
-        log.info("restore.applied", task_id=task_id, ts=cp.ts, restored=len(restored), deleted=len(deleted),
-                 failed=len(errors))
-        if errors:
-            raise RestoreFailedError(f"Some files could not be restored: {'; '.join(errors[:5])}")
-        return {"restored": restored, "deleted": deleted, "safety": safety_hashes[self.first_root]}
-
-    def _apply_restore(self, root: RootState, plan: RestorePlan, safety: str | None, task_id: str) -> RestoreStats:
-        """Write the plan's files, then make the head name what the workspace now holds
-        (for other processes and restarts). Lock held."""
-        repo = root.open()
-        stats = apply_plan(root.ws.root, repo, plan)
-        self._mirror_restore(root, plan)
-        parents = [safety] if safety and repo.has_object(safety) else []
-        root.set_head(repo.commit(root.cache.tree, parents, "workspace after restore", task_id))
-        root.save_cache()
-        return stats
-
-    @staticmethod
-    def _mirror_restore(root: RootState, plan: RestorePlan) -> None:
-        """The tracked set now holds what the restore wrote (stat unknown: re-verified on rescan)."""
-        changes: dict[RepoPath, TreeEntry | None] = {}
-        for op in plan.ops:
-            changes[op.path] = op.entry
-            if op.entry is None:
-                root.cache.remove(op.path)
-            else:
-                root.cache.set(op.path, FileState.unknown(op.entry))
-        if changes:
-            assert root.repo is not None
-            root.cache.tree = root.repo.patch_tree(root.cache.tree, changes)
-
-    def _recover_restore(self, rt: TaskRuntime) -> None:
-        """Complete a restore that a crash interrupted (roll forward from the journal)."""
-        journal = self.store.read_journal(rt.record.task_id)
-        if not journal:
-            return
-        log.warning("restore.recovering", task_id=rt.record.task_id)
-        for data in journal.get("plans", []):
-            plan = RestorePlan.from_json(data)
-            root = self.roots.get(plan.root)
-            if root is None:
-                continue
-            with root.lock.held():
-                from shadowpoint.safe_fs import cleanup_temp_files
-
-                cleanup_temp_files(root.ws.root, [op.path for op in plan.ops])
-                self._apply_restore(root, plan, (journal.get("safety") or {}).get(plan.root), rt.record.task_id)
-        safety = journal.get("safety") or {}
-        rt.record.last_restore = {
-            p["root"]: {"safety": safety.get(p["root"]), "paths": [op[0] for op in p["ops"]]}
-            for p in journal.get("plans", [])
-        }
-        self.store.clear_journal(rt.record.task_id)
-        self._save(rt)
+        """Restore files, the task, or both to the checkpoint at `ts` (PROTOCOL.md `Restore`)."""
+        return self.restorer.restore(task_id, ts, mode)
 
     def undo_restore(self, task_id: str) -> dict[str, Any]:
-        rt = self._task(task_id)
-        with rt.lock:
-            undo = rt.record.last_restore
-            if not undo:
-                raise NothingToUndoError(f"Task {task_id} has no file restore to undo.")
-            scope: dict[str, list[str]] = {}
-            targets: dict[str, str | None] = {}
-            for name, info in undo.items():
-                root = self.roots.get(name)
-                if root is None or not info.get("safety"):
-                    continue
-                with root.lock.held():
-                    targets[name] = root.open().commit_tree(info["safety"])
-                scope[name] = list(info.get("paths", []))
-            marker = rt.record.last_snapshot() or rt.record.checkpoints[0]
-            files = self._restore_files(rt, marker, scope_override=scope, target_override=targets)
-            rt.record.last_restore = None
-            self._save(rt)
-            return {"files": files, "task": None}
+        """Put back exactly the paths the task's last file restore touched."""
+        return self.restorer.undo_restore(task_id)
 
     def edit_message(self, task_id: str, ts: Any, text: Any, restore: str) -> dict[str, Any]:
-        rt = self._task(task_id)
-        with rt.lock:
-            msg = rt.record.message(ts) if isinstance(ts, int) else None
-            if msg is None:
-                raise UnknownMessageError(f"Task {task_id} has no message at ts={ts!r}.")
-            if msg.text is not None and msg.text == text:
-                return {"files": None, "task": None, "text": text}
-            earlier = [t for t in rt.record.timeline_ts() if t < ts]
-            keep_through = earlier[-1] if earlier else ts - 1
-            out: dict[str, Any] = {"files": None, "task": None, "text": text}
-            if restore == "all":
-                if rt.state != "ready":
-                    raise CheckpointsDisabledError(
-                        f"Restore All is not available while task {task_id} shows a checkpoint error.")
-                candidates = [c for c in rt.record.checkpoints if c.ts <= ts and c.has_snapshot]
-                if not candidates:
-                    raise UnknownCheckpointError(f"No checkpoint at or before ts={ts} to restore files to.")
-                cp = candidates[-1]
-                try:
-                    out["files"] = self._restore_files(rt, cp)
-                    cp.restored = True
-                except ShadowpointError as exc:
-                    out["error"] = {"kind": exc.kind, "message": str(exc)}
-            out["task"] = {"keepThrough": self._cut(rt, keep_through)}
-            self._save(rt)
-            return out
+        """Restore Chat / Restore All for an edited message."""
+        return self.restorer.edit_message(task_id, ts, text, restore)
 
     # ================================================================== storage
 
@@ -973,7 +626,7 @@ class Engine:
             with root.lock.held():
                 kept, freed = root.open().collect_garbage(grace_s)
                 # the stat cache may name blobs of uncommitted scans (a diff): forget them
-                root._reset_cache(root.cache.base_commit)
+                root.reset_cache(root.cache.base_commit)
             out[name] = {"kept": kept, "freedBytes": freed}
         return out
 

@@ -172,6 +172,10 @@ class Scanner:
             self._record(run, path, None)
             if not expand_dirs or (not forced and self.rules.is_excluded(path, is_dir=True)):
                 return
+            # Even a forced folder is not entered when it is a nested repository (SPEC §4):
+            # otherwise its files were snapshotted, and a restore would write or delete them.
+            if forced and self.rules.is_nested_repo(path):
+                return
             seen: set[RepoPath] = set()
             for child, dirent in self._walk_dir(path, forced):
                 seen.add(child)
@@ -185,6 +189,11 @@ class Scanner:
                 if tracked not in seen:
                     self._stage_path(run, tracked, forced=True, expand_dirs=False)
             return
+        # A file or link now stands where a tracked folder was: the folder's files are gone.
+        # (Without this the tree dropped them but the stat cache kept them, and a later
+        # folder with the same files was taken for "unchanged" and left out of the tree.)
+        for tracked in cache.under(path):
+            self._record(run, tracked, None)
         if not forced and path not in cache.entries and self.rules.is_excluded(path, is_dir=False):
             return
         self._stage_stat(run, path, st)

@@ -336,13 +336,19 @@ class ShadowRepo:
 
     def commit(self, tree: str | None, parents: Iterable[str], message: str, task_id: str) -> str:
         """Write a commit carrying the task id as a trailer; refs are moved separately."""
-        body = f"{message}\n\n{TASK_TRAILER}: {task_id}\n"
+        # A line break in a task id would end the trailer and could forge another one: fold it
+        # (git reads an indented line as the trailer's continuation).
+        folded = "\n ".join(part for part in re.split(r"[\r\n]+", task_id) if part.strip())
+        body = f"{message}\n\n{TASK_TRAILER}: {folded}\n"
         with translated("write a commit"):
             tree_oid = pygit2.Oid(hex=tree) if tree else self._repo.TreeBuilder().write()
             oid = self._repo.create_commit(
                 None, self._sig, self._sig, body, tree_oid, [pygit2.Oid(hex=p) for p in parents]
             )
             return str(oid)
+
+    def tree_or_empty(self, tree: str | None) -> str:
+        return tree if tree else self.empty_tree()
 
     def commit_tree(self, commit: str) -> str | None:
         with translated(f"read commit {commit}"):
@@ -463,7 +469,7 @@ class ShadowRepo:
     # ------------------------------------------------------------------ storage
 
     def reachable_objects(self, tips: Iterable[str]) -> set[str]:
-        """Every object id reachable from the commits `tips` (commits, trees, blobs)."""
+        """Every object id reachable from `tips` (commits or trees): commits, trees, blobs."""
         seen: set[str] = set()
         stack_commits = [t for t in tips]
         seen_trees: set[str] = set()
@@ -472,10 +478,14 @@ class ShadowRepo:
                 cid = stack_commits.pop()
                 if cid in seen:
                     continue
-                seen.add(cid)
-                commit = self._obj(cid)
-                stack_commits.extend(str(p) for p in commit.parent_ids)
-                trees: list[Any] = [commit.tree]
+                obj = self._obj(cid)
+                trees: list[Any]
+                if isinstance(obj, pygit2.Tree):
+                    trees = [obj]
+                else:
+                    seen.add(cid)
+                    stack_commits.extend(str(p) for p in obj.parent_ids)
+                    trees = [obj.tree]
                 while trees:
                     tree = trees.pop()
                     tid = str(tree.id)

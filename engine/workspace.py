@@ -130,6 +130,11 @@ class PathResolver:
                 for base in (str(ws.root), *self._aliases.get(ws.name, ())):
                     if norm.startswith(base.rstrip("/") + "/"):
                         return ws, self._checked(ws, norm[len(base.rstrip("/")) + 1 :], raw)
+            # The host may name the root through a symlink (macOS /tmp, a linked home folder):
+            # the shortest ancestor whose real path is a root stands for that root.
+            found = self._through_root_alias(norm)
+            if found is not None:
+                return found[0], self._checked(found[0], found[1], raw)
             raise PathOutsideWorkspaceError(f"{raw} is outside the workspace.")
         norm = posixpath.normpath(raw.replace("\\", "/") if os.sep == "\\" else raw)
         if self.multi:
@@ -143,6 +148,15 @@ class PathResolver:
                 ) from None
             return ws, self._checked(ws, rest, raw)
         return self.workspaces[0], self._checked(self.workspaces[0], norm, raw)
+
+    def _through_root_alias(self, norm: str) -> tuple[Workspace, str] | None:
+        parts = norm.split("/")
+        roots = {str(ws.root): ws for ws in self.workspaces}
+        for i in range(2, len(parts)):
+            ws = roots.get(os.path.realpath("/".join(parts[:i])))
+            if ws is not None:
+                return ws, "/".join(parts[i:])
+        return None
 
     def _checked(self, ws: Workspace, rel: str, raw: str) -> RepoPath:
         rel = posixpath.normpath(rel) if rel else ""

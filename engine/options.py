@@ -1,0 +1,44 @@
+"""`EngineOptions`: what the engine needs from `Settings`, derived once at an entry point.
+
+A plain frozen value passed to `Engine` and on to each root; no engine module reads the
+environment or the settings object itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shadowpoint.config import Settings
+from shadowpoint.storage import RetentionLimits
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """What the engine needs from `Settings`, filled in once at an entry point."""
+
+    docs_dir: Path
+    read_only_tools: frozenset[str]
+    extra_exclusions: tuple[str, ...] = ()
+    max_file_bytes: int = 100 * 1024 * 1024
+    init_warn_s: float = 15.0
+    init_timeout_s: float = 600.0
+    watcher: bool = True
+    lock_timeout_s: float = 30.0
+    retention: RetentionLimits = field(default_factory=RetentionLimits)
+    gc_grace_s: float = 3600.0
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> EngineOptions:
+        return cls(
+            docs_dir=s.resolved_docs_dir(),
+            read_only_tools=frozenset(s.read_only_tools),
+            extra_exclusions=tuple(s.extra_exclusions),
+            max_file_bytes=s.max_file_bytes,
+            init_warn_s=s.init_warn_s,
+            init_timeout_s=s.init_timeout_s,
+            watcher=s.watcher,
+            lock_timeout_s=s.lock_timeout_s,
+            retention=RetentionLimits(s.retention_max_age_days, s.retention_max_tasks, s.retention_max_bytes),
+            gc_grace_s=s.gc_grace_s,
+        )

@@ -1,0 +1,798 @@
+"""`WorkspaceWatcher`: one watchdog observer per workspace root, recording touched paths into a `PathJournal`.
+
+The engine thread calls start/flush/swap/stop. Watchdog's threads (named `shadowpoint-watcher*:<root
+name>`) run the recording handler, which only normalises paths and adds them to the journal, and the
+inotify hooks below, which keep watches off skipped folders and report queue overflows and watch limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirModifiedEvent,
+    DirMovedEvent,
+    FileAttribEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+    FileSystemMovedEvent,
+)
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver, EventQueue, ObservedWatch
+
+from shadowpoint.journal import JournalSnapshot, PathJournal
+from shadowpoint.workspace import RepoPath
+
+log = structlog.get_logger(__name__)
+
+_THREAD_PREFIX = "shadowpoint-watcher"
+_MARKER_PREFIX = "flush-"
+_STOP_JOIN_TIMEOUT_S = 10.0
+
+# Only what can change a file's content, mode or existence. The default mask also subscribes to
+# "opened"/"closed-no-write": the recursive set-up alone then queues ~35,000 "directory opened"
+# events on a 100,000-file tree, overflows the kernel queue (16,384) and watchdog re-walks and
+# overflows again in a loop (issue 3, "Measured pitfalls"). Directory "modified" events are left
+# out too: they name the parent folder, which the stager would expand into its whole content.
+_EVENT_FILTER: list[type[FileSystemEvent]] = [
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileAttribEvent,  # chmod +x: snapshots keep the executable bit
+    FileClosedEvent,
+    FileDeletedEvent,
+    FileMovedEvent,
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+]
+
+
+def _has_git_component(rel: str) -> bool:
+    """True if any component of the POSIX path `rel` is `.git`, in any case."""
+    return ".git" in rel.lower() and any(part.lower() == ".git" for part in rel.split("/"))
+
+
+def _read_sysctl(name: str) -> int | None:
+    try:
+        return int(Path("/proc/sys", *name.split(".")).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _limit_reason(exc: OSError, where: str) -> str:
+    """A message for people: which OS limit stopped the watcher and how to raise it."""
+    if exc.errno == errno.EMFILE:
+        knob, floor, what = "fs.inotify.max_user_instances", 1024, "inotify instance limit"
+    else:
+        knob, floor, what = "fs.inotify.max_user_watches", 524288, "inotify watch limit"
+    current = _read_sysctl(knob)
+    suggested = max(floor, 2 * current) if current else floor
+    return (
+        f"OS {what} reached ({knob}={current if current is not None else '?'}) while watching {where}; "
+        f"raise it with `sudo sysctl {knob}={suggested}` (persist it in /etc/sysctl.d/) "
+        "and restart the watcher; until then rounds use the rescan"
+    )
+
+
+class _RecordingHandler(FileSystemEventHandler):
+    """Turns watchdog events into journal entries; runs on the observer thread, never raises."""
+
+    def __init__(self, root: str, journal: PathJournal, on_marker: Callable[[str], None]) -> None:
+        super().__init__()
+        self._root = root
+        self._prefix = root if root.endswith(os.sep) else root + os.sep
+        self._journal = journal
+        self._on_marker = on_marker
+        # Set by the watcher before each observer start; a plain attribute read is atomic.
+        self.marker_prefix: str | None = None
+
+    def dispatch(self, event: FileSystemEvent) -> None:
+        # A handler exception would kill the observer thread (it runs under the observer's lock).
+        try:
+            if isinstance(event, DirModifiedEvent):
+                return
+            self._record(os.fsdecode(event.src_path))
+            if isinstance(event, FileSystemMovedEvent) and event.dest_path:
+                self._record(os.fsdecode(event.dest_path))
+        except Exception:
+            with contextlib.suppress(Exception):
+                log.exception("watcher.handler_failed", root=self._root)
+            with contextlib.suppress(Exception):
+                self._journal.mark_unhealthy("watcher handler failed; events of this round may be lost")
+
+    def _record(self, path: str) -> None:
+        marker = self.marker_prefix
+        if marker is not None and path.startswith(marker):
+            self._on_marker(path[len(marker) :])
+            return
+        if not path.startswith(self._prefix):
+            return  # the root itself, or a stale watch outside it
+        rel = path[len(self._prefix) :]
+        if os.sep != "/":
+            rel = rel.replace(os.sep, "/")
+        if rel and not _has_git_component(rel):
+            self._journal.add(RepoPath(rel))
+
+
+class _InotifyHooks:
+    """What the inotify watch group asks of its watcher; called on the set-up and inotify threads."""
+
+    def __init__(self, watcher: WorkspaceWatcher, root: str, marker_dir: str) -> None:
+        self._watcher = watcher
+        self._root_prefix = os.fsencode(root.rstrip("/") + "/")
+        self.marker_dir = os.fsencode(marker_dir)
+        self.skipped_dirs = 0
+
+    def skips(self, path: bytes) -> bool:
+        """True for a directory that gets no watch: `.git`, the marker folder, or `skip_dirs`."""
+        if path == self.marker_dir:
+            return True
+        if not path.startswith(self._root_prefix):
+            return False
+        rel = path[len(self._root_prefix) :]
+        # Events under `.git` are dropped anyway: a watch there would only spend the budget.
+        if os.path.basename(rel).lower() == b".git" or self._watcher._skips(RepoPath(os.fsdecode(rel))):
+            self.skipped_dirs += 1
+            return True
+        return False
+
+    def watch_limit_hit(self, exc: OSError, path: bytes) -> None:
+        self._watcher._degrade("watch_limit", _limit_reason(exc, os.fsdecode(path)))
+
+    def overflowed(self) -> None:
+        self._watcher._overflowed()
+
+    def overflow_handled(self, *, rewatched: bool) -> None:
+        self._watcher._overflow_handled(rewatched=rewatched)
+
+    def bookkeeping_failed(self) -> None:
+        self._watcher._journal.mark_unhealthy("inotify bookkeeping failed; events of this round may be lost")
+
+
+try:  # watchdog >= 7.1 on Linux; elsewhere (or an older watchdog) the generic observer is used
+    from watchdog.observers.inotify import InotifyEmitter, InotifyObserver, InotifyWatchGroup
+    from watchdog.observers.inotify_c import InotifyEvent, InotifyFD
+    from watchdog.observers.inotify_move_event_grouper import (
+        GroupedInotifyEvent,
+        InotifyMoveEventGrouper,
+        PathedInotifyEvent,
+    )
+    from watchdog.utils.delayed_queue import DelayedQueue
+
+    _HAVE_INOTIFY_GROUPS = True
+except Exception:  # ImportError, or UnsupportedLibcError/OSError raised while loading libc
+    _HAVE_INOTIFY_GROUPS = False
+
+if _HAVE_INOTIFY_GROUPS:
+
+    class _PromptDelayedQueue(DelayedQueue[GroupedInotifyEvent]):
+        """Watchdog's delay queue, but a head held for move pairing is released as soon as it is paired.
+
+        The stock `get()` sleeps the full 0.5 s behind every IN_MOVED_FROM even when its IN_MOVED_TO
+        arrived a microsecond later, so every rename (editors' atomic saves) delayed all later events,
+        and the flush barrier, by 0.5 s. Waiting on the condition wakes on the pair's `put()`.
+        """
+
+        def get(self) -> GroupedInotifyEvent | None:
+            with self._not_empty:
+                while True:
+                    if self._closed:
+                        return None
+                    if not self._queue:
+                        self._not_empty.wait()
+                        continue
+                    head, insert_time, delay = self._queue[0]
+                    time_left = insert_time + self.delay - time.monotonic() if delay else 0.0
+                    if time_left > 0:
+                        self._not_empty.wait(time_left)
+                        continue
+                    self._queue.popleft()
+                    return head
+
+    class _PromptMoveGrouper(InotifyMoveEventGrouper):
+        def __init__(self) -> None:
+            super().__init__()
+            self._queue = _PromptDelayedQueue(self.delay)
+
+    @dataclass
+    class _ShadowWatchGroup(InotifyWatchGroup):
+        """A recursive watch group that skips folders, reports limits and overflows, and carries the
+        flush marker folder as one more watch, so that marker events travel the same ordered path
+        (kernel queue → this group → one emitter → observer queue → handler) as workspace events."""
+
+        hooks: _InotifyHooks = field(kw_only=True)
+        _move_event_grouper: InotifyMoveEventGrouper = field(default_factory=_PromptMoveGrouper, init=False)
+        _limit_hit: bool = field(default=False, init=False)
+
+        @property
+        def watch_count(self) -> int:
+            """Watches in the workspace (the marker folder's own watch is not counted)."""
+            return max(0, len(self._active_callbacks_by_watch) - 1)
+
+        def _activate(self) -> None:
+            with self._lock:
+                if self.is_active:
+                    return
+                self._add_all_callbacks(self.path)
+                self._add_marker_watch()
+                self._is_active = True
+
+        def _add_marker_watch(self) -> None:
+            marker = self.hooks.marker_dir
+            wd = self._inotify_fd.add_callback(marker, self.event_mask, self._callback, self._id)
+            self._active_callbacks_by_path[marker] = wd
+            self._active_callbacks_by_watch[wd] = marker
+
+        def _add_all_callbacks(self, path: bytes) -> None:
+            # Replaces watchdog's os.walk: prunes skipped folders (no watch below them) and reads
+            # the symlink bit from the directory entry instead of one lstat per folder.
+            if path != self.path and self.hooks.skips(path):
+                return
+            self._add_callback(path)
+            if not self.is_recursive or not os.path.isdir(path):
+                return
+            stack = [path]
+            while stack and not self._limit_hit:
+                try:
+                    with os.scandir(stack.pop()) as entries:
+                        for entry in entries:
+                            try:
+                                if not entry.is_dir(follow_symlinks=self.follow_symlink):
+                                    continue
+                            except OSError:
+                                continue
+                            if self.hooks.skips(entry.path):
+                                continue
+                            self._add_callback(entry.path)
+                            stack.append(entry.path)
+                except OSError:
+                    continue  # vanished or unreadable meanwhile, as os.walk would ignore it
+
+        def _add_callback(self, path: bytes) -> None:
+            try:
+                wd = self._inotify_fd.add_callback(path, self.event_mask, self._callback, self._id)
+            except OSError as exc:
+                if path == self.path:
+                    raise
+                if exc.errno in (errno.ENOSPC, errno.EMFILE):
+                    self._limit_hit = True
+                    self.hooks.watch_limit_hit(exc, path)
+                return  # a descendant vanished or became unreadable during set-up
+            self._active_callbacks_by_path[path] = wd
+            self._active_callbacks_by_watch[wd] = path
+
+        def _move_watches(self, move_src_path: bytes, move_dst_path: bytes) -> bool:
+            moved = super()._move_watches(move_src_path, move_dst_path)
+            if moved and self.hooks.skips(move_dst_path):
+                # A folder renamed to a skipped name (e.g. into node_modules) gives its watches back.
+                prefix = move_dst_path + b"/"
+                wds = [
+                    wd
+                    for path, wd in self._active_callbacks_by_path.items()
+                    if path == move_dst_path or path.startswith(prefix)
+                ]
+                self._remove_callbacks(wds)
+            return moved
+
+        def forget_tree(self, path: bytes) -> None:
+            """Drop the watches at and below `path`, a folder that left the watched tree."""
+            # Watchdog keeps them (its TODO): they would spend the budget and report events of a
+            # folder outside the workspace under its old paths. A folder moved back meanwhile keeps them.
+            with self._lock:
+                if not self.is_active or os.path.lexists(path):
+                    return
+                prefix = path + b"/"
+                wds = [
+                    wd
+                    for watched, wd in self._active_callbacks_by_path.items()
+                    if watched == path or watched.startswith(prefix)
+                ]
+                self._remove_callbacks(wds)
+
+        def on_event(self, event: InotifyEvent) -> None:
+            # An exception here would kill the inotify thread and silently end all watching.
+            try:
+                super().on_event(event)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    log.exception("watcher.inotify_failed", event=repr(event))
+                self.hooks.bookkeeping_failed()
+
+        def on_watch_deleted(self, wd: Any) -> None:
+            try:
+                super().on_watch_deleted(wd)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    log.exception("watcher.inotify_failed", wd=wd)
+                self.hooks.bookkeeping_failed()
+
+        def on_queue_overflow(self) -> None:
+            # Watchdog rebuilds the watches but tells nobody: events were lost, so report it, and
+            # re-add the marker watch that the rebuild drops.
+            self.hooks.overflowed()
+            rewatched = False
+            with self._lock:
+                if not self.is_active:
+                    return
+                self._move_event_grouper.discard_pending_events()
+                # The marker keeps its watch: a flush during the rebuild must still get its event.
+                marker_wd = self._active_callbacks_by_path.get(self.hooks.marker_dir)
+                self._remove_callbacks([wd for wd in self._active_callbacks_by_watch if wd != marker_wd])
+                self._limit_hit = False
+                try:
+                    self._add_all_callbacks(self.path)
+                    if marker_wd is None:
+                        self._add_marker_watch()
+                    rewatched = not self._limit_hit
+                except OSError:
+                    with contextlib.suppress(Exception):
+                        log.exception("watcher.rewatch_failed", root=os.fsdecode(self.path))
+            self.hooks.overflow_handled(rewatched=rewatched)
+
+    class _ShadowEmitter(InotifyEmitter):
+        """Builds a `_ShadowWatchGroup` and does not walk moved folders for synthetic events."""
+
+        def __init__(
+            self,
+            event_queue: EventQueue,
+            watch: ObservedWatch,
+            *,
+            timeout: float,
+            event_filter: list[type[FileSystemEvent]] | None = None,
+            inotify_fd: InotifyFD,
+            hooks: _InotifyHooks,
+            label: str,
+        ) -> None:
+            super().__init__(event_queue, watch, timeout=timeout, event_filter=event_filter, inotify_fd=inotify_fd)
+            self.name = f"{_THREAD_PREFIX}-emitter:{label}"
+            self._hooks = hooks
+            self.group: _ShadowWatchGroup | None = None
+
+        def on_thread_start(self) -> None:
+            self.group = _ShadowWatchGroup(
+                self._inotify_fd,
+                os.fsencode(self.watch.path),
+                is_recursive=self.watch.is_recursive,
+                event_mask=self.get_event_mask_from_filter(),
+                follow_symlink=self.watch.follow_symlink,
+                hooks=self._hooks,
+            )
+            self._inotify = self.group
+
+        def build_and_queue_event(self, event: GroupedInotifyEvent, *, full_events: bool = False) -> None:
+            # The recorded folder path covers its content; the stock emitter would also walk the
+            # moved tree on this thread and queue one synthetic event per entry inside it.
+            if not isinstance(event, PathedInotifyEvent):
+                move_from, move_to = event
+                if move_from.ev.is_directory:
+                    src, dest = self._decode_path(move_from.path), self._decode_path(move_to.path)
+                    self.queue_event(DirMovedEvent(src, dest))
+                    return
+            elif event.ev.is_moved_to and event.ev.is_directory:
+                self.queue_event(DirCreatedEvent(self._decode_path(event.path)))
+                return
+            elif event.ev.is_moved_from and event.ev.is_directory and self.group is not None:
+                # Unpaired after the pairing delay: moved out of the tree or into a skipped folder.
+                self.group.forget_tree(event.path)
+            super().build_and_queue_event(event, full_events=full_events)
+
+    class _ShadowObserver(InotifyObserver):
+        """An inotify observer with its own inotify instance and `_ShadowEmitter`s, threads named."""
+
+        def __init__(self, hooks: _InotifyHooks, label: str) -> None:
+            # InotifyObserver.__init__ hard-codes its emitter class; these are its three steps.
+            self._inotify_fd = InotifyFD()
+            self._inotify_fd.name = f"{_THREAD_PREFIX}-inotify:{label}"
+            self._inotify_fd.start()
+            try:
+                BaseObserver.__init__(self, _ShadowEmitter, inotify_fd=self._inotify_fd, hooks=hooks, label=label)
+            except BaseException:
+                self._inotify_fd.stop()
+                self._inotify_fd.join()
+                raise
+            self.name = f"{_THREAD_PREFIX}:{label}"
+
+        @property
+        def group(self) -> _ShadowWatchGroup | None:
+            for emitter in self.emitters:
+                if isinstance(emitter, _ShadowEmitter):
+                    return emitter.group
+            return None
+
+        @property
+        def worker_threads(self) -> list[threading.Thread]:
+            return [self, self._inotify_fd, *self.emitters]
+
+
+class WorkspaceWatcher:
+    """Records the paths touched under one workspace root, round by round.
+
+    Health: a failure to start, the OS watch limit, a kernel queue overflow or a dead watchdog
+    thread make the watcher unhealthy; each unhealthy period calls `on_degraded(reason)` once and
+    makes `swap()` report `healthy=False` for every round it touches. An overflow recovers by itself
+    (watches are rebuilt); a dead thread triggers a restart in the background; a watch limit lasts
+    until `restart()` (after the limit is raised).
+
+    Rounds are observed from `start()` on: start the watcher before building the baseline.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        skip_dirs: Callable[[RepoPath], bool] | None = None,
+        on_degraded: Callable[[str], None] | None = None,
+        journal: PathJournal | None = None,
+    ) -> None:
+        """Prepare a watcher; nothing is watched before `start()`.
+
+        Args:
+            root: The workspace root (events are reported relative to it).
+            skip_dirs: Returns True for a folder not worth an OS watch (excluded folders, nested
+                repositories); changes below it are not recorded. Called on the set-up and inotify
+                threads, so it may stat but must be quick. `.git` folders are always skipped.
+            on_degraded: Called with a reason each time the watcher turns unhealthy. Called on
+                whichever thread noticed (possibly a watchdog thread): keep it short, never block.
+            journal: The journal to record into; a fresh one by default.
+        """
+        self._root = os.path.abspath(root)
+        self._label = Path(self._root).name or self._root
+        self._skip_dirs = skip_dirs
+        self._on_degraded = on_degraded
+        self._journal = journal if journal is not None else PathJournal()
+        self._handler = _RecordingHandler(self._root, self._journal, self._marker_seen)
+        # Serialises start/stop/restart; held across watch set-up I/O on purpose (nothing else waits on it
+        # except a concurrent lifecycle call).
+        self._lifecycle_lock = threading.RLock()
+        self._observer: BaseObserver | None = None
+        self._hooks: _InotifyHooks | None = None
+        self._marker_dir: str | None = None
+        self._running = False
+        # Guards `_stopping` and `_restart_thread`. Separate from `_lifecycle_lock` because watchdog
+        # threads schedule restarts, and stop() holds the lifecycle lock while it joins them.
+        self._restart_lock = threading.Lock()
+        self._stopping = False
+        self._restart_thread: threading.Thread | None = None
+        # Guards `_problems` and `_notified` (health state machine).
+        self._health_lock = threading.Lock()
+        self._problems: dict[str, str] = {}
+        self._notified = False
+        # Guards the flush barrier counters.
+        self._flush_cond = threading.Condition(threading.Lock())
+        self._flush_requested = 0
+        self._flush_seen = 0
+        self._overflows = 0
+        self._generation = 0  # observers started so far
+
+    # ----------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Place the watches and start the observer threads. Never raises.
+
+        A failure (missing root, OS limits) leaves the watcher unhealthy and calls `on_degraded`.
+        Starting a running watcher does nothing.
+        """
+        with self._lifecycle_lock:
+            if self._running:
+                return
+            with self._restart_lock:
+                self._stopping = False
+            with self._health_lock:
+                # Problems of the previous observer; the new set-up finds any that still hold. The
+                # journal stays degraded until the start succeeds.
+                self._problems.clear()
+            started_ns = time.perf_counter_ns()
+            try:
+                self._start_observer()
+            except Exception as exc:
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EMFILE):
+                    reason = _limit_reason(exc, self._root)
+                else:
+                    reason = f"watcher could not start on {self._root}: {exc}"
+                self._degrade("start_failed", reason)
+                return
+            self._running = True
+            duration_ms = (time.perf_counter_ns() - started_ns) / 1e6
+            log.info(
+                "watcher.started",
+                root=self._root,
+                watches=self.watch_count,
+                skipped_dirs=self._hooks.skipped_dirs if self._hooks is not None else None,
+                backend="inotify" if self._hooks is not None else type(self._observer).__name__,
+                duration_ms=round(duration_ms, 1),
+            )
+        self._recover_if_clear()
+
+    def stop(self) -> None:
+        """Stop watching and join every watcher thread (including a pending restart)."""
+        with self._restart_lock:
+            self._stopping = True
+            restart_thread = self._restart_thread
+        if restart_thread is not None and restart_thread is not threading.current_thread():
+            restart_thread.join()
+        with self._lifecycle_lock:
+            was_running = self._running
+            self._running = False
+            self._stop_observer()
+            if self._marker_dir is not None:
+                shutil.rmtree(self._marker_dir, ignore_errors=True)
+                self._marker_dir = None
+        if was_running:
+            # A round spanning a stop/start missed events: mark it, without calling on_degraded.
+            self._degrade("stopped", "watcher was stopped during this round", notify=False)
+            log.info("watcher.stopped", root=self._root)
+
+    def restart(self) -> None:
+        """Replace the observer with a fresh one (new watches). Never raises.
+
+        Use after the OS watch limit was raised; a dead observer is restarted automatically. Called
+        from a watchdog thread (e.g. inside `on_degraded`), the restart runs in the background.
+        """
+        observer = self._observer
+        if observer is not None and threading.current_thread() in _worker_threads(observer):
+            self._schedule_restart()
+            return
+        with self._lifecycle_lock:
+            if self._stopping:
+                return
+            self._running = False
+            self._stop_observer()
+            self.start()
+
+    def _start_observer(self) -> None:
+        if self._marker_dir is None or not os.path.isdir(self._marker_dir):
+            self._marker_dir = tempfile.mkdtemp(prefix="shadowpoint-flush-")
+        self._handler.marker_prefix = os.path.join(self._marker_dir, _MARKER_PREFIX)
+        if _HAVE_INOTIFY_GROUPS:
+            hooks = _InotifyHooks(self, self._root, self._marker_dir)
+            observer: BaseObserver = _ShadowObserver(hooks, self._label)
+        else:
+            hooks = None
+            if self._skip_dirs is not None:
+                log.info("watcher.skip_unsupported", root=self._root)
+            observer = Observer()
+            observer.name = f"{_THREAD_PREFIX}:{self._label}"
+        try:
+            observer.schedule(self._handler, self._root, recursive=True, event_filter=_EVENT_FILTER)
+            if hooks is None:
+                # Best effort only: a second emitter does not order its events with the first one.
+                observer.schedule(self._handler, self._marker_dir, recursive=False, event_filter=_EVENT_FILTER)
+                for emitter in observer.emitters:
+                    emitter.name = f"{_THREAD_PREFIX}-emitter:{self._label}"
+            observer.start()
+        except BaseException:
+            self._shutdown(observer)
+            raise
+        self._observer, self._hooks = observer, hooks
+        with self._flush_cond:
+            self._generation += 1
+            self._flush_cond.notify_all()
+
+    def _stop_observer(self) -> None:
+        observer, self._observer, self._hooks = self._observer, None, None
+        if observer is not None:
+            self._shutdown(observer)
+
+    def _shutdown(self, observer: BaseObserver) -> None:
+        try:
+            observer.stop()  # stops and joins the emitters and the inotify thread, even if the observer died
+        except Exception:
+            log.exception("watcher.stop_failed", root=self._root)
+        if observer.ident is not None:  # join() raises on a thread that never started
+            observer.join(_STOP_JOIN_TIMEOUT_S)
+        leftovers = [t.name for t in _worker_threads(observer) if t.is_alive()]
+        if leftovers:
+            log.error("watcher.stop_timed_out", root=self._root, threads=leftovers)
+
+    def _schedule_restart(self) -> None:
+        with self._restart_lock:
+            if self._stopping or (self._restart_thread is not None and self._restart_thread.is_alive()):
+                return
+            thread = threading.Thread(target=self.restart, name=f"{_THREAD_PREFIX}-restart:{self._label}", daemon=True)
+            self._restart_thread = thread
+            thread.start()
+
+    # ------------------------------------------------------------------------------------- rounds
+
+    @property
+    def journal(self) -> PathJournal:
+        """The journal this watcher records into."""
+        return self._journal
+
+    @property
+    def is_healthy(self) -> bool:
+        """True while running with every watch in place and every watchdog thread alive."""
+        with self._health_lock:
+            if self._problems:
+                return False
+        observer = self._observer
+        return self._running and observer is not None and _all_alive(observer)
+
+    @property
+    def watch_count(self) -> int | None:
+        """OS watches placed on the workspace (inotify only; None elsewhere or when stopped)."""
+        observer = self._observer
+        if _HAVE_INOTIFY_GROUPS and isinstance(observer, _ShadowObserver):
+            group = observer.group
+            return group.watch_count if group is not None else None
+        return None
+
+    def flush(self, timeout_s: float = 2.0) -> bool:
+        """Wait until every event for a change made before this call has been recorded.
+
+        Writes a marker file into a private folder watched on the same inotify instance and the same
+        watch group as the workspace, and waits for its event: the kernel queue and watchdog's
+        pipeline are FIFO, so every earlier workspace event has been recorded by then.
+
+        Args:
+            timeout_s: How long to wait for the marker.
+
+        Returns:
+            True once the barrier passed; False on timeout, overflow or when not running (the
+            current round is then marked unhealthy).
+        """
+        self._check_alive()
+        marker_prefix = self._handler.marker_prefix
+        observer = self._observer
+        if not self._running or observer is None or marker_prefix is None or not _all_alive(observer):
+            self._journal.mark_unhealthy("flush failed: watcher not running")
+            return False
+        with self._flush_cond:
+            self._flush_requested += 1
+            seq, overflows, generation = self._flush_requested, self._overflows, self._generation
+        marker = f"{marker_prefix}{seq}"
+        try:
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        except OSError as exc:
+            self._journal.mark_unhealthy(f"flush failed: cannot write marker ({exc})")
+            log.warning("watcher.flush_failed", root=self._root, error=str(exc))
+            return False
+        with self._flush_cond:
+            # An overflow or a restart loses the marker; the round is unhealthy anyway, so stop waiting.
+            passed = self._flush_cond.wait_for(
+                lambda: self._flush_seen >= seq or self._overflows != overflows or self._generation != generation,
+                timeout_s,
+            )
+            passed = self._flush_seen >= seq
+        with contextlib.suppress(OSError):
+            os.unlink(marker)
+        if not passed:
+            with self._flush_cond:
+                interrupted = self._overflows != overflows or self._generation != generation
+            if interrupted:
+                self._journal.mark_unhealthy("flush interrupted: events were lost or the watcher restarted")
+                log.warning("watcher.flush_interrupted", root=self._root)
+            else:
+                self._journal.mark_unhealthy(f"flush barrier not reached within {timeout_s} s")
+                log.warning("watcher.flush_timed_out", root=self._root, timeout_s=timeout_s)
+        return passed
+
+    def swap(self) -> JournalSnapshot:
+        """End the current round: return its paths and health and start a fresh one.
+
+        Call `flush()` first so that changes made before the round's end are in it.
+
+        Returns:
+            The round's snapshot; `healthy` is False if the watcher was not running or unhealthy
+            at any moment of the round.
+        """
+        self._check_alive()
+        if not self._running:
+            self._journal.mark_unhealthy("watcher not running")
+        return self._journal.swap()
+
+    # ------------------------------------------------------------------------------------- health
+
+    def _skips(self, rel: RepoPath) -> bool:
+        if self._skip_dirs is None:
+            return False
+        try:
+            return bool(self._skip_dirs(rel))
+        except Exception:
+            log.exception("watcher.skip_dirs_failed", root=self._root, path=rel)
+            return False
+
+    def _marker_seen(self, name: str) -> None:
+        try:
+            seq = int(name)
+        except ValueError:
+            return
+        with self._flush_cond:
+            if seq > self._flush_seen:
+                self._flush_seen = seq
+                self._flush_cond.notify_all()
+
+    def _overflowed(self) -> None:
+        with self._flush_cond:
+            self._overflows += 1
+            self._flush_cond.notify_all()
+        queued = _read_sysctl("fs.inotify.max_queued_events")
+        self._degrade(
+            "queue_overflow",
+            f"kernel event queue overflowed (fs.inotify.max_queued_events={queued}); events were lost, "
+            "rebuilding the watches",
+        )
+
+    def _overflow_handled(self, *, rewatched: bool) -> None:
+        if rewatched:
+            self._recover("queue_overflow")
+        else:
+            self._schedule_restart()
+
+    def _check_alive(self) -> None:
+        # Skip the check while a lifecycle call is under way: it replaces the observer.
+        if not self._lifecycle_lock.acquire(blocking=False):
+            return
+        try:
+            observer = self._observer
+            if not self._running or observer is None:
+                return
+            dead = [t.name for t in _worker_threads(observer) if not t.is_alive()]
+        finally:
+            self._lifecycle_lock.release()
+        if dead:
+            with self._health_lock:
+                known = "observer_died" in self._problems
+            if not known:
+                self._degrade("observer_died", f"watcher thread(s) died: {', '.join(dead)}; restarting")
+            self._schedule_restart()
+
+    def _degrade(self, kind: str, reason: str, *, notify: bool = True) -> None:
+        with self._health_lock:
+            is_new = kind not in self._problems
+            self._problems[kind] = reason
+            self._journal.mark_degraded(reason)
+            first = notify and not self._notified
+            if first:
+                self._notified = True
+        if not notify or not is_new:
+            return  # e.g. one watch-limit failure per folder created later: said once is enough
+        log.warning("watcher.degraded", root=self._root, kind=kind, reason=reason)
+        if first and self._on_degraded is not None:
+            try:
+                self._on_degraded(reason)
+            except Exception:
+                log.exception("watcher.on_degraded_failed", root=self._root)
+
+    def _recover(self, kind: str) -> None:
+        with self._health_lock:
+            self._problems.pop(kind, None)
+        self._recover_if_clear()
+
+    def _recover_if_clear(self) -> None:
+        with self._health_lock:
+            if self._problems or not self._running:
+                return
+            self._notified = False
+            recovered = self._journal.mark_recovered()
+        if recovered:
+            log.info("watcher.recovered", root=self._root)
+
+
+def _worker_threads(observer: BaseObserver) -> list[threading.Thread]:
+    """The observer thread and every thread it owns (emitters, the inotify reader)."""
+    if _HAVE_INOTIFY_GROUPS and isinstance(observer, _ShadowObserver):
+        return observer.worker_threads
+    return [observer, *observer.emitters]
+
+
+def _all_alive(observer: BaseObserver) -> bool:
+    return all(t.is_alive() for t in _worker_threads(observer))

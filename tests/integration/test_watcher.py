@@ -1,0 +1,548 @@
+"""WorkspaceWatcher with real watchdog observers on real temporary trees."""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from shadowpoint.journal import JournalSnapshot, PathJournal
+from shadowpoint.watcher import WorkspaceWatcher
+from shadowpoint.workspace import RepoPath
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify specifics")
+
+WAIT_S = 20.0  # generous: only ever waited on, never asserted as a duration
+
+MakeWatcher = Callable[..., WorkspaceWatcher]
+
+
+# --------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    return Path(os.path.realpath(root))
+
+
+def build(root: Path, tree: dict[str, str]) -> Path:
+    """Create `tree` ({"a/b.txt": "content", "empty/": ""}) under `root`."""
+    for rel, content in tree.items():
+        path = root / rel
+        if rel.endswith("/"):
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+    return root
+
+
+@pytest.fixture
+def watchers() -> Iterator[MakeWatcher]:
+    """Make watchers; all are stopped at teardown, which must leave no watcher thread behind."""
+    made: list[WorkspaceWatcher] = []
+
+    def make(root: Path, **kwargs: Any) -> WorkspaceWatcher:
+        watcher = WorkspaceWatcher(root, **kwargs)
+        made.append(watcher)
+        return watcher
+
+    yield make
+    for watcher in made:
+        watcher.stop()
+    assert watcher_threads() == []
+
+
+@pytest.fixture
+def started(ws: Path, watchers: MakeWatcher) -> Callable[..., WorkspaceWatcher]:
+    def start(tree: dict[str, str] | None = None, **kwargs: Any) -> WorkspaceWatcher:
+        build(ws, tree or {})
+        watcher = watchers(ws, **kwargs)
+        watcher.start()
+        assert watcher.is_healthy
+        return watcher
+
+    return start
+
+
+def watcher_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("shadowpoint-watcher")]
+
+
+def thread_named(name: str) -> Any:
+    return next(t for t in threading.enumerate() if t.name == name)
+
+
+def next_round(watcher: WorkspaceWatcher) -> JournalSnapshot:
+    assert watcher.flush(WAIT_S)
+    return watcher.swap()
+
+
+def wait_until(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def watched_inodes() -> set[int]:
+    """Inodes of every inotify watch this process holds, read from the kernel (/proc)."""
+    inodes: set[int] = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:inotify":
+                continue
+            text = Path(f"/proc/self/fdinfo/{fd}").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("inotify wd:"):
+                fields = dict(part.split(":", 1) for part in line.split()[1:])
+                inodes.add(int(fields["ino"], 16))
+    return inodes
+
+
+def inode(path: Path) -> int:
+    return os.stat(path).st_ino
+
+
+# ------------------------------------------------------------------------------- files and folders
+
+
+def test_create_modify_delete_of_files_are_recorded(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    watcher = started({"src/a.py": "1", "src/b.py": "2"})
+
+    (ws / "src/new.py").write_text("new")
+    created = next_round(watcher)
+    (ws / "src/a.py").write_text("changed")
+    modified = next_round(watcher)
+    (ws / "src/b.py").unlink()
+    deleted = next_round(watcher)
+    idle = next_round(watcher)
+
+    assert created == JournalSnapshot(frozenset({"src/new.py"}), healthy=True, reasons=())
+    assert modified.paths == {"src/a.py"}
+    assert deleted.paths == {"src/b.py"}
+    assert idle.paths == frozenset()
+
+
+def test_rename_records_source_and_destination(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    watcher = started({"src/a.py": "1", "docs/": ""})
+
+    os.rename(ws / "src/a.py", ws / "docs/a.md")
+
+    assert next_round(watcher).paths == {"src/a.py", "docs/a.md"}
+
+
+def test_mode_change_is_recorded(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    watcher = started({"run.sh": "echo"})
+
+    os.chmod(ws / "run.sh", 0o755)
+
+    assert next_round(watcher).paths == {"run.sh"}
+
+
+def test_new_directory_is_recorded_as_the_directory(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    watcher = started()
+
+    (ws / "pkg/deep/er").mkdir(parents=True)
+    (ws / "pkg/deep/er/mod.py").write_text("x")
+    paths = next_round(watcher).paths
+    (ws / "pkg/deep/er/later.py").write_text("y")
+
+    assert "pkg" in paths
+    assert next_round(watcher).paths == {"pkg/deep/er/later.py"}  # the new folders are watched
+
+
+def test_directory_move_records_both_paths_and_keeps_watching_the_contents(
+    ws: Path, started: Callable[..., WorkspaceWatcher]
+) -> None:
+    watcher = started({"pkg/a.py": "1", "pkg/sub/b.py": "2"})
+
+    os.rename(ws / "pkg", ws / "lib")
+    moved = next_round(watcher)
+    (ws / "lib/sub/c.py").write_text("3")
+
+    assert moved.paths == {"pkg", "lib"}  # the folder paths cover their contents
+    assert next_round(watcher).paths == {"lib/sub/c.py"}
+
+
+def test_directory_delete_records_the_directory(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    watcher = started({"pkg/a.py": "1", "pkg/sub/b.py": "2", "keep.txt": "k"})
+
+    shutil.rmtree(ws / "pkg")
+    paths = next_round(watcher).paths
+
+    assert "pkg" in paths
+    assert paths <= {"pkg", "pkg/a.py", "pkg/sub", "pkg/sub/b.py"}
+
+
+def test_directory_moved_out_of_the_workspace_counts_as_deleted(
+    ws: Path, tmp_path: Path, started: Callable[..., WorkspaceWatcher]
+) -> None:
+    watcher = started({"pkg/a.py": "1"})
+
+    os.rename(ws / "pkg", tmp_path / "elsewhere")
+
+    # The unpaired IN_MOVED_FROM is held back for pairing; the barrier still waits for it.
+    assert next_round(watcher).paths == {"pkg"}
+
+
+def test_paths_inside_git_folders_are_ignored(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    watcher = started({".git/HEAD": "ref", "vendor/lib/.GIT/config": "x", "src/a.py": "1"})
+
+    (ws / ".git/index").write_text("i")
+    (ws / ".git/objects/ab").mkdir(parents=True)
+    (ws / ".git/objects/ab/cdef").write_text("o")
+    (ws / "vendor/lib/.GIT/config").write_text("y")
+    (ws / "sub/.Git").mkdir(parents=True)
+    (ws / "sub/.Git/HEAD").write_text("z")
+    (ws / "control.txt").write_text("c")
+    paths = next_round(watcher).paths
+
+    assert paths == {"control.txt", "sub"}
+
+
+@linux_only
+def test_git_folders_get_no_watch(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    started({".git/objects/ab/x": "o", "src/a.py": "1"})
+
+    watched = watched_inodes()
+
+    assert inode(ws / "src") in watched
+    assert not {inode(ws / ".git"), inode(ws / ".git/objects"), inode(ws / ".git/objects/ab")} & watched
+
+
+# ------------------------------------------------------------------------------------ the barrier
+
+
+def test_a_write_before_flush_is_in_that_round_and_never_the_next(
+    ws: Path, started: Callable[..., WorkspaceWatcher]
+) -> None:
+    watcher = started({"src/": ""})
+    previous: set[str] = set()
+
+    for i in range(50):
+        name = f"src/f{i}.txt"
+        if i % 2:  # an editor's atomic save: write a temporary file, rename it over the target
+            (ws / f"src/.f{i}.tmp").write_text(str(i))
+            os.replace(ws / f"src/.f{i}.tmp", ws / name)
+        else:
+            (ws / name).write_text(str(i))
+        assert watcher.flush(WAIT_S)
+        snapshot = watcher.swap()
+
+        assert name in snapshot.paths
+        assert snapshot.healthy
+        assert not previous & snapshot.paths
+        previous = set(snapshot.paths)
+
+
+def test_writes_racing_the_swaps_are_all_recorded(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    watcher = started({"out/": ""})
+    names = [f"out/{i}.txt" for i in range(400)]
+
+    def write() -> None:
+        for name in names:
+            (ws / name).write_text("x")
+
+    writer = threading.Thread(target=write, name="test-writer")
+    writer.start()
+    rounds = []
+    while writer.is_alive():
+        rounds.append(next_round(watcher))
+    writer.join()
+    rounds.append(next_round(watcher))
+
+    assert set(names) <= set().union(*(r.paths for r in rounds))
+    assert all(r.healthy for r in rounds)
+
+
+# ---------------------------------------------------------------------------------------- skipping
+
+
+def _node_modules(path: RepoPath) -> bool:
+    return posixpath.basename(path) == "node_modules"
+
+
+def test_writes_inside_skipped_folders_are_not_recorded(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    tree = {"src/a.py": "1", "node_modules/pkg/index.js": "m", "web/node_modules/y/z.js": "z"}
+    watcher = started(tree, skip_dirs=_node_modules)
+
+    (ws / "node_modules/pkg/index.js").write_text("changed")
+    (ws / "node_modules/pkg/new.js").write_text("new")
+    (ws / "web/node_modules/y/z.js").write_text("changed")
+    (ws / "src/a.py").write_text("changed")
+
+    assert next_round(watcher).paths == {"src/a.py"}
+
+
+@linux_only
+def test_skipped_folders_get_no_watch(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    tree = {
+        "src/a.py": "1",
+        "node_modules/pkg/lib/x.js": "m",
+        "web/node_modules/y/z.js": "z",
+        "tmpdeps/pkg/x.js": "t",
+        "cache/pkg/y.js": "c",
+        "lib/": "",
+    }
+    watcher = started(tree, skip_dirs=_node_modules)
+    skipped = [
+        ws / "node_modules",
+        ws / "node_modules/pkg",
+        ws / "node_modules/pkg/lib",
+        ws / "web/node_modules",
+    ]
+
+    watched = watched_inodes()
+    assert {inode(ws), inode(ws / "src"), inode(ws / "web"), inode(ws / "tmpdeps/pkg")} <= watched
+    assert not {inode(p) for p in skipped} & watched
+    assert watcher.watch_count == len(watched) - 1  # every watch but the barrier's marker folder
+
+    # A skipped folder created later gets no watch either...
+    (ws / "app/node_modules/q").mkdir(parents=True)
+    # ...and a watched folder moved into a skipped one, or renamed to a skipped name, gives its
+    # watches back.
+    given_back = {
+        inode(ws / "tmpdeps"),
+        inode(ws / "tmpdeps/pkg"),
+        inode(ws / "cache"),
+        inode(ws / "cache/pkg"),
+    }
+    os.rename(ws / "tmpdeps", ws / "web/node_modules/tmpdeps")
+    os.rename(ws / "cache", ws / "lib/node_modules")
+    paths = next_round(watcher).paths
+
+    watched = watched_inodes()
+    assert inode(ws / "app") in watched
+    assert inode(ws / "app/node_modules") not in watched
+    assert inode(ws / "app/node_modules/q") not in watched
+    assert not given_back & watched
+    # The skipped folder itself appeared in a watched one: recorded (the stager drops it); not its content.
+    assert paths - {"app/node_modules"} == {"app", "tmpdeps", "cache", "lib/node_modules"}
+
+
+# ------------------------------------------------------------------------------------------ health
+
+
+@linux_only
+def test_queue_overflow_spoils_the_round_then_the_watcher_recovers(
+    ws: Path, started: Callable[..., WorkspaceWatcher]
+) -> None:
+    from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent, WatchDescriptor
+
+    degraded: list[str] = []
+    watcher = started({"src/a.py": "1"}, on_degraded=degraded.append)
+    reader = thread_named("shadowpoint-watcher-inotify:ws")
+    overflow = InotifyEvent(WatchDescriptor(-1), InotifyConstants.IN_Q_OVERFLOW, 0, b"")
+
+    (ws / "src/before.py").write_text("b")
+    with capture_logs() as logs:
+        reader.handle_event(overflow)  # what the kernel's IN_Q_OVERFLOW goes through
+    spoiled = watcher.swap()
+    (ws / "src/after.py").write_text("a")
+    recovered = next_round(watcher)
+    reader.handle_event(overflow)
+    again = watcher.swap()
+
+    assert not spoiled.healthy
+    assert any("overflow" in reason for reason in spoiled.reasons)
+    assert recovered.healthy  # the watches were rebuilt: the next round can use the watcher
+    assert "src/after.py" in recovered.paths
+    assert not again.healthy
+    assert len(degraded) == 2  # once per healthy → unhealthy transition
+    assert "overflow" in degraded[0]
+    degraded_logs = [e for e in logs if e["event"] == "watcher.degraded"]
+    assert degraded_logs and degraded_logs[0]["kind"] == "queue_overflow"
+    assert any(e["event"] == "watcher.recovered" for e in logs)
+
+
+@linux_only
+def test_a_real_kernel_queue_overflow_is_detected_and_recovered(
+    ws: Path, started: Callable[..., WorkspaceWatcher]
+) -> None:
+    queued = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    if queued > 200_000:
+        pytest.skip(f"max_queued_events={queued} is too large to overflow quickly")
+    stalled, release = threading.Event(), threading.Event()
+
+    def skip_dirs(path: RepoPath) -> bool:
+        if path == "stall":  # runs on the inotify reader: holding it here stops the queue draining
+            stalled.set()
+            release.wait(WAIT_S)
+        return False
+
+    degraded: list[str] = []
+    watcher = started({"src/": ""}, skip_dirs=skip_dirs, on_degraded=degraded.append)
+    (ws / "stall").mkdir()
+    assert stalled.wait(WAIT_S)
+    for i in range(queued // 2 + 100):  # created + modified + closed: 1.5 events per queue slot
+        (ws / f"src/f{i}").write_text("x")
+    release.set()
+    wait_until(lambda: bool(degraded))
+    wait_until(lambda: watcher.is_healthy)
+    spoiled = watcher.swap()
+    (ws / "src/after.py").write_text("a")
+    recovered = next_round(watcher)
+
+    assert len(degraded) == 1 and "overflow" in degraded[0]
+    assert not spoiled.healthy
+    assert recovered.healthy
+    assert "src/after.py" in recovered.paths
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_dead_observer_spoils_rounds_until_it_is_restarted(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    degraded: list[str] = []
+    watcher = started({"src/a.py": "1"}, on_degraded=degraded.append)
+    observer = thread_named("shadowpoint-watcher:ws")
+
+    observer.event_queue.put(("not an event", None))  # the dispatcher crashes on it
+    observer.join(WAIT_S)
+    assert not observer.is_alive()
+    assert not watcher.is_healthy
+    with capture_logs() as logs:
+        assert not watcher.flush(WAIT_S)  # notices the dead thread, restarts it in the background
+        spoiled = watcher.swap()
+        wait_until(lambda: watcher.is_healthy)
+    (ws / "src/c.py").write_text("c")
+    next_round(watcher)  # the round in which the restart happened may or may not have started degraded
+    (ws / "src/d.py").write_text("d")
+    healthy = next_round(watcher)
+
+    assert not spoiled.healthy
+    assert any("died" in reason for reason in spoiled.reasons)
+    assert len(degraded) == 1 and "died" in degraded[0]
+    assert [e["event"] for e in logs if e["event"].startswith("watcher.")][:3] == [
+        "watcher.degraded",
+        "watcher.started",
+        "watcher.recovered",
+    ]
+    assert healthy.healthy and healthy.paths == {"src/d.py"}
+    assert watcher_threads().count("shadowpoint-watcher:ws") == 1
+
+
+def test_failure_to_start_is_reported_not_raised(tmp_path: Path, watchers: MakeWatcher) -> None:
+    degraded: list[str] = []
+    watcher = watchers(tmp_path / "missing", on_degraded=degraded.append)
+
+    with capture_logs() as logs:
+        watcher.start()
+
+    assert not watcher.is_healthy
+    assert len(degraded) == 1 and "missing" in degraded[0]
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["watcher.degraded"]
+    assert not watcher.flush(1.0)
+    assert not watcher.swap().healthy
+    assert watcher_threads() == []
+
+
+@linux_only
+def test_watch_limit_degrades_and_says_how_to_raise_it(
+    ws: Path, watchers: MakeWatcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from watchdog.observers.inotify_c import InotifyFD
+
+    build(ws, {"a/deep/x.py": "1", "b/y.py": "2"})
+    real_add = InotifyFD.add_callback
+
+    def add_callback(self: Any, path: bytes, *args: Any) -> Any:
+        if path.endswith(b"/deep"):
+            raise OSError(errno.ENOSPC, "inotify watch limit reached")
+        return real_add(self, path, *args)
+
+    monkeypatch.setattr(InotifyFD, "add_callback", add_callback)
+    degraded: list[str] = []
+    watcher = watchers(ws, on_degraded=degraded.append)
+
+    with capture_logs() as logs:
+        watcher.start()
+    (ws / "b/y.py").write_text("changed")
+    assert watcher.flush(WAIT_S)
+    first = watcher.swap()
+    second = watcher.swap()
+
+    assert not watcher.is_healthy
+    assert len(degraded) == 1
+    assert "sysctl fs.inotify.max_user_watches=" in degraded[0]
+    event = next(e for e in logs if e["event"] == "watcher.degraded")
+    assert event["kind"] == "watch_limit" and "sysctl fs.inotify.max_user_watches=" in event["reason"]
+    assert not first.healthy and "b/y.py" in first.paths  # what is watched is still recorded
+    assert not second.healthy  # the limit lasts until a restart
+
+
+def test_handler_failure_spoils_the_round_and_watching_goes_on(
+    ws: Path, started: Callable[..., WorkspaceWatcher]
+) -> None:
+    class FailingJournal(PathJournal):
+        def add(self, path: RepoPath) -> None:
+            if path.endswith("boom.txt"):
+                raise RuntimeError("injected")
+            super().add(path)
+
+    watcher = started(journal=FailingJournal())
+
+    with capture_logs() as logs:
+        (ws / "boom.txt").write_text("x")
+        spoiled = next_round(watcher)
+    (ws / "fine.txt").write_text("y")
+    fine = next_round(watcher)
+
+    assert not spoiled.healthy
+    assert any(e["event"] == "watcher.handler_failed" for e in logs)
+    assert fine.healthy and fine.paths == {"fine.txt"}
+
+
+def test_stop_leaves_no_thread_running(ws: Path, watchers: MakeWatcher) -> None:
+    build(ws, {"src/a.py": "1"})
+    before = set(threading.enumerate())
+    watcher = watchers(ws)
+
+    watcher.start()
+    running = set(threading.enumerate()) - before
+    watcher.stop()
+
+    assert {t.name for t in running} >= {
+        "shadowpoint-watcher:ws",
+        "shadowpoint-watcher-emitter:ws",
+        "shadowpoint-watcher-inotify:ws",
+    } or sys.platform != "linux"
+    assert running and not any(t.is_alive() for t in running)
+    assert set(threading.enumerate()) - before == set()
+    assert not watcher.swap().healthy  # a stopped watcher records nothing
+
+
+def test_a_stopped_watcher_can_start_again(ws: Path, watchers: MakeWatcher) -> None:
+    build(ws, {"src/a.py": "1"})
+    watcher = watchers(ws)
+    watcher.start()
+    watcher.stop()
+    (ws / "src/missed.py").write_text("m")
+
+    watcher.start()
+    (ws / "src/seen.py").write_text("s")
+    spanning = next_round(watcher)
+    (ws / "src/next.py").write_text("n")
+
+    assert not spanning.healthy  # the round spanned the stop: src/missed.py was not seen
+    assert "src/seen.py" in spanning.paths
+    assert next_round(watcher) == JournalSnapshot(frozenset({"src/next.py"}), healthy=True, reasons=())
+
+
+def test_loggers_are_not_cached() -> None:
+    # capture_logs in these tests relies on the module logger staying a lazy proxy.
+    assert not structlog.get_config()["cache_logger_on_first_use"]

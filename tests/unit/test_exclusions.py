@@ -1,0 +1,596 @@
+"""ExclusionRules: the git CLI is the oracle for `.gitignore` and `.gitattributes` semantics.
+
+Trees are dict literals written into pytest's tmp_path. Git runs with no user or system
+configuration (`GIT_CONFIG_GLOBAL=/dev/null`, `GIT_CONFIG_NOSYSTEM=1`, a private HOME/XDG).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import stat
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from shadowpoint.config.exclusion_data import BUILTIN_EXCLUSIONS
+from shadowpoint.exclusions import ExclusionRules
+from shadowpoint.workspace import RepoPath
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="the git CLI is the oracle")
+
+
+@dataclass(frozen=True)
+class Link:
+    """A symlink in a tree literal."""
+
+    target: str
+
+
+TreeValue = str | bytes | Link | Mapping[str, "TreeValue"]
+
+
+def make_tree(root: Path, tree: Mapping[str, TreeValue]) -> Path:
+    """Write a tree literal: "a/b.txt": "text", "dir/": {...}, "link": Link("target")."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, value in tree.items():
+        path = root / name.rstrip("/")
+        if isinstance(value, Mapping):
+            make_tree(path, value)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(value, Link):
+            os.symlink(value.target, path)
+        else:
+            path.write_bytes(value if isinstance(value, bytes) else value.encode())
+    return root
+
+
+def walked(root: Path, **kwargs: object) -> set[str]:
+    return {str(path) for path, _ in ExclusionRules(root, **kwargs).walk()}
+
+
+def all_paths(root: Path) -> tuple[set[str], set[str]]:
+    """(non-folder paths, folder paths) on disk, symlinks not followed, `.git` folders included."""
+    files: set[str] = set()
+    dirs: set[str] = set()
+    for current, dirnames, filenames in os.walk(root):
+        rel = Path(current).relative_to(root).as_posix()
+        prefix = "" if rel == "." else f"{rel}/"
+        for d in list(dirnames):
+            if os.path.islink(os.path.join(current, d)):
+                files.add(prefix + d)
+                dirnames.remove(d)
+            else:
+                dirs.add(prefix + d)
+        files.update(prefix + f for f in filenames)
+    return files, dirs
+
+
+def tree_digest(root: Path) -> str:
+    """Names, types, modes, contents, link targets, mtimes and ctimes of everything below root."""
+    h = hashlib.sha256()
+    for current, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted([*dirnames, *filenames, "."]):
+            path = os.path.join(current, name)
+            st = os.lstat(path)
+            h.update(f"{path}|{st.st_mode}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_size}".encode())
+            if stat.S_ISLNK(st.st_mode):
+                h.update(os.readlink(path).encode())
+            elif stat.S_ISREG(st.st_mode):
+                h.update(Path(path).read_bytes())
+    return h.hexdigest()
+
+
+def git_env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    home = tmp / "git-home"
+    (home / "xdg").mkdir(parents=True, exist_ok=True)
+    env.update(
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_CONFIG_NOSYSTEM="1",
+        HOME=str(home),
+        XDG_CONFIG_HOME=str(home / "xdg"),
+        GIT_TERMINAL_PROMPT="0",
+    )
+    return env
+
+
+def git(root: Path, env: dict[str, str], *args: str, stdin: bytes | None = None) -> bytes:
+    return subprocess.run(["git", "-C", str(root), *args], env=env, input=stdin, capture_output=True, check=True).stdout
+
+
+def git_untracked(root: Path, env: dict[str, str]) -> set[str]:
+    """What git itself would add: `git ls-files --others --exclude-standard` in a fresh repo."""
+    if not (root / ".git").exists():
+        git(root, env, "init", "-q", "--template=", ".")
+    out = git(root, env, "ls-files", "--others", "--exclude-standard", "-z")
+    paths = {os.fsdecode(p) for p in out.split(b"\0") if p}
+    assert not any(p.endswith("/") for p in paths), "oracle trees must not hold nested repositories"
+    return paths
+
+
+def assert_matches_git(root: Path, tmp: Path) -> set[str]:
+    ours = walked(root, builtin={})
+    theirs = git_untracked(root, git_env(tmp))
+    assert ours == theirs, f"only ours: {sorted(ours - theirs)}; only git's: {sorted(theirs - ours)}"
+    return ours
+
+
+# ---------------------------------------------------------------- .gitignore vs git
+
+
+GITIGNORE_CASES: dict[str, dict[str, TreeValue]] = {
+    "nested_file_overrides_parent": {
+        ".gitignore": "*.txt\n",
+        "a.txt": "x",
+        "b.md": "x",
+        "sub/.gitignore": "!keep.txt\n",
+        "sub/keep.txt": "x",
+        "sub/other.txt": "x",
+        "sub/deeper/keep.txt": "x",
+        "other/keep.txt": "x",
+    },
+    "negation_later_line_wins": {
+        ".gitignore": "*.log\n!important.log\nimportant.log.old\n",
+        "a.log": "x",
+        "important.log": "x",
+        "x/important.log": "x",
+        "important.log.old": "x",
+    },
+    "anchored_patterns": {
+        ".gitignore": "/top.txt\ndocs/*.md\na/**/b\n**/cache\nsrc/gen/\n",
+        "top.txt": "x",
+        "sub/top.txt": "x",
+        "docs/a.md": "x",
+        "docs/deep/a.md": "x",
+        "x/docs/a.md": "x",
+        "a/b": "x",
+        "a/x/y/b": "x",
+        "a/bb": "x",
+        "z/cache/f": "x",
+        "cache": "x",
+        "src/gen/f.py": "x",
+        "other/src/gen/f.py": "x",
+    },
+    "dir_only_patterns": {
+        ".gitignore": "logs/\nout/\n",
+        "logs/a.txt": "x",
+        "x/logs/b.txt": "x",
+        "y/logs": "a file named like the folder pattern",
+        "out": Link("y"),
+    },
+    "no_reinclude_inside_excluded_dir": {
+        ".gitignore": "build/\n!build/keep.txt\nsecret/*\n!secret/ok.txt\nfoo/**\n!foo/keep.txt\n",
+        "build/keep.txt": "x",
+        "build/x.txt": "x",
+        "secret/ok.txt": "x",
+        "secret/no.txt": "x",
+        "foo/keep.txt": "x",
+        "foo/sub/keep.txt": "x",
+    },
+    "deeper_dir_negation_does_not_reinclude_files": {
+        ".gitignore": "*.txt\nfoo/\n",
+        "sub/.gitignore": "!foo/\n",
+        "sub/foo/x.txt": "x",
+        "sub/foo/y.md": "x",
+        "foo/y.md": "x",
+    },
+    "syntax_edges": {
+        ".gitignore": (
+            "\ufeff# a comment\n\\#hash\n\\!bang\ntrailing.txt   \nspace\\ \r\nwin.txt\r\n"
+            "[a-c]*.py\n[!x]y\n[[:digit:]]*.dat\nq?.md\nab**/c\n"
+        ),
+        "#hash": "x",
+        "!bang": "x",
+        "# a comment": "x",
+        "trailing.txt": "x",
+        "space ": "x",
+        "space": "x",
+        "win.txt": "x",
+        "apple.py": "x",
+        "zebra.py": "x",
+        "ay": "x",
+        "xy": "x",
+        "7.dat": "x",
+        "a7.dat": "x",
+        "q1.md": "x",
+        "q12.md": "x",
+        "abz/y/c": "x",
+        "ab/c": "x",
+    },
+    "symlinked_rule_files_are_not_read": {
+        ".gitignore": Link("rules.txt"),
+        "rules.txt": "*.log\n",
+        "a.log": "x",
+        "sub/.gitignore": Link("../rules.txt"),
+        "sub/b.log": "x",
+    },
+    "non_utf8_names": {
+        ".gitignore": "*.tmpx\n",
+        os.fsdecode(b"caf\xe9.txt"): "x",
+        os.fsdecode(b"caf\xe9.tmpx"): "x",
+    },
+    "symlinks_are_leaves": {
+        ".gitignore": "*.secret\n",
+        "real/a.txt": "x",
+        "real/b.secret": "x",
+        "link": Link("real"),
+        "dangling": Link("nowhere"),
+        "x.secret": Link("real"),
+    },
+}
+
+
+@needs_git
+@pytest.mark.parametrize("case", sorted(GITIGNORE_CASES))
+def test_gitignore_semantics_match_git(tmp_path: Path, case: str) -> None:
+    root = make_tree(tmp_path / "ws", GITIGNORE_CASES[case])
+    ours = assert_matches_git(root, tmp_path)
+    assert ours, "every case keeps something"
+    assert ".gitignore" in ours or case == "syntax_edges"
+    assert not any(p.endswith((".tmpx", "b.secret")) for p in ours)
+
+
+_FUZZ_PATTERNS = [
+    "*.txt", "!*.txt", "a", "!a", "a/", "!a/", "/a", "b/", "/b/", "*.log", "!keep.log", "x/*", "!x/keep",
+    "**/c", "a/**", "a/**/d", "!a/**/d", "[ab]*", "?.md", "*", "!*/", "!*.md", "c/", "build", "d/*.txt",
+    "/d/", "\\!bang", "#comment", "", "   ", "*.txt  ", "foo\\ ", "a*/", "ab**/c", "**/", "*/", "!**/keep*",
+    "[!a]", "[[:digit:]]*", "d/**/e/", "logs/**", "!logs/keep.log", "e", "!e/", "x/", "!x/", "**/b/*",
+    "[a-", "\\", "sub/a", "!sub/", "*.md/", "a?c",
+]  # fmt: skip
+_FUZZ_DIRS = ["a", "b", "c", "d", "e", "x", "build", "logs", "sub", "ab"]
+_FUZZ_FILES = ["a", "b", "c", "e", "x.txt", "y.log", "keep.log", "keep", "keep.txt", "z.md", "1.dat", "!bang",
+               "foo ", "abc", "#comment", "d.txt"]  # fmt: skip
+
+
+def _random_tree(rng: random.Random, depth: int = 0) -> dict[str, TreeValue]:
+    tree: dict[str, TreeValue] = {}
+    for _ in range(rng.randint(2, 6)):
+        if depth < 3 and rng.random() < 0.45:
+            tree[rng.choice(_FUZZ_DIRS)] = _random_tree(rng, depth + 1)
+        elif rng.random() < 0.05:
+            tree[rng.choice(_FUZZ_FILES)] = Link(rng.choice(_FUZZ_DIRS))
+        else:
+            tree[rng.choice(_FUZZ_FILES)] = "x"
+    if rng.random() < 0.6:
+        tree[".gitignore"] = "\n".join(rng.choice(_FUZZ_PATTERNS) for _ in range(rng.randint(1, 6))) + "\n"
+    return tree
+
+
+@needs_git
+@pytest.mark.parametrize("seed", range(40))
+def test_random_gitignore_trees_match_git(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    root = make_tree(tmp_path / "ws", _random_tree(rng))
+    assert_matches_git(root, tmp_path)
+
+
+# ---------------------------------------------------------------- built-in categories
+
+
+def test_builtin_categories_exclude_their_files(tmp_path: Path) -> None:
+    root = make_tree(
+        tmp_path / "ws",
+        {
+            "node_modules/lib/index.js": "x",
+            "web/node_modules/x.js": "x",
+            "build/out.js": "x",
+            "Build/out.js": "x",
+            "img.png": b"\x89PNG",
+            "photos/IMG_0001.JPG": b"jpg",
+            "app.log": "x",
+            "Cargo.lock": "x",
+            ".env": "SECRET=1",
+            ".env.local": "SECRET=1",
+            "prod.env": "SECRET=1",
+            "settings.local": "x",
+            "data/points.csv": "1,2",
+            "dist.tar.gz": b"gz",
+            "db.sqlite3": b"db",
+            "__pycache__/m.cpython-311.pyc": b"pyc",
+            "pkg.egg-info/PKG-INFO": "x",
+            "src/main.py": "print()",
+            "src/app.environment.ts": "export {}",
+            "src/build.py": "x",
+            "README.md": "x",
+        },
+    )
+    # Type patterns ignore case (IMG_0001.JPG); names do not (`Build/` is not `build/`).
+    assert walked(root) == {"src/main.py", "src/app.environment.ts", "src/build.py", "README.md", "Build/out.js"}
+    rules = ExclusionRules(root)
+    reasons = {
+        "img.png": "builtin:media",
+        "photos/IMG_0001.JPG": "builtin:media",
+        "app.log": "builtin:cache_and_logs",
+        "Cargo.lock": "builtin:cache_and_logs",
+        ".env": "builtin:environment",
+        ".env.local": "builtin:environment",
+        "prod.env": "builtin:environment",
+        "settings.local": "builtin:environment",
+        "data/points.csv": "builtin:geodata",
+        "dist.tar.gz": "builtin:archives_and_binaries",
+        "db.sqlite3": "builtin:databases",
+        "node_modules/lib/index.js": "builtin:dependencies_and_build",
+        "web/node_modules/x.js": "builtin:dependencies_and_build",
+    }
+    for path, reason in reasons.items():
+        assert rules.excluded_reason(RepoPath(path), is_dir=False) == reason, path
+    assert rules.excluded_reason(RepoPath("src/main.py"), is_dir=False) is None
+
+
+def test_builtin_list_is_data_with_the_spec_categories() -> None:
+    required = {
+        "vcs": {".git/"},
+        "dependencies_and_build": {"node_modules/", "dist/", "build/", "out/", "bin/", "obj/", "vendor/",
+                                   "venv/", ".venv/", "coverage/", ".vscode/", ".idea/", "__pycache__/"},
+        "media": {"*.png", "*.jpg", "*.gif", "*.mp4", "*.mp3"},
+        "cache_and_logs": {"*.log", "*.lock", "*.tmp"},
+        "environment": {"*.local"},
+        "archives_and_binaries": {"*.zip", "*.exe", "*.dll"},
+        "databases": {"*.db", "*.sqlite"},
+        "geodata": {"*.csv", "*.shp", "*.geojson"},
+    }  # fmt: skip
+    for category, patterns in required.items():
+        assert patterns <= set(BUILTIN_EXCLUSIONS[category]), category
+    flat = [p for patterns in BUILTIN_EXCLUSIONS.values() for p in patterns]
+    assert len(flat) == len(set(flat)), "a pattern belongs to one category"
+
+
+def test_builtin_dir_pattern_spares_files_and_symlinks_of_that_name(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "ws", {"notes/build": "a file", "target": Link("notes")})
+    assert walked(root) == {"notes/build", "target"}
+
+
+def test_extra_patterns_are_root_anchored_gitignore_lines(tmp_path: Path) -> None:
+    root = make_tree(
+        tmp_path / "ws",
+        {
+            "generated/a.py": "x",
+            "src/generated/b.py": "x",
+            "snap/x.snap": "x",
+            "snap/keep.snap": "x",
+            "src/c.py": "x",
+        },
+    )
+    extra = ["/generated/", "*.snap", "!keep.snap"]
+    assert walked(root, extra=extra) == {"src/generated/b.py", "snap/keep.snap", "src/c.py"}
+    rules = ExclusionRules(root, extra=extra)
+    assert rules.excluded_reason(RepoPath("generated/a.py"), is_dir=False) == "extra"
+    assert rules.excluded_reason(RepoPath("snap/x.snap"), is_dir=False) == "extra"
+
+
+def test_gitignore_reason_names_the_rule_file(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "ws", {"sub/.gitignore": "*.gen\n", "sub/x/a.gen": "x", "a.gen": "x"})
+    rules = ExclusionRules(root, builtin={})
+    assert rules.excluded_reason(RepoPath("sub/x/a.gen"), is_dir=False) == "gitignore:sub/.gitignore"
+    assert rules.excluded_reason(RepoPath("a.gen"), is_dir=False) is None
+
+
+# ---------------------------------------------------------------- Git LFS
+
+
+LFS_ATTRIBUTES = (
+    "# git lfs track output, and hand-written variants\n"
+    "*.pt filter=lfs diff=lfs merge=lfs -text\n"
+    "assets/*.bin\tfilter=lfs\tdiff=lfs\tmerge=lfs\t-text\n"
+    '"my file.dat" filter=lfs diff=lfs merge=lfs -text\n'
+    "my[[:space:]]model.onnx filter=lfs diff=lfs merge=lfs -text\n"
+    "[attr]big filter=lfs diff=lfs merge=lfs -text\n"
+    "*.ckpt big\n"
+    "small.pt -filter\n"
+    "*.txt text eol=lf\n"
+    "/anchored.weights filter=lfs\n"
+)
+
+
+@needs_git
+def test_lfs_patterns_of_root_gitattributes_match_git_check_attr(tmp_path: Path) -> None:
+    root = make_tree(
+        tmp_path / "ws",
+        {
+            ".gitattributes": LFS_ATTRIBUTES,
+            "model.pt": "x",
+            "small.pt": "x",
+            "deep/w.pt": "x",
+            "assets/a.bin": "x",
+            "assets/sub/b.bin": "x",
+            "my file.dat": "x",
+            "other file.dat": "x",
+            "my model.onnx": "x",
+            "run.ckpt": "x",
+            "anchored.weights": "x",
+            "sub/anchored.weights": "x",
+            "notes.txt": "x",
+            "sub/.gitattributes": "*.md filter=lfs\n",
+            "sub/readme.md": "nested .gitattributes files are not read",
+        },
+    )
+    rules = ExclusionRules(root, builtin={})
+    files, _ = all_paths(root)
+    ours = {p for p in files if rules.excluded_reason(RepoPath(p), is_dir=False) == "lfs"}
+    env = git_env(tmp_path)
+    git(root, env, "init", "-q", "--template=", ".")
+    (root / "sub/.gitattributes").unlink()  # git would read it; the spec says root only
+    out = git(root, env, "check-attr", "-z", "--stdin", "filter", stdin=b"\0".join(map(os.fsencode, files)))
+    fields = out.split(b"\0")
+    theirs = {os.fsdecode(fields[i]) for i in range(0, len(fields) - 2, 3) if fields[i + 2] == b"lfs"}
+    theirs.discard("sub/.gitattributes")
+    assert ours == theirs
+    assert ours == {
+        "model.pt", "deep/w.pt", "assets/a.bin", "my file.dat", "my model.onnx", "run.ckpt", "anchored.weights",
+    }  # fmt: skip
+    assert walked(root, builtin={}).isdisjoint(ours)
+
+
+def test_lfs_reads_only_the_root_file_and_applies_to_files(tmp_path: Path) -> None:
+    root = make_tree(
+        tmp_path / "ws",
+        {".gitattributes": "*.bin filter=lfs\n", "x.bin/inner.txt": "a folder named like the pattern", "y.bin": "x"},
+    )
+    assert walked(root, builtin={}) == {".gitattributes", "x.bin/inner.txt"}
+
+
+# ---------------------------------------------------------------- .git and nested repositories
+
+
+def test_user_git_and_nested_repos_are_excluded_whole(tmp_path: Path) -> None:
+    root = make_tree(
+        tmp_path / "ws",
+        {
+            ".git/HEAD": "ref: refs/heads/main\n",
+            ".git/config": "[core]\n",
+            "app.py": "x",
+            "vendored/.git/HEAD": "ref: refs/heads/main\n",
+            "vendored/lib.py": "x",
+            "worktree/.git": "gitdir: /elsewhere/.git/worktrees/w\n",
+            "worktree/code.py": "x",
+            "libs/mod/code.py": "x",
+            "libs/other/code.py": "x",
+            ".gitmodules": '[submodule "mod"]\n\tpath = libs/mod\n\turl = https://example.invalid/m.git\n'
+            '[submodule "quoted"]\n\tpath = "q dir" ; comment\n',
+            "q dir/x.py": "x",
+        },
+    )
+    assert walked(root) == {"app.py", "libs/other/code.py", ".gitmodules"}
+    rules = ExclusionRules(root)
+    assert rules.excluded_reason(RepoPath("vendored"), is_dir=True) == "nested_repo"
+    assert rules.excluded_reason(RepoPath("vendored/lib.py"), is_dir=False) == "nested_repo"
+    assert rules.excluded_reason(RepoPath("worktree/code.py"), is_dir=False) == "nested_repo"
+    assert rules.excluded_reason(RepoPath("libs/mod/code.py"), is_dir=False) == "submodule"
+    assert rules.excluded_reason(RepoPath("q dir/x.py"), is_dir=False) == "submodule"
+    assert rules.excluded_reason(RepoPath(".git/HEAD"), is_dir=False) == "git_dir"
+    assert rules.excluded_reason(RepoPath("libs"), is_dir=True) is None
+    assert list(rules.walk(RepoPath("vendored"))) == []
+    assert list(rules.walk(RepoPath("libs/mod"))) == []
+    assert [rules.is_nested_repo(RepoPath(p)) for p in ("vendored", "worktree", "libs/mod", "libs", "")] == [
+        True, True, True, False, False,
+    ]  # fmt: skip
+
+
+def test_git_lookalikes_in_any_case_are_excluded(tmp_path: Path) -> None:
+    root = make_tree(
+        tmp_path / "ws",
+        {".GIT/config": "x", "sub/.Git": "a file", "sub/keep.py": "x", "x/.git.txt": "not a git dir"},
+    )
+    rules = ExclusionRules(root)
+    assert rules.excluded_reason(RepoPath(".GIT/config"), is_dir=False) == "git_dir"
+    assert rules.excluded_reason(RepoPath("sub/.Git"), is_dir=False) == "git_dir"
+    case_insensitive_fs = (root / "sub/.git").exists()
+    expected = {"x/.git.txt"} if case_insensitive_fs else {"x/.git.txt", "sub/keep.py"}
+    assert walked(root) == expected
+    assert rules.is_nested_repo(RepoPath("sub")) is case_insensitive_fs
+
+
+def test_symlink_to_folder_is_a_leaf_never_followed(tmp_path: Path) -> None:
+    outside = make_tree(tmp_path / "outside", {"secret.py": "x"})
+    root = make_tree(tmp_path / "ws", {"real/a.py": "x", "link": Link("real"), "out": Link(str(outside))})
+    rules = ExclusionRules(root)
+    entries = {str(p): e for p, e in rules.walk()}
+    assert set(entries) == {"real/a.py", "link", "out"}
+    assert entries["link"].is_symlink() and entries["out"].is_symlink()
+    assert rules.excluded_reason(RepoPath("link/a.py"), is_dir=False) == "beyond_symlink"
+    assert list(rules.walk(RepoPath("link"))) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no fifos here")
+def test_fifos_are_yielded_and_a_fifo_gitignore_does_not_block(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "ws", {"sub/a.py": "x"})
+    os.mkfifo(root / "pipe")
+    os.mkfifo(root / "sub" / ".gitignore")
+    assert walked(root) == {"pipe", "sub/a.py", "sub/.gitignore"}
+
+
+# ---------------------------------------------------------------- single paths, caches, safety
+
+
+def _rich_random_tree(seed: int) -> dict[str, TreeValue]:
+    rng = random.Random(seed)
+    return {
+        "r": _random_tree(rng),
+        ".gitignore": "r/**/keep.log\n",
+        ".gitattributes": "*.pt filter=lfs\n",
+        "m.pt": "x",
+        "node_modules/x/y.js": "x",
+        "img/a.png": "x",
+        "nested/.git/HEAD": "x",
+        "nested/a.py": "x",
+        "link": Link("sub"),
+        "sub/z.py": "x",
+    }
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_is_excluded_agrees_with_walk_on_every_path(tmp_path: Path, seed: int) -> None:
+    root = make_tree(tmp_path / "ws", _rich_random_tree(seed))
+    walker = ExclusionRules(root)
+    included = {str(p) for p, _ in walker.walk()}
+    files, dirs = all_paths(root)
+    assert included <= files and "nested/a.py" not in included and "sub/z.py" in included
+    for rules in (walker, ExclusionRules(root)):  # warm cache from the walk, and a cold one
+        for path in sorted(files):
+            assert rules.is_excluded(RepoPath(path), is_dir=False) == (path not in included), path
+        for path in sorted(dirs):
+            if any(p.startswith(f"{path}/") for p in included):
+                assert not rules.is_excluded(RepoPath(path), is_dir=True), path
+            if rules.is_excluded(RepoPath(path), is_dir=True):
+                assert list(rules.walk(RepoPath(path))) == [], path
+
+
+def test_walk_from_a_subfolder_applies_ancestor_rules(tmp_path: Path) -> None:
+    root = make_tree(
+        tmp_path / "ws",
+        {".gitignore": "*.gen\n", "src/a.py": "x", "src/b.gen": "x", "src/pkg/c.py": "x", "top.py": "x"},
+    )
+    rules = ExclusionRules(root)
+    assert {str(p) for p, _ in rules.walk(RepoPath("src"))} == {"src/a.py", "src/pkg/c.py"}
+    assert list(rules.walk(RepoPath("src/a.py"))) == []
+    make_tree(root, {"node_modules/x.js": "x"})
+    assert list(rules.walk(RepoPath("node_modules"))) == []
+
+
+def test_invalidate_picks_up_new_rule_files_and_repos(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "ws", {"sub/a.gen": "x", "lib/x.py": "x", "w.pt": "x"})
+    rules = ExclusionRules(root, builtin={})
+    for path in ("sub/a.gen", "lib/x.py", "w.pt"):
+        assert not rules.is_excluded(RepoPath(path), is_dir=False)
+
+    (root / "sub/.gitignore").write_text("*.gen\n")
+    rules.invalidate(RepoPath("sub/.gitignore"))
+    assert rules.excluded_reason(RepoPath("sub/a.gen"), is_dir=False) == "gitignore:sub/.gitignore"
+
+    (root / "sub/.gitignore").write_text("")
+    rules.invalidate(RepoPath("sub"))  # the folder holding the rule file works too
+    assert not rules.is_excluded(RepoPath("sub/a.gen"), is_dir=False)
+
+    (root / "lib/.git").mkdir()
+    rules.invalidate(RepoPath("lib/.git"))
+    assert rules.excluded_reason(RepoPath("lib/x.py"), is_dir=False) == "nested_repo"
+    assert rules.is_nested_repo(RepoPath("lib"))
+
+    (root / ".gitattributes").write_text("*.pt filter=lfs\n")
+    rules.invalidate(RepoPath(".gitattributes"))
+    assert rules.excluded_reason(RepoPath("w.pt"), is_dir=False) == "lfs"
+
+
+def test_walk_and_checks_never_modify_the_tree(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "ws", _rich_random_tree(7))
+    make_tree(root, {"nested/.git/config": "[core]\n", "nested/.git/objects/ab/cdef": b"\x00\x01"})
+    os.chmod(root / "nested/.git", 0o755)
+    before = tree_digest(root)
+    rules = ExclusionRules(root)
+    list(rules.walk())
+    list(rules.walk(RepoPath("sub")))
+    for path in all_paths(root)[0]:
+        rules.is_excluded(RepoPath(path), is_dir=False)
+    rules.is_nested_repo(RepoPath("nested"))
+    rules.invalidate(RepoPath(""))
+    list(rules.walk())
+    assert tree_digest(root) == before
+    assert (root / "nested/.git/HEAD").is_file()
