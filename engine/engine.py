@@ -50,12 +50,16 @@ from shadowpoint.restorer import Restorer
 from shadowpoint.roots import Notify, RootState, is_rules_file
 from shadowpoint.rounds import RoundRecord, RoundRecorder, tool_kind
 from shadowpoint.scanner import StagePlan, StageResult
-from shadowpoint.shadow_repo import safety_ref, task_ref
+from shadowpoint.shadow_repo import loose_object_estimate, safety_ref, task_ref
 from shadowpoint.storage import apply_retention
 from shadowpoint.storage import collect_garbage as collect_repo_garbage
 from shadowpoint.workspace import PathResolver, RepoPath, Workspace, open_workspaces
 
 __all__ = ["Engine", "EngineOptions", "TaskRuntime"]
+
+# git's gc.auto threshold; checked every AUTO_PACK_EVERY checkpoints (one listdir)
+AUTO_PACK_LOOSE = 6700
+AUTO_PACK_EVERY = 25
 
 log = structlog.get_logger(__name__)
 
@@ -91,6 +95,7 @@ class Engine:
         self.restorer = Restorer(self)
         self.bus = RoundBus()
         self._background: list[threading.Thread] = []
+        self._checkpoints_made = 0
         self._subscribe()
 
     def _subscribe(self) -> None:
@@ -461,6 +466,12 @@ class Engine:
         cp = CheckpointRecord(ts=ts, kind=kind, hashes=hashes, reused=reused_all, warnings=warnings)
         rt.record.add_checkpoint(cp)
         self._save(rt)
+        self._checkpoints_made += 1
+        if self._checkpoints_made % AUTO_PACK_EVERY == 0 and any(
+            loose_object_estimate(r.ws.git_dir) > AUTO_PACK_LOOSE for r in self.roots.values()
+        ):
+            # loose objects cost a disk block each: pack them, as git's gc.auto does
+            self._collect_in_background()
         log.info("round.checkpointed", task_id=rt.record.task_id, kind=kind, ts=ts, reused=reused_all,
                  paths=sum(s.examined for s in stats), changed=sum(s.changed for s in stats),
                  rescan=any(s.rescan for s in stats), forced=sum(len(p.forced) for p in plans.values()),

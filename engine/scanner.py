@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 
 from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
+from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, BlobBatch, ShadowRepo, TreeEntry
 from shadowpoint.stat_cache import FileState, StatCache
 from shadowpoint.workspace import RepoPath, is_git_component
 
@@ -84,6 +84,7 @@ class _Staging:
     now_ns: int
     changes: dict[RepoPath, TreeEntry | None] = field(default_factory=dict)
     originals: dict[RepoPath, TreeEntry | None] = field(default_factory=dict)
+    batch: BlobBatch | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,12 @@ class Scanner:
         run = _Staging(cache, StageStats(rescan=plan.rescan), time.time_ns())
         self._invalidate_rules(plan.forced | plan.watched)
         if plan.rescan:
-            self._rescan(run)
+            run.batch = self.repo.blob_batch()
+            try:
+                self._rescan(run)
+            finally:
+                run.batch.close()
+                run.batch = None
         else:
             for path in sorted(plan.watched - plan.forced):
                 self._stage_path(run, path, forced=False)
@@ -280,7 +286,8 @@ class Scanner:
             if len(data) > self.options.max_file_bytes:
                 self._skip(run, path, SkipReason.TOO_LARGE, f"{len(data)} bytes")
                 return
-            entry = TreeEntry(self.repo.write_blob(data), MODE_EXEC if st.st_mode & 0o100 else MODE_FILE)
+            oid = run.batch.add(data) if run.batch is not None else self.repo.write_blob(data)
+            entry = TreeEntry(oid, MODE_EXEC if st.st_mode & 0o100 else MODE_FILE)
         else:
             self._skip(run, path, SkipReason.NOT_REGULAR, "")
             return
