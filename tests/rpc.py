@@ -1,0 +1,112 @@
+"""A small JSON-RPC 2.0 client for a real `shadowpoint serve` process over pipes (tests only)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+class RpcError(Exception):
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(error.get("message"))
+        self.error = error
+        self.kind = (error.get("data") or {}).get("kind")
+
+
+class SidecarProcess:
+    """`python -m shadowpoint serve` with pipelined requests and answers matched by id."""
+
+    def __init__(self, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shadowpoint", "serve"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+        )
+        self._next = 1
+        self._answers: dict[int, dict[str, Any]] = {}
+        self.notifications: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self.stderr = bytearray()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self._cond:
+                if "id" in msg and msg["id"] is not None:
+                    self._answers[msg["id"]] = msg
+                else:
+                    self.notifications.append(msg)
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        for chunk in iter(lambda: self.proc.stderr.read1(65536), b""):  # type: ignore[union-attr]
+            self.stderr += chunk
+
+    def send(self, method: str, params: dict[str, Any] | None = None) -> int:
+        mid = self._next
+        self._next += 1
+        msg = {"jsonrpc": "2.0", "id": mid, "method": method, "params": params or {}}
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+        return mid
+
+    def wait(self, mid: int, timeout: float = 120) -> Any:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while mid not in self._answers:
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and mid not in self._answers):
+                    raise AssertionError(f"no answer to request {mid}; stderr: {bytes(self.stderr[-4000:])!r}")
+                self._cond.wait(min(left, 0.5))
+            msg = self._answers.pop(mid)
+        if "error" in msg:
+            raise RpcError(msg["error"])
+        return msg["result"]
+
+    def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 120) -> Any:
+        return self.wait(self.send(method, params), timeout)
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self._close_pipes()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.call("shutdown", timeout=60)
+            finally:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        time.sleep(0.05)  # let the reader threads drain what is left
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    pipe.close()
+
+    def wait_ready(self, task: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.call("checkpoint/list", {"taskId": task})["state"] == "ready":
+                return
+            time.sleep(0.05)
+        raise AssertionError("task never became ready")
