@@ -15,6 +15,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+import structlog
+
 from shadowpoint.checkpoints import CheckpointRecord
 from shadowpoint.config import Settings, load_settings
 from shadowpoint.engine import Engine, EngineOptions
@@ -29,6 +31,7 @@ from shadowpoint.events import (
     ToolBegan,
     ToolEnded,
 )
+from shadowpoint.logs import configure_logging
 from shadowpoint.rounds import tool_kind
 from shadowpoint.shadow_repo import isolate_libgit2
 
@@ -51,6 +54,9 @@ class Checkpoints:
     def __init__(self, roots: Sequence[str | Path], *, settings: Settings | None = None,
                  options: EngineOptions | None = None) -> None:
         isolate_libgit2()
+        if not structlog.is_configured():
+            # structlog's default prints to stdout, which an agent may own: warnings to stderr
+            configure_logging("warning")
         opts = options or EngineOptions.from_settings(settings or load_settings())
         self.engine = Engine(list(roots), opts)
         self._tasks: dict[str, TaskHooks] = {}
