@@ -151,8 +151,8 @@ class Engine:
             elif record.last_snapshot() is not None:
                 rt.state = "ready"
                 rt.round_no = len(record.checkpoints)
-            else:
-                self._begin_baseline(rt, record.checkpoints[0].ts if record.checkpoints else 0)
+            # else: the baseline never finished (a crash); task/start or task/retry builds it,
+            # never a read or a delete of the task
         return rt
 
     def start_task(self, task_id: str, ts: int = 0) -> dict[str, Any]:
@@ -161,7 +161,12 @@ class Engine:
             rt = self._tasks.get(task_id)
         if rt is None and self.store.exists(task_id):
             rt = self._resume(task_id)
-        if rt is None:
+        if rt is not None:
+            with rt.lock:
+                if rt.state == "initializing" and rt.baseline is None:
+                    first = rt.record.messages[0].ts if rt.record.messages else ts
+                    self._begin_baseline(rt, first)
+        else:
             record = TaskRecord(task_id=task_id, roots={ws.name: str(ws.root) for ws in self.workspaces})
             rt = TaskRuntime(record)
             with self._tasks_lock:
@@ -328,7 +333,7 @@ class Engine:
     @staticmethod
     def _in_nested_repo(root: RootState, rel: RepoPath) -> bool:
         parts = rel.split("/")
-        return any(root.rules.is_nested_repo(RepoPath("/".join(parts[:i]))) for i in range(1, len(parts)))
+        return any(root.rules.is_nested_repo(RepoPath("/".join(parts[:i]))) for i in range(1, len(parts) + 1))
 
     def tool_began(self, task_id: str, tool: str, kind: str | None, paths: Iterable[Any] | None) -> None:
         rt = self._task(task_id)

@@ -435,6 +435,9 @@ class SafeWriter:
         st = _lstat_or_none(name, dir_fd)
         if st is None or not stat.S_ISDIR(st.st_mode):
             return
+        # Folders left holding only empty folders (an agent deleted b/d/e, b/d/ stayed) go too,
+        # as git removes them; anything else in them makes the directory "with content".
+        self._remove_empty_subdirs(dir_fd, name)
         try:
             os.rmdir(name, dir_fd=dir_fd)
         except OSError as exc:
@@ -445,6 +448,25 @@ class SafeWriter:
                 ) from exc
             raise
         log.debug("safe_fs.replaced_in_the_way", path=path, component=name, was="empty_directory")
+
+    def _remove_empty_subdirs(self, parent_fd: int, name: str, depth: int = 0) -> None:
+        if depth > 64:
+            return
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except OSError:
+            return
+        try:
+            with os.scandir(fd) as it:
+                children = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+            for child in children:
+                self._remove_empty_subdirs(fd, child, depth + 1)
+                try:
+                    os.rmdir(child, dir_fd=fd)
+                except OSError:
+                    pass  # not empty: it holds a file, so the whole directory stays
+        finally:
+            os.close(fd)
 
     def _prune_empty_parents(self, fds: list[int], parts: list[str]) -> None:
         # fds[i] is the directory parts[i - 1]; it is removed from its parent fds[i - 1].

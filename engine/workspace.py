@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NewType
 
 from shadowpoint.errors import (
+    InvalidParamsError,
     NoWorkspaceError,
     PathOutsideWorkspaceError,
     ProtectedDirectoryError,
@@ -80,6 +81,9 @@ def open_workspaces(
     if not roots:
         raise NoWorkspaceError()
     reals = [canonical_root(r, protected) for r in roots]
+    if len(set(reals)) != len(reals):
+        dup = next(r for r in reals if reals.count(r) > 1)
+        raise InvalidParamsError(f"The workspace root {dup} is given twice.")
     names: list[str] = []
     for real in reals:
         base = real.name or "root"

@@ -1,0 +1,252 @@
+"""Unit tests for `shadowpoint.checkpoints`: the task timeline, atomic writes and task folders."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from shadowpoint.checkpoints import (
+    JOURNAL_FILE,
+    TASK_FILE,
+    CheckpointRecord,
+    CheckpointStore,
+    TaskRecord,
+    checkpoint_or_raise,
+    write_json_atomic,
+)
+from shadowpoint.errors import UnknownCheckpointError, UnknownTaskError
+
+
+def cp(ts: int, kind: str = "round", **kw: object) -> CheckpointRecord:
+    hashes = kw.pop("hashes", {"proj": f"{ts:040x}"} if kind != "compaction" else {})
+    return CheckpointRecord(ts=ts, kind=kind, hashes=hashes, **kw)  # type: ignore[arg-type]
+
+
+def task(*cps: CheckpointRecord) -> TaskRecord:
+    rec = TaskRecord(task_id="t", roots={"proj": "/w/proj"})
+    for c in cps:
+        rec.add_checkpoint(c)
+    return rec
+
+
+# ---- TaskRecord -------------------------------------------------------------------------------
+
+
+def test_add_checkpoint_clears_restored_marks() -> None:
+    rec = task(cp(0, "baseline"), cp(10), cp(20))
+    rec.checkpoint(10).restored = True
+    rec.checkpoint(0).restored = True
+    rec.add_checkpoint(cp(30))
+    assert [c.restored for c in rec.checkpoints] == [False] * 4
+
+
+def test_add_checkpoint_replaces_same_ts_and_keeps_order() -> None:
+    rec = task(cp(0, "baseline"), cp(20), cp(10))
+    assert [c.ts for c in rec.checkpoints] == [0, 10, 20]
+    rec.add_checkpoint(cp(10, "completion"))
+    assert [c.ts for c in rec.checkpoints] == [0, 10, 20]
+    assert rec.checkpoint(10).kind == "completion"
+    with pytest.raises(UnknownCheckpointError):
+        rec.checkpoint(15)
+
+
+def test_last_snapshot_skips_compaction() -> None:
+    rec = task(cp(0, "baseline"), cp(10), cp(20, "compaction"))
+    last = rec.last_snapshot()
+    assert last is not None and last.ts == 10
+    assert not rec.checkpoint(20).has_snapshot
+    assert task().last_snapshot() is None
+    assert not cp(5, "round", hashes={}).has_snapshot
+
+
+def test_cut_after_drops_later_messages_and_checkpoints() -> None:
+    rec = task(cp(0, "baseline"), cp(10), cp(20), cp(30, "completion"))
+    for ts in (0, 5, 10, 15, 20, 25, 30):
+        rec.add_message(ts, "user" if ts % 10 else "assistant", f"m{ts}")
+    rec.cut_after(15)
+    assert [c.ts for c in rec.checkpoints] == [0, 10]
+    assert [m.ts for m in rec.messages] == [0, 5, 10, 15]
+    assert rec.timeline_ts() == [0, 5, 10, 15]
+
+
+def test_cut_before_baseline_keeps_the_baseline() -> None:
+    rec = task(cp(100, "baseline"), cp(110))
+    rec.add_message(100, "user", "first")
+    rec.cut_after(50)
+    assert [c.ts for c in rec.checkpoints] == [100]
+    assert rec.messages == []
+
+
+def test_messages_update_role_and_text() -> None:
+    rec = task()
+    rec.add_message(20, "assistant", None)
+    rec.add_message(10, "user", "hello")
+    assert [m.ts for m in rec.messages] == [10, 20]
+    rec.add_message(20, "user", "now text")
+    rec.add_message(10, "assistant", None)  # None keeps the known text
+    m10, m20 = rec.message(10), rec.message(20)
+    assert m10 is not None and (m10.role, m10.text) == ("assistant", "hello")
+    assert m20 is not None and (m20.role, m20.text) == ("user", "now text")
+    assert len(rec.messages) == 2
+    assert rec.message(99) is None
+
+
+def test_checkpoint_or_raise_checks_type() -> None:
+    rec = task(cp(0, "baseline"))
+    assert checkpoint_or_raise(rec, 0).kind == "baseline"
+    for bad in ("0", 0.0, True, None, [0]):
+        with pytest.raises(UnknownCheckpointError):
+            checkpoint_or_raise(rec, bad)
+
+
+def test_to_wire() -> None:
+    w = cp(5, "round", hashes={"a": "1" * 40, "b": "2" * 40}, reused=True,
+           warnings=[{"path": "x", "reason": "over the size cap"}]).to_wire("b")
+    assert w["hash"] == "2" * 40 and w["hashes"] == {"a": "1" * 40, "b": "2" * 40}
+    assert w["reused"] is True and w["restored"] is False and w["warnings"][0]["path"] == "x"
+    assert w["createdAt"].endswith("Z")
+    comp = cp(6, "compaction").to_wire("a")
+    assert comp["hash"] is None and comp["hashes"] == {} and comp["kind"] == "compaction"
+
+
+def test_json_round_trip() -> None:
+    rec = task(cp(0, "baseline"), cp(10, warnings=[{"path": "p", "reason": "r"}]))
+    rec.add_message(10, "user", "ünï \udcff text")
+    rec.edited = {"proj": ["a", "b/c"]}
+    rec.last_restore = {"proj": {"safety": "s" * 40, "paths": ["a"]}}
+    rec.disabled = True
+    rec.checkpoint(10).restored = True
+    again = TaskRecord.from_json(json.loads(json.dumps(rec.to_json())))
+    assert again == rec
+
+
+# ---- atomic writes ----------------------------------------------------------------------------
+
+
+def _write_forever(path: str) -> None:
+    i = 0
+    while True:
+        i += 1
+        write_json_atomic(Path(path), {"n": i, "pad": "x" * 20000})
+
+
+def test_atomic_write_leaves_old_or_new_file(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "f.json"
+    write_json_atomic(path, {"n": 0, "pad": ""})
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_write_forever, args=(str(path),), name="shadowpoint-test-writer")
+    proc.start()
+    try:
+        seen: set[int] = set()
+        deadline = time.monotonic() + 30
+        while len(seen) < 50 and time.monotonic() < deadline:
+            data = json.loads(path.read_text())  # never a partial file
+            seen.add(data["n"])
+            assert len(data["pad"]) in (0, 20000)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+    data = json.loads(path.read_text())
+    assert isinstance(data["n"], int)
+    assert len(seen) > 1  # the writer did replace the file while we read it
+    leftovers = [p.name for p in path.parent.iterdir() if p.name != "f.json"]
+    assert all(n.startswith(".f.json.") and n.endswith(".tmp") for n in leftovers)
+
+
+def test_atomic_write_failure_keeps_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "store" / "f.json"
+    write_json_atomic(path, {"v": "old"})
+    with pytest.raises(TypeError):
+        write_json_atomic(path, {"v": object()})
+    assert json.loads(path.read_text()) == {"v": "old"}
+    assert [p.name for p in path.parent.iterdir()] == ["f.json"], "no temporary file is left behind"
+
+
+# ---- CheckpointStore --------------------------------------------------------------------------
+
+
+def test_store_save_load_delete(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "docs")
+    rec = task(cp(0, "baseline"))
+    store.save(rec)
+    assert store.exists("t")
+    assert (tmp_path / "docs" / "tasks" / "t" / TASK_FILE).is_file()
+    assert store.load("t") == rec
+    assert store.task_ids() == ["t"]
+    store.delete("t")
+    assert not store.exists("t") and store.task_ids() == []
+    with pytest.raises(UnknownTaskError):
+        store.load("t")
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b"\0\0\0", b"[]", b'{"no_task_id": 1}', b'"str"'])
+def test_load_corrupt_task_is_unknown_task(tmp_path: Path, content: bytes) -> None:
+    store = CheckpointStore(tmp_path / "docs")
+    folder = store.task_dir("t")
+    folder.mkdir(parents=True)
+    (folder / TASK_FILE).write_bytes(content)
+    with pytest.raises(UnknownTaskError) as info:
+        store.load("t")
+    assert info.value.kind == "unknown_task"
+
+
+def test_load_unknown_task(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "docs")
+    with pytest.raises(UnknownTaskError, match="nope"):
+        store.load("nope")
+    assert store.task_ids() == []
+
+
+def test_load_refuses_a_folder_of_another_task(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "docs")
+    rec = TaskRecord(task_id="other", roots={})
+    write_json_atomic(store.task_dir("t") / TASK_FILE, rec.to_json())
+    with pytest.raises(UnknownTaskError):
+        store.load("t")
+
+
+TRICKY_IDS = ["simple", "with/slash", "../../escape", "..", ".", "a b c", "ünïcödé", "日本語", "x" * 500,
+              "a/b", "a_b", "CON", "-rf", ".hidden", "t.lock", "tab\tnew\nline", "\udcff", "", "a\\b"]
+
+
+def test_task_ids_map_to_safe_distinct_folders(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    store = CheckpointStore(docs)
+    folders = set()
+    for tid in TRICKY_IDS:
+        folder = store.task_dir(tid)
+        assert folder.parent == docs / "tasks", tid
+        assert folder.name not in ("", ".", "..") and "/" not in folder.name and "\0" not in folder.name
+        assert len(os.fsencode(folder.name)) <= 255
+        folders.add(folder)
+        store.save(TaskRecord(task_id=tid, roots={}))
+    assert len(folders) == len(TRICKY_IDS)
+    for tid in TRICKY_IDS:
+        assert store.load(tid).task_id == tid
+    assert sorted(store.task_ids()) == sorted(TRICKY_IDS)
+    assert sorted(p.name for p in docs.iterdir()) == ["tasks"]
+    assert not (tmp_path / "escape").exists()
+    store.delete("../../escape")
+    assert sorted(store.task_ids()) == sorted(t for t in TRICKY_IDS if t != "../../escape")
+    assert docs.is_dir()
+
+
+def test_journal_write_read_clear(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "docs")
+    assert store.read_journal("t") is None
+    store.write_journal("t", {"plans": [], "safety": {"proj": "a" * 40}})
+    assert store.read_journal("t") == {"plans": [], "safety": {"proj": "a" * 40}}
+    assert (store.task_dir("t") / JOURNAL_FILE).is_file()
+    (store.task_dir("t") / JOURNAL_FILE).write_text("[1, 2]")
+    assert store.read_journal("t") is None
+    (store.task_dir("t") / JOURNAL_FILE).write_text("{trunc")
+    assert store.read_journal("t") is None
+    store.clear_journal("t")
+    store.clear_journal("t")
+    assert store.read_journal("t") is None

@@ -1,0 +1,484 @@
+"""Unit tests for `shadowpoint.shadow_repo`: tree patching, commits, isolation, gc and repair.
+
+Real pygit2 repositories on temp dirs; the git CLI is used only as an independent witness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pygit2
+import pytest
+
+from shadowpoint.errors import ShadowRepoMismatchError
+from shadowpoint.shadow_repo import (
+    COMMITTER_EMAIL,
+    COMMITTER_NAME,
+    HEAD_REF,
+    MODE_EXEC,
+    MODE_FILE,
+    MODE_LINK,
+    ShadowRepo,
+    TreeEntry,
+    ref_component,
+    task_ref,
+)
+from shadowpoint.workspace import RepoPath
+
+
+@pytest.fixture
+def repo(tmp_path: Path, workspace: Path) -> Iterator[ShadowRepo]:
+    r = ShadowRepo.open_or_init(tmp_path / "shadow" / ".git", workspace)
+    yield r
+    r.close()
+
+
+def git(repo: ShadowRepo, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env["GIT_CONFIG_NOSYSTEM"] = "1"
+    return subprocess.run(
+        ["git", f"--git-dir={repo.git_dir}", *args], capture_output=True, text=True, env=env, check=check
+    )
+
+
+def blob(repo: ShadowRepo, data: str | bytes, mode: int = MODE_FILE) -> TreeEntry:
+    return TreeEntry(repo.write_blob(data.encode() if isinstance(data, str) else data), mode)
+
+
+def build(repo: ShadowRepo, files: dict[str, TreeEntry]) -> str | None:
+    return repo.patch_tree(None, {RepoPath(p): e for p, e in files.items()})
+
+
+# ---- patch_tree -------------------------------------------------------------------------------
+
+
+def test_patch_adds_modifies_and_deletes_deep_paths(repo: ShadowRepo) -> None:
+    a, b, c = blob(repo, "a"), blob(repo, "b"), blob(repo, "c")
+    t1 = build(repo, {"x/y/z/deep.txt": a, "x/y/other.txt": b, "top.txt": c})
+    assert repo.list_tree(t1) == {"x/y/z/deep.txt": a, "x/y/other.txt": b, "top.txt": c}
+
+    a2 = blob(repo, "a2", MODE_EXEC)
+    t2 = repo.patch_tree(t1, {RepoPath("x/y/z/deep.txt"): a2, RepoPath("x/y/other.txt"): None,
+                              RepoPath("p/q/r/s/new.txt"): b})
+    assert repo.list_tree(t2) == {"x/y/z/deep.txt": a2, "top.txt": c, "p/q/r/s/new.txt": b}
+    # the base tree is untouched
+    assert repo.list_tree(t1) == {"x/y/z/deep.txt": a, "x/y/other.txt": b, "top.txt": c}
+    assert repo.lookup(t2, RepoPath("x/y/z/deep.txt")) == a2
+    assert repo.lookup(t2, RepoPath("x/y/other.txt")) is None
+    assert repo.lookup(None, RepoPath("top.txt")) is None
+
+
+def test_patch_replaces_file_by_dir_and_dir_by_file_in_one_patch(repo: ShadowRepo) -> None:
+    f, g, h = blob(repo, "f"), blob(repo, "g"), blob(repo, "h")
+    link = blob(repo, "target", MODE_LINK)
+    base = build(repo, {"thing": f, "dir/one": g, "dir/sub/two": h, "keep": h})
+    for order in (
+        {"thing": None, "thing/inner.txt": g, "dir": link, "dir/one": None, "dir/sub/two": None},
+        {"thing/inner.txt": g, "thing": None, "dir/sub/two": None, "dir/one": None, "dir": link},
+    ):
+        new = repo.patch_tree(base, {RepoPath(p): e for p, e in order.items()})
+        expected = {"thing/inner.txt": g, "dir": link, "keep": h}
+        assert repo.list_tree(new) == expected
+        assert new == build(repo, expected)
+
+
+def test_patch_setting_file_over_dir_drops_the_dir(repo: ShadowRepo) -> None:
+    f, g = blob(repo, "f"), blob(repo, "g")
+    base = build(repo, {"d/a": f, "d/b/c": g})
+    new = repo.patch_tree(base, {RepoPath("d"): f})
+    assert repo.list_tree(new) == {"d": f}
+    new2 = repo.patch_tree(new, {RepoPath("d/e/f"): g})
+    assert repo.list_tree(new2) == {"d/e/f": g}
+
+
+def test_deleting_last_file_removes_empty_dirs(repo: ShadowRepo, tmp_path: Path) -> None:
+    f, g = blob(repo, "f"), blob(repo, "g")
+    base = build(repo, {"a/b/c/only.txt": f, "z.txt": g})
+    new = repo.patch_tree(base, {RepoPath("a/b/c/only.txt"): None})
+    assert repo.list_tree(new) == {"z.txt": g}
+    assert new == build(repo, {"z.txt": g})
+    # git itself sees no empty tree entry
+    commit = repo.commit(new, [], "m", "t")
+    out = git(repo, "ls-tree", "-r", "-t", "--name-only", commit).stdout.split()
+    assert out == ["z.txt"]
+
+
+def test_empty_result_is_none(repo: ShadowRepo) -> None:
+    f = blob(repo, "f")
+    base = build(repo, {"a/b": f, "c": f})
+    assert repo.patch_tree(base, {RepoPath("a/b"): None, RepoPath("c"): None}) is None
+    assert repo.patch_tree(None, {}) is None
+    assert repo.patch_tree(None, {RepoPath("never/there"): None}) is None
+    assert repo.list_tree(None) == {}
+
+
+def test_patch_of_missing_path_is_a_no_op(repo: ShadowRepo) -> None:
+    f = blob(repo, "f")
+    base = build(repo, {"a/b": f})
+    assert repo.patch_tree(base, {RepoPath("a/zz"): None, RepoPath("q/r"): None}) == base
+
+
+def _random_path(rng: random.Random) -> str:
+    depth = rng.randint(1, 4)
+    return "/".join(rng.choice("abcde") for _ in range(depth - 1)) + ("/" if depth > 1 else "") + rng.choice(
+        ["f1", "f2", "a", "b", "c"]
+    )
+
+
+def _apply_model(model: dict[str, TreeEntry], path: str, entry: TreeEntry | None) -> dict[str, TreeEntry | None]:
+    """Apply one change to the model, returning the explicit changes (scanner style)."""
+    changes: dict[str, TreeEntry | None] = {}
+    if entry is None:
+        if path in model:
+            del model[path]
+            changes[path] = None
+        return changes
+    parts = path.split("/")
+    for i in range(1, len(parts)):  # a file where a parent dir must go
+        prefix = "/".join(parts[:i])
+        if prefix in model:
+            del model[prefix]
+            changes[prefix] = None
+    for p in [p for p in model if p.startswith(path + "/")]:  # a dir where the file must go
+        del model[p]
+        changes[p] = None
+    model[path] = entry
+    changes[path] = entry
+    return changes
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_patch_equals_tree_built_from_scratch(repo: ShadowRepo, seed: int) -> None:
+    rng = random.Random(seed)
+    entries = [blob(repo, f"content {i}", rng.choice([MODE_FILE, MODE_EXEC, MODE_LINK])) for i in range(8)]
+    model: dict[str, TreeEntry] = {}
+    tree: str | None = None
+    for _ in range(25):
+        changes: dict[str, TreeEntry | None] = {}
+        for _ in range(rng.randint(1, 6)):
+            if model and rng.random() < 0.35:
+                path, entry = rng.choice(sorted(model)), None
+            elif model and rng.random() < 0.3:
+                path, entry = rng.choice(sorted(model)), rng.choice(entries)
+            else:
+                path, entry = _random_path(rng), rng.choice(entries)
+            changes.update(_apply_model(model, path, entry))
+        items = list(changes.items())
+        rng.shuffle(items)
+        tree = repo.patch_tree(tree, {RepoPath(p): e for p, e in items})
+        assert repo.list_tree(tree) == model
+        assert tree == build(repo, model)
+
+
+# ---- commits ----------------------------------------------------------------------------------
+
+
+def test_commit_carries_trailer_and_committer(repo: ShadowRepo) -> None:
+    tree = build(repo, {"a": blob(repo, "a")})
+    c1 = repo.commit(tree, [], "baseline", "task one ü")
+    c2 = repo.commit(None, [c1], "round checkpoint at 5", "task-2")
+    repo.set_ref(task_ref("task-2"), c2)
+    out = git(repo, "log", "--format=%cn%n%ce%n%an%n%(trailers:only,unfold)", c2).stdout
+    assert out.split("\n\n")[0].splitlines() == [
+        COMMITTER_NAME, COMMITTER_EMAIL, COMMITTER_NAME, "Shadowpoint-Task: task-2"]
+    assert "Shadowpoint-Task: task one ü" in out
+    raw = git(repo, "cat-file", "-p", c2).stdout
+    assert "gpgsig" not in raw
+    assert f"parent {c1}" in raw
+    # a commit without a tree gets the empty tree; commit_tree maps it back to None
+    assert repo.commit_tree(c2) is None
+    assert repo.commit_tree(c1) == tree
+    assert git(repo, "rev-parse", f"{c2}^{{tree}}").stdout.strip() == "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+    assert repo.read_ref(task_ref("task-2")) == c2
+
+
+def test_line_breaks_in_task_id_cannot_forge_trailers(repo: ShadowRepo) -> None:
+    c = repo.commit(None, [], "m", "evil\nShadowpoint-Task: victim\r\n\nSigned-off-by: x")
+    values = git(repo, "log", "-1", "--format=%(trailers:key=Shadowpoint-Task,valueonly,unfold)", c).stdout
+    assert values.strip().splitlines() == ["evil Shadowpoint-Task: victim Signed-off-by: x"]
+    assert git(repo, "log", "-1", "--format=%(trailers:key=Signed-off-by)", c).stdout.strip() == ""
+
+
+def test_refs_set_read_list_delete(repo: ShadowRepo) -> None:
+    tree = build(repo, {"a": blob(repo, "a")})
+    c = repo.commit(tree, [], "m", "t")
+    repo.set_ref(HEAD_REF, c)
+    repo.set_ref(task_ref("weird/../id"), c)
+    refs = repo.list_refs()
+    assert refs[HEAD_REF] == c
+    assert refs[task_ref("weird/../id")] == c
+    assert git(repo, "show-ref").returncode == 0
+    repo.delete_ref(HEAD_REF)
+    assert repo.read_ref(HEAD_REF) is None
+    repo.delete_ref(HEAD_REF)  # deleting twice is harmless
+
+
+def test_set_ref_survives_a_stale_lock_file(repo: ShadowRepo) -> None:
+    tree = build(repo, {"a": blob(repo, "a")})
+    c = repo.commit(tree, [], "m", "t")
+    lock = repo.git_dir / "refs" / "shadowpoint" / "tasks" / "t.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text("")
+    repo.set_ref(task_ref("t"), c)
+    assert repo.read_ref(task_ref("t")) == c
+    assert not lock.exists()
+
+
+TRICKY_IDS = ["plain", "with/slash", "with_slash", "..", "a/../b", "a_.._b", "a b", "a_b", "ünï", "x.lock",
+              "-dash", ".hidden", "a" * 300, "a" * 301, "", "@{u}", "back\\slash", "A", "tab\tid", "x~1^2:3?*["]
+
+
+@pytest.mark.parametrize("task_id", TRICKY_IDS)
+def test_ref_component_is_a_valid_ref_name(repo: ShadowRepo, task_id: str) -> None:
+    comp = ref_component(task_id)
+    assert comp and "/" not in comp and ".." not in comp and not comp.endswith(".lock")
+    assert git(repo, "check-ref-format", task_ref(task_id), check=False).returncode == 0
+    c = repo.commit(None, [], "m", task_id)
+    repo.set_ref(task_ref(task_id), c)
+    assert repo.read_ref(task_ref(task_id)) == c
+
+
+def test_ref_components_are_distinct() -> None:
+    comps = [ref_component(t) for t in TRICKY_IDS]
+    assert len(set(comps)) == len(comps)
+    assert ref_component("plain") == "plain"
+
+
+# ---- isolation from the user's git configuration ----------------------------------------------
+
+
+ISOLATION_PROBE = r"""
+import json, sys
+from pathlib import Path
+import pygit2
+from shadowpoint.shadow_repo import ShadowRepo, TreeEntry, MODE_FILE
+from shadowpoint.workspace import RepoPath
+base, workspace = Path(sys.argv[1]), Path(sys.argv[2])
+plain = pygit2.init_repository(str(base / "plain"), bare=True)  # before isolation: reads user config
+control = "hostile.marker" in plain.config
+repo = ShadowRepo.open_or_init(base / "iso" / ".git", workspace)
+cfg = pygit2.Repository(str(repo.git_dir)).config
+data = b"line a\nline $Id$ b\r\nlast a"
+e = TreeEntry(repo.write_blob(data), MODE_FILE)
+tree = repo.patch_tree(None, {RepoPath("f.txt"): e})
+c = repo.commit(tree, [], "m", "t")
+print(json.dumps({
+    "control": control,
+    "marker": "hostile.marker" in cfg or "hostile.xdgmarker" in cfg,
+    "autocrlf": cfg.get_bool("core.autocrlf"),
+    "user": cfg["user.name"],
+    "blob_ok": repo.read_blob(e.oid) == data and repo.read_blob(repo.list_tree(tree)["f.txt"].oid) == data,
+    "commit": c,
+    "blob": e.oid,
+}))
+"""
+
+
+def test_user_git_config_has_no_effect(tmp_path: Path, workspace: Path) -> None:
+    """A fresh process with a hostile HOME and XDG git config: libgit2 must not read them."""
+    home = tmp_path / "hostile-home"
+    home.mkdir()
+    attrs = home / "global-attributes"
+    attrs.write_text("* text=auto eol=crlf filter=evil ident\n")
+    hostile = (
+        f"[core]\n\tautocrlf = true\n\teol = crlf\n\tattributesFile = {attrs}\n\tsafecrlf = true\n"
+        "\tfsmonitor = true\n\thooksPath = /nonexistent\n"
+        "[filter \"evil\"]\n\tclean = sed s/a/EVIL/\n\tsmudge = sed s/a/EVIL/\n\trequired = true\n"
+        "[commit]\n\tgpgSign = true\n[user]\n\tname = Hostile User\n\temail = h@example.com\n"
+        "[hostile]\n\tmarker = yes\n"
+    )
+    (home / ".gitconfig").write_text(hostile)
+    xdg = home / ".config" / "git"
+    xdg.mkdir(parents=True)
+    (xdg / "config").write_text(hostile.replace("marker = yes", "xdgmarker = yes"))
+    (workspace / ".gitattributes").write_text("* text eol=crlf filter=evil ident\n")
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+           "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"), "GIT_AUTHOR_NAME": "Env Author",
+           "GIT_COMMITTER_NAME": "Env Committer", "GIT_DIR": str(tmp_path / "nope")}
+    out = subprocess.run([sys.executable, "-c", ISOLATION_PROBE, str(tmp_path), str(workspace)], env=env,
+                         capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["control"] is True, "the probe must see the hostile config without isolation"
+    assert result["marker"] is False
+    assert result["autocrlf"] is False
+    assert result["user"] == COMMITTER_NAME
+    assert result["blob_ok"] is True
+    iso = ShadowRepo(pygit2.Repository(str(tmp_path / "iso" / ".git")), tmp_path / "iso" / ".git", workspace)
+    raw = git(iso, "cat-file", "commit", result["commit"]).stdout
+    assert "Hostile" not in raw and "Env " not in raw and "gpgsig" not in raw
+    assert f"committer {COMMITTER_NAME} <{COMMITTER_EMAIL}>" in raw
+    assert subprocess.run(["git", f"--git-dir={iso.git_dir}", "cat-file", "blob", result["blob"]],
+                          capture_output=True, check=True, env={"PATH": os.environ["PATH"],
+                                                                "HOME": str(tmp_path)}).stdout == (
+        b"line a\nline $Id$ b\r\nlast a")
+    iso.close()
+
+
+# ---- garbage collection -----------------------------------------------------------------------
+
+
+def _exists(repo: ShadowRepo, oid: str) -> bool:
+    return git(repo, "cat-file", "-e", oid, check=False).returncode == 0
+
+
+def _loose(repo: ShadowRepo, oid: str) -> Path:
+    return repo.git_dir / "objects" / oid[:2] / oid[2:]
+
+
+def test_gc_keeps_reachable_drops_unreachable(repo: ShadowRepo) -> None:
+    keep_blob = blob(repo, "kept")
+    shared = blob(repo, "shared")
+    t1 = build(repo, {"a/k": keep_blob, "s": shared})
+    c1 = repo.commit(t1, [], "one", "t1")
+    t2 = repo.patch_tree(t1, {RepoPath("b/new"): blob(repo, "second")})
+    c2 = repo.commit(t2, [c1], "two", "t1")
+    repo.set_ref(task_ref("t1"), c2)
+
+    gone_blob = blob(repo, "only in the deleted task")
+    tg = build(repo, {"g": gone_blob, "s": shared})
+    cg = repo.commit(tg, [], "doomed", "t2")
+    repo.set_ref(task_ref("t2"), cg)
+    orphan = repo.write_blob(b"never referenced")
+    repo.delete_ref(task_ref("t2"))
+
+    kept, _ = repo.collect_garbage(grace_s=0)
+    assert kept == len(repo.reachable_objects([c2]))
+    for oid in (c1, c2, t1, t2, keep_blob.oid, shared.oid):
+        assert _exists(repo, oid), oid
+        assert repo.has_object(oid)
+    for oid in (cg, tg, gone_blob.oid, orphan):
+        assert not _exists(repo, oid), oid
+        assert not repo.has_object(oid)
+    fsck = git(repo, "fsck", "--full", "--no-dangling", check=False)
+    assert fsck.returncode == 0, fsck.stderr + fsck.stdout
+    assert repo.list_tree(repo.commit_tree(c2)) == repo.list_tree(t2)
+    # the repo keeps working after gc: new objects, new commits, another gc
+    c3 = repo.commit(repo.patch_tree(t2, {RepoPath("c"): blob(repo, "third")}), [c2], "three", "t1")
+    repo.set_ref(task_ref("t1"), c3)
+    repo.collect_garbage(grace_s=0)
+    assert git(repo, "fsck", "--full", check=False).returncode == 0
+    assert list((repo.git_dir / "objects" / "pack").glob("*.pack")) and len(
+        list((repo.git_dir / "objects" / "pack").glob("*.pack"))) == 1
+
+
+def test_gc_keeps_young_unreachable_loose_objects(repo: ShadowRepo) -> None:
+    t = build(repo, {"a": blob(repo, "a")})
+    c = repo.commit(t, [], "m", "t")
+    repo.set_ref(task_ref("t"), c)
+    young = repo.write_blob(b"young orphan")
+    old = repo.write_blob(b"old orphan")
+    past = time.time() - 7200
+    os.utime(_loose(repo, old), (past, past))
+
+    repo.collect_garbage(grace_s=3600)
+    assert _exists(repo, young) and repo.has_object(young)
+    assert not _exists(repo, old)
+    assert _exists(repo, c)
+    assert git(repo, "fsck", "--full", "--no-dangling", check=False).returncode == 0
+
+
+def test_gc_with_no_refs_empties_the_repo(repo: ShadowRepo) -> None:
+    t = build(repo, {"a": blob(repo, "a")})
+    c = repo.commit(t, [], "m", "t")
+    kept, _ = repo.collect_garbage(grace_s=0)
+    assert kept == 0
+    assert not _exists(repo, c)
+
+
+# ---- opening, mismatch and repair -------------------------------------------------------------
+
+
+def test_reopen_keeps_objects_and_refs(tmp_path: Path, workspace: Path) -> None:
+    gd = tmp_path / "s" / ".git"
+    r = ShadowRepo.open_or_init(gd, workspace)
+    c = r.commit(build(r, {"a": blob(r, "a")}), [], "m", "t")
+    r.set_ref(HEAD_REF, c)
+    r.close()
+    r2 = ShadowRepo.open_or_init(gd, workspace)
+    try:
+        assert r2.read_ref(HEAD_REF) == c
+        assert git(r2, "config", "core.worktree").stdout.strip() == str(workspace)
+    finally:
+        r2.close()
+
+
+def test_mismatched_worktree_is_refused(tmp_path: Path, workspace: Path) -> None:
+    gd = tmp_path / "s" / ".git"
+    ShadowRepo.open_or_init(gd, workspace).close()
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(ShadowRepoMismatchError) as info:
+        ShadowRepo.open_or_init(gd, other)
+    assert str(workspace) in str(info.value)
+    assert info.value.kind == "init_failed"
+    # the recorded worktree was not rewritten
+    r = ShadowRepo.open_or_init(gd, workspace)
+    r.close()
+
+
+@pytest.mark.parametrize("damage", ["empty", "nul", "truncated", "garbage"])
+def test_damaged_config_is_repaired_keeping_objects(tmp_path: Path, workspace: Path, damage: str) -> None:
+    gd = tmp_path / "s" / ".git"
+    r = ShadowRepo.open_or_init(gd, workspace)
+    e = blob(r, "precious")
+    tree = build(r, {"p": e})
+    c = r.commit(tree, [], "m", "t")
+    r.set_ref(task_ref("t"), c)
+    r.close()
+    cfg = gd / "config"
+    size = cfg.stat().st_size
+    cfg.write_bytes({
+        "empty": b"",
+        "nul": b"\0" * size,
+        "truncated": cfg.read_bytes()[: size // 3],
+        "garbage": b"[core\n\tworktree = \"unterminated\n\x01\x02",
+    }[damage])
+    (gd / "config.lock").write_text("stale")
+
+    r2 = ShadowRepo.open_or_init(gd, workspace)
+    try:
+        assert r2.read_blob(e.oid) == b"precious"
+        assert r2.read_ref(task_ref("t")) == c
+        assert r2.list_tree(r2.commit_tree(c)) == {"p": e}
+        assert git(r2, "config", "core.worktree").stdout.strip() == str(workspace)
+        assert git(r2, "config", "--bool", "core.autocrlf").stdout.strip() == "false"
+        c2 = r2.commit(tree, [c], "after repair", "t")
+        r2.set_ref(task_ref("t"), c2)
+        assert git(r2, "fsck", "--full", check=False).returncode == 0
+    finally:
+        r2.close()
+
+
+def test_stale_ref_lock_cleared_on_open(tmp_path: Path, workspace: Path) -> None:
+    gd = tmp_path / "s" / ".git"
+    ShadowRepo.open_or_init(gd, workspace).close()
+    stale = gd / "refs" / "shadowpoint" / "head.lock"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("")
+    r = ShadowRepo.open_or_init(gd, workspace)
+    try:
+        assert not stale.exists()
+    finally:
+        r.close()
+
+
+def test_diff_trees_reports_statuses_and_renames(repo: ShadowRepo) -> None:
+    body = "\n".join(f"line {i}" for i in range(40))
+    a, b = blob(repo, body), blob(repo, "b")
+    old = build(repo, {"moved.txt": a, "mod.txt": b, "gone.txt": b})
+    new = build(repo, {"dir/renamed.txt": a, "mod.txt": blob(repo, "b2"), "added.txt": blob(repo, "fresh")})
+    deltas = {d.path: d for d in repo.diff_trees(old, new)}
+    assert deltas["dir/renamed.txt"].status == "renamed"
+    assert deltas["dir/renamed.txt"].old_path == "moved.txt"
+    assert deltas["mod.txt"].status == "modified"
+    assert deltas["added.txt"].status == "added" and deltas["added.txt"].old_oid is None
+    assert deltas["gone.txt"].status == "deleted" and deltas["gone.txt"].new_oid is None
+    assert repo.diff_trees(new, new) == []
+    assert {d.status for d in repo.diff_trees(None, new)} == {"added"}
