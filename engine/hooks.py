@@ -56,7 +56,7 @@ class Checkpoints:
         isolate_libgit2()
         if not structlog.is_configured():
             # structlog's default prints to stdout, which an agent may own: warnings to stderr
-            configure_logging("warning")
+            configure_logging("warning", cache_loggers=False)
         opts = options or EngineOptions.from_settings(settings or load_settings())
         self.engine = Engine(list(roots), opts)
         self._tasks: dict[str, TaskHooks] = {}

@@ -16,8 +16,13 @@ import structlog
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
-def configure_logging(level: str = "warning", fmt: str = "console", file: Path | None = None) -> None:
-    """Send structured logs to `file` (or stderr) at `level`, as JSON lines or console text."""
+def configure_logging(level: str = "warning", fmt: str = "console", file: Path | None = None,
+                      *, cache_loggers: bool = True) -> None:
+    """Send structured logs to `file` (or stderr) at `level`, as JSON lines or console text.
+
+    A library host should pass `cache_loggers=False`, so its own later structlog set-up
+    (or `structlog.testing.capture_logs`) still reaches our module loggers.
+    """
     stream: TextIO = open(file, "a", encoding="utf-8") if file else sys.stderr
     renderer: Any = (
         structlog.processors.JSONRenderer()
@@ -34,5 +39,5 @@ def configure_logging(level: str = "warning", fmt: str = "console", file: Path |
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.WARNING)),
         logger_factory=structlog.PrintLoggerFactory(file=stream),
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache_loggers,
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
@@ -116,6 +117,7 @@ def hermetic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("SHADOWPOINT_DOCS_DIR", str(tmp_path / "docs"))
     before = {t.ident for t in threading.enumerate()}
     yield
+    structlog.reset_defaults()  # a test that configured logging must not leak it into the next
     deadline = time.monotonic() + 5
     while True:
         leaked = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()
