@@ -72,5 +72,6 @@ class RoundRecorder:
         self._open_edits.pop(tool, None)
 
     def finish(self) -> RoundRecord:
-        return RoundRecord(self.number, self.mutating, self.has_command, self.has_unreported_edit,
-                           frozenset(self.edited))
+        # an edit tool that began without paths and never ended changed something unknown
+        unreported = self.has_unreported_edit or any(not has_paths for has_paths in self._open_edits.values())
+        return RoundRecord(self.number, self.mutating, self.has_command, unreported, frozenset(self.edited))
