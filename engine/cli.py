@@ -1,33 +1,883 @@
-"""The `shadowpoint` command line: a thin entry point over `Engine` and the sidecar."""
+"""The `shadowpoint` command line: a thin entry point over the engine, the sidecar and the adapters.
+
+Commands for people and scripts (`watch`, `save`, `list`, `diff`, `restore`, `undo`,
+`storage`, `delete-task`, `doctor`, `bench`), for agents (`serve`, `hook`,
+`install-hooks`, `mcp`). Runs on the main thread; a workspace served by a running sidecar
+is reached through it, otherwise through an in-process engine. Output goes to stdout,
+progress, prompts and logs to stderr; `--json` prints one JSON document for scripts.
+
+Exit codes (one per error kind; the README carries the same table):
+
+    0   success
+    1   internal                an unexpected error (a bug, an OS error)
+    2   usage, invalid_params   bad arguments; also `bench` when the benchmark suite is absent
+    3   no_workspace            not a workspace folder
+    4   protected_directory     the home, Desktop, Documents or Downloads folder itself
+    5   path_outside_workspace  a path outside the workspace
+    10  unknown_task            no such task (or the workspace has none yet)
+    11  unknown_checkpoint      no checkpoint by that position or hash
+    12  ambiguous_checkpoint    a hash prefix naming several commits
+    13  unknown_message         no message at that ts
+    20  no_file_snapshot        a compaction checkpoint: Restore Task only
+    21  already_restored        the files are already at that checkpoint
+    22  nothing_to_undo         no file restore to undo
+    23  restore_failed          some files could not be restored
+    30  init_timeout            the baseline took too long
+    31  init_failed             the baseline (or the shadow repo) failed
+    32  checkpoints_disabled    checkpoints are off for the task
+    40  lock_timeout            another process held the workspace lock too long
+    41  sidecar_running         another sidecar or `watch` already serves the workspace
+    42  sidecar_unavailable     the sidecar could not be reached or started
+    50  confirmation_required   a destructive command without a terminal to ask on and without --yes
+    51  aborted                 the question was answered no
+    60  doctor_problems         `doctor` found problems
+    130 interrupted             Ctrl-C (outside `watch`, which exits 0)
+"""
 
 from __future__ import annotations
 
-import argparse
+import contextlib
+import json
+import os
+import signal
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import IO, TYPE_CHECKING, Any, NoReturn, Protocol
+
+import click
 
 from shadowpoint import __version__
-from shadowpoint.config import load_settings
-from shadowpoint.logs import configure_logging
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from shadowpoint.config import Settings
+    from shadowpoint.engine import Engine
+    from shadowpoint.sidecar.backend import Backend, BaselineProgress, Progress
+
+
+class _Waitable(Protocol):
+    root: Path
+
+    def task_state(self, task_id: str) -> dict[str, Any]: ...
+    def progress(self) -> Progress: ...
+
+EXIT_CODES: dict[str, int] = {
+    "internal": 1,
+    "usage": 2,
+    "invalid_params": 2,
+    "no_workspace": 3,
+    "protected_directory": 4,
+    "path_outside_workspace": 5,
+    "unknown_task": 10,
+    "unknown_checkpoint": 11,
+    "ambiguous_checkpoint": 12,
+    "unknown_message": 13,
+    "no_file_snapshot": 20,
+    "already_restored": 21,
+    "nothing_to_undo": 22,
+    "restore_failed": 23,
+    "init_timeout": 30,
+    "init_failed": 31,
+    "checkpoints_disabled": 32,
+    "lock_timeout": 40,
+    "sidecar_running": 41,
+    "sidecar_unavailable": 42,
+    "confirmation_required": 50,
+    "aborted": 51,
+    "doctor_problems": 60,
+    "interrupted": 130,
+}
+
+
+class CliError(Exception):
+    """An error for the command line: one line on stderr, the exit code of its `kind`."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _fail(message: str, kind: str) -> NoReturn:
+    raise CliError(message, kind)
+
+
+# ---------------------------------------------------------------------------- shared helpers
+
+
+class _Ctx:
+    """Per-invocation state: settings (loaded once) and the consoles."""
+
+    def __init__(self) -> None:
+        self._settings: Settings | None = None
+        self._out: Console | None = None
+        self._err: Console | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            from shadowpoint.config import load_settings
+            from shadowpoint.logs import configure_logging
+
+            self._settings = load_settings()
+            configure_logging(self._settings.log_level, self._settings.log_format, self._settings.log_file)
+        return self._settings
+
+    @property
+    def out(self) -> Console:
+        if self._out is None:
+            from rich.console import Console
+
+            self._out = Console(highlight=False, emoji=False, markup=False, soft_wrap=True)
+        return self._out
+
+    @property
+    def err(self) -> Console:
+        if self._err is None:
+            from rich.console import Console
+
+            self._err = Console(stderr=True, highlight=False, emoji=False, markup=False)
+        return self._err
+
+
+pass_ctx = click.make_pass_decorator(_Ctx, ensure=True)
+
+
+def _isolate() -> None:
+    from shadowpoint.shadow_repo import isolate_libgit2
+
+    isolate_libgit2()
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def _backend(ctx: _Ctx, directory: str | None) -> Iterator[Backend]:
+    from shadowpoint.sidecar.backend import open_backend, workspace_root
+
+    _isolate()
+    backend = open_backend(workspace_root(directory), ctx.settings)
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+def _task_for(ctx: _Ctx, backend: Backend, task_id: str | None) -> str:
+    from shadowpoint.sidecar.backend import default_task
+
+    return task_id or default_task(ctx.settings.resolved_docs_dir(), backend.root)
+
+
+def _checkpoints(backend: Backend, task_id: str) -> list[dict[str, Any]]:
+    from shadowpoint.sidecar.backend import by_position
+
+    return by_position(backend.list_checkpoints(task_id)["checkpoints"])
+
+
+def _is_unknown_task(exc: Exception) -> bool:
+    return getattr(exc, "kind", None) == "unknown_task"
+
+
+def wait_ready(ctx: _Ctx, backend: _Waitable, task_id: str, stop: threading.Event | None = None) -> dict[str, Any]:
+    """Wait for the task's baseline; a progress bar on a terminal (stderr) while it builds."""
+    state = backend.task_state(task_id)
+    if state["state"] != "initializing":
+        return state
+    if not ctx.err.is_terminal:
+        while state["state"] == "initializing" and not (stop and stop.is_set()):
+            time.sleep(0.05)
+            state = backend.task_state(task_id)
+        return state
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = (SpinnerColumn(), TextColumn("Baseline snapshot of {task.fields[root]}"), BarColumn(),
+               MofNCompleteColumn(), TextColumn("files"), TimeElapsedColumn())
+    with Progress(*columns, console=ctx.err, transient=True) as progress:
+        bar = progress.add_task("baseline", total=None, root=str(backend.root))
+        while state["state"] == "initializing" and not (stop and stop.is_set()):
+            p = backend.progress()
+            progress.update(bar, completed=p.done or 0,
+                            total=max(p.total, p.done or 0) if p.total is not None else None)
+            time.sleep(0.1)
+            state = backend.task_state(task_id)
+        p = backend.progress()
+        progress.update(bar, completed=p.done or 0, total=p.done or None)
+    return state
+
+
+def _confirm(ctx: _Ctx, question: str, yes: bool) -> None:
+    """Ask before a destructive step; refuse without a terminal unless --yes."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        _fail("This overwrites work: pass --yes to confirm (there is no terminal to ask on).", "confirmation_required")
+    if not click.confirm(question, default=False, err=True):
+        _fail("Nothing was changed.", "aborted")
+
+
+# ---------------------------------------------------------------------------- the group
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="shadowpoint")
+def cli() -> None:
+    """Checkpoints for AI coding agents: snapshots in a shadow git repository, compare and restore.
+
+    Checkpoints are named by their position in `shadowpoint list` (1 = newest; `@N` works
+    too) or by a hash prefix (5+ hex digits). Commands act on the current directory's
+    workspace unless told otherwise (-C DIR), and on its most recent task unless --task-id.
+    """
+
+
+_dir_option = click.option("-C", "--dir", "directory", type=click.Path(file_okay=False), default=None,
+                           help="workspace folder (default: the current directory)")
+_task_option = click.option("--task-id", "task_id", default=None, help="task id (default: the workspace's latest)")
+
+
+@cli.command()
+@click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
+              help="serve on this Unix socket (shared by all connections) instead of stdio")
+@click.option("--idle-timeout", type=float, default=None,
+              help="with --socket: exit after this many seconds without a connection")
+@pass_ctx
+def serve(ctx: _Ctx, socket_path: str | None, idle_timeout: float | None) -> None:
+    """Run the sidecar: JSON-RPC 2.0 on stdio (or a Unix socket), see PROTOCOL.md."""
+    settings = ctx.settings
+    _isolate()
+    if socket_path:
+        from shadowpoint.sidecar.socket_server import SidecarRunningError, serve_socket
+
+        try:
+            sys.exit(serve_socket(socket_path, settings, idle_timeout))
+        except SidecarRunningError as exc:
+            _fail(str(exc), "sidecar_running")
+    from shadowpoint.sidecar.server import serve_stdio
+
+    sys.exit(serve_stdio(settings))
+
+
+# ---------------------------------------------------------------------------- watch
+
+
+@cli.command()
+@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@click.option("--debounce", type=float, default=None, help="quiet period in seconds (default: watch_debounce_s)")
+@click.option("--task-id", "task_id", default=None, help="task id (default: cli-<workspace hash>)")
+@pass_ctx
+def watch(ctx: _Ctx, directory: str | None, debounce: float | None, task_id: str | None) -> None:
+    """Checkpoint DIR after every quiet period, until Ctrl-C (the standalone main job).
+
+    Also serves the workspace's sidecar socket, so agent hooks and other commands share
+    this process's engine while it runs.
+    """
+    from shadowpoint.engine import Engine, EngineOptions
+    from shadowpoint.sidecar.backend import BaselineProgress, cli_task_id, workspace_root
+    from shadowpoint.sidecar.client import SidecarError, connect_live, socket_path
+    from shadowpoint.sidecar.server import Host
+    from shadowpoint.sidecar.socket_server import SidecarRunningError, SocketServer
+    from shadowpoint.watch import WatchEvent, WatchLoop
+
+    settings = ctx.settings
+    _isolate()
+    root = workspace_root(directory)
+    task = task_id or cli_task_id(root)
+    debounce_s = debounce if debounce is not None else settings.watch_debounce_s
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    engine = Engine([root], EngineOptions.from_settings(settings))
+    # A hook-started sidecar hands the workspace over (its state is on disk); another watch does not.
+    live = connect_live(root)
+    if live is not None:
+        with live:
+            try:
+                live.request("sidecar/stop")
+            except SidecarError as exc:
+                engine.close()
+                _fail(f"{root} is already served: {exc}", "sidecar_running")
+        deadline = time.monotonic() + 10
+        while socket_path(root).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    host = Host(settings, shared=True)
+    host.owner = "watch"
+    host.adopt(engine, settings)
+    server: SocketServer | None = None
+    try:
+        server = SocketServer(socket_path(root), host, idle_timeout_s=None)
+    except (SidecarRunningError, OSError) as exc:
+        ctx.err.print(f"shadowpoint: warning: not serving the sidecar socket ({exc})")
+    accept = None
+    if server is not None:
+        accept = threading.Thread(target=server.serve_forever, name="shadowpoint-accept", daemon=True)
+        accept.start()
+
+    out = ctx.out
+    tty = out.is_terminal
+
+    def announce(event: WatchEvent) -> None:
+        cp = event.checkpoint or {}
+        stamp = time.strftime("%H:%M:%S")
+        what = "unchanged" if cp.get("reused") else f"{event.paths} path{'s' if event.paths != 1 else ''}"
+        line = f"{stamp} checkpoint {str(cp.get('hash') or '—')[:10]} ({what}, {event.reason})"
+        if tty:
+            out.print(line)
+        else:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    loop = WatchLoop(engine, task, debounce_s, runner=host.call, on_checkpoint=announce)
+    try:
+        loop.install()
+        loop.start()
+        with BaselineProgress(engine) as progress:
+            state = wait_ready(ctx, _EngineStatus(engine, root, progress), task, stop)
+        if state["state"] != "ready" and not stop.is_set():
+            error = state.get("error") or {}
+            _fail(error.get("message", "checkpoints are off for this task"), error.get("kind", "init_failed"))
+        mode = "watching" if loop.is_watching else f"polling every {loop.poll_s:.0f} s (watcher unavailable)"
+        header = f"shadowpoint: {mode} {root} (task {task}, quiet period {debounce_s:g} s); Ctrl-C to stop"
+        if tty:
+            _watch_live(ctx, loop, stop, header)
+        else:
+            sys.stdout.write(header + "\n")
+            sys.stdout.flush()
+            loop.run(stop)
+        loop.checkpoint_pending("exit")
+    finally:
+        if server is not None:
+            server.shutdown()
+        if accept is not None:
+            accept.join(5)
+        host.close()
+    if tty:
+        out.print(f"shadowpoint: stopped ({loop.checkpoints} checkpoint{'s' if loop.checkpoints != 1 else ''}).")
+
+
+class _EngineStatus:
+    """What `wait_ready` needs, over the watch process's own engine."""
+
+    def __init__(self, engine: Engine, root: Path, progress: BaselineProgress) -> None:
+        self.engine = engine
+        self.root = root
+        self.progress = progress.progress
+
+    def task_state(self, task_id: str) -> dict[str, Any]:
+        state: dict[str, Any] = self.engine.list_checkpoints(task_id)
+        state.pop("checkpoints", None)
+        return state
+
+
+def _watch_live(ctx: _Ctx, loop: Any, stop: threading.Event, header: str) -> None:
+    from rich.live import Live
+    from rich.text import Text
+
+    ctx.out.print(header)
+    last = "none yet"
+
+    def status() -> Text:
+        pending = loop.pending_paths()
+        mode = "watching" if loop.is_watching else "polling"
+        tail = f" · {pending} path{'s' if pending != 1 else ''} changed, waiting for quiet" if pending else ""
+        return Text(f"● {mode} · {loop.checkpoints} checkpoint{'s' if loop.checkpoints != 1 else ''} · "
+                    f"last: {last}{tail}", style="cyan")
+
+    with Live(status(), console=ctx.out, refresh_per_second=4, transient=True) as live:
+        while not stop.wait(0.1):
+            event = loop.tick()
+            if event is not None:
+                last = time.strftime("%H:%M:%S")
+            live.update(status())
+
+
+# ---------------------------------------------------------------------------- save / list
+
+
+@cli.command()
+@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@click.option("-m", "--message", default=None, help="a note stored with the checkpoint")
+@click.option("--task-id", "task_id", default=None, help="task id (default: cli-<workspace hash>)")
+@click.option("--json", "as_json", is_flag=True, help="print the checkpoint as JSON")
+@pass_ctx
+def save(ctx: _Ctx, directory: str | None, message: str | None, task_id: str | None, as_json: bool) -> None:
+    """Checkpoint DIR now."""
+    from shadowpoint.sidecar.backend import cli_task_id, now_ms
+
+    with _backend(ctx, directory) as backend:
+        task = task_id or cli_task_id(backend.root)
+        try:
+            backend.task_state(task)
+            is_new = False
+        except Exception as exc:
+            if not _is_unknown_task(exc):
+                raise
+            is_new = True
+        ts = now_ms()
+        backend.start_task(task, ts)
+        state = wait_ready(ctx, backend, task)
+        if state["state"] != "ready":
+            error = state.get("error") or {}
+            _fail(error.get("message", f"checkpoints are off for task {task}"), error.get("kind", "init_failed"))
+        if is_new:
+            # The baseline just built is the checkpoint asked for: no second, identical one.
+            cp = next(c for c in backend.list_checkpoints(task)["checkpoints"] if c["kind"] == "baseline")
+            if message:
+                backend.add_message(task, cp["ts"], "user", message)
+        else:
+            cp = backend.save(task, max(ts + 1, now_ms()), message) or {}
+    if as_json:
+        _print_json({"taskId": task, "checkpoint": cp})
+        return
+    what = "baseline" if is_new else ("unchanged since the last one" if cp.get("reused") else "saved")
+    ctx.out.print(f"checkpoint {str(cp.get('hash') or '—')[:10]} ({what}) in task {task}")
+
+
+@cli.command(name="list")
+@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@click.option("--task", "--task-id", "task_id", default=None, help="task id (default: the workspace's latest)")
+@click.option("--tasks", "show_tasks", is_flag=True, help="list the workspace's tasks instead")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@pass_ctx
+def list_cmd(ctx: _Ctx, directory: str | None, task_id: str | None, show_tasks: bool, as_json: bool) -> None:
+    """List the checkpoints of a task, newest first (# is what other commands accept)."""
+    from shadowpoint.render import checkpoint_table
+
+    if show_tasks:
+        _list_tasks(ctx, directory, as_json)
+        return
+    with _backend(ctx, directory) as backend:
+        task = _task_for(ctx, backend, task_id)
+        result = backend.list_checkpoints(task)
+        cps = _checkpoints(backend, task)
+        messages = backend.messages(task)
+    if as_json:
+        _print_json({"taskId": task, "workspace": str(backend.root), "state": result.get("state"),
+                     "checkpoints": cps})
+        return
+    title = f"Task {task} · {backend.root} · {result.get('state')}"
+    ctx.out.print(checkpoint_table(cps, messages, title))
+
+
+def _list_tasks(ctx: _Ctx, directory: str | None, as_json: bool) -> None:
+    from datetime import datetime
+
+    from rich.table import Table
+
+    from shadowpoint.sidecar.backend import last_activity, workspace_root, workspace_tasks
+
+    root = workspace_root(directory)
+    tasks = workspace_tasks(ctx.settings.resolved_docs_dir(), root)
+    rows: list[dict[str, Any]] = [
+        {"taskId": t.task_id, "checkpoints": len(t.checkpoints), "createdAt": t.created_at,
+         "lastActivity": datetime.fromtimestamp(last_activity(t)).astimezone().isoformat(timespec="seconds")}
+        for t in tasks]
+    if as_json:
+        _print_json({"workspace": str(root), "tasks": rows})
+        return
+    table = Table(title=f"Tasks of {root}", title_justify="left")
+    for col in ("task", "checkpoints", "last activity"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r["taskId"]), str(r["checkpoints"]), str(r["lastActivity"]))
+    ctx.out.print(table)
+
+
+# ---------------------------------------------------------------------------- diff
+
+
+@cli.command()
+@click.argument("ref", required=False)
+@click.argument("ref2", required=False)
+@_dir_option
+@click.option("--task", "--task-id", "task_id", default=None, help="task id (default: the workspace's latest)")
+@click.option("--json", "as_json", is_flag=True, help="print the Diff as JSON")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="also write a side-by-side HTML page to this file")
+@click.option("--stat", "stat_only", is_flag=True, help="a summary per file instead of the diff")
+@click.option("--color/--no-color", "color", default=None, help="force colour on or off (default: on a terminal)")
+@pass_ctx
+def diff(ctx: _Ctx, ref: str | None, ref2: str | None, directory: str | None, task_id: str | None,
+         as_json: bool, html_file: str | None, stat_only: bool, color: bool | None) -> None:
+    """Compare checkpoint REF (default: the newest) with the workspace, or with REF2."""
+    from shadowpoint.render import html_page, stat_lines, unified_diff_lines, use_color
+    from shadowpoint.sidecar.backend import resolve_checkpoint
+
+    with _backend(ctx, directory) as backend:
+        task = _task_for(ctx, backend, task_id)
+        cps = _checkpoints(backend, task)
+        old = resolve_checkpoint(cps, ref or "@1")
+        new = resolve_checkpoint(cps, ref2) if ref2 else None
+        result = backend.diff(task, old["ts"], new["ts"] if new else None)
+    against = f"checkpoint #{new['position']}" if new else "the workspace"
+    title = f"{result['title']}: #{old['position']} ({str(old.get('hash') or '')[:10]}) → {against}"
+    if html_file:
+        Path(html_file).write_text(html_page(result, title), encoding="utf-8")
+    if as_json:
+        _print_json({"taskId": task, "from": old, "to": new, **result})
+        return
+    painted = use_color(sys.stdout, color)
+    lines = stat_lines(result, color=painted) if stat_only else unified_diff_lines(result, color=painted)
+    out: IO[str] = sys.stdout
+    if not result["files"]:
+        out.write(f"No changes ({title}).\n")
+    for line in lines:
+        out.write(line)
+    if html_file:
+        sys.stderr.write(f"side-by-side page written to {html_file}\n")
+    out.flush()
+
+
+# ---------------------------------------------------------------------------- restore / undo
+
+
+@cli.command()
+@click.argument("ref")
+@click.option("--files", "mode", flag_value="files", help="restore the files only")
+@click.option("--task", "mode", flag_value="task", help="restore the task only (cut the conversation)")
+@click.option("--both", "mode", flag_value="both", help="restore files and task")
+@click.option("-y", "--yes", is_flag=True, help="do not ask for confirmation")
+@_dir_option
+@_task_option
+@click.option("--json", "as_json", is_flag=True, help="print the Restore result as JSON")
+@pass_ctx
+def restore(ctx: _Ctx, ref: str, mode: str | None, yes: bool, directory: str | None, task_id: str | None,
+            as_json: bool) -> None:
+    """Restore checkpoint REF: --files, --task or --both (asks first unless --yes)."""
+    from shadowpoint.sidecar.backend import resolve_checkpoint
+
+    if mode is None:
+        _fail("Say what to restore: --files, --task or --both.", "usage")
+    with _backend(ctx, directory) as backend:
+        task = _task_for(ctx, backend, task_id)
+        cp = resolve_checkpoint(_checkpoints(backend, task), ref)
+        label = f"#{cp['position']} ({str(cp.get('hash') or 'no snapshot')[:10]}, {cp['kind']}, {cp['createdAt']})"
+        if not yes:
+            lines = [f"Restore {'files and task' if mode == 'both' else mode} of task {task} to checkpoint {label}."]
+            if mode in ("files", "both") and cp.get("hash"):
+                changed = backend.diff(task, cp["ts"], None)["files"]
+                lines.append(f"{len(changed)} file(s) differ from it now (a safety checkpoint is taken first; "
+                             "`shadowpoint undo` puts them back):")
+                lines += [f"  {f['status']:<9} {f['path']}" for f in changed[:15]]
+                if len(changed) > 15:
+                    lines.append(f"  … and {len(changed) - 15} more")
+            if mode in ("task", "both"):
+                lines.append("Checkpoints and messages after it leave the task.")
+            if sys.stdin.isatty():
+                sys.stderr.write("\n".join(lines) + "\n")
+            _confirm(ctx, "Go ahead?", yes)
+        result = backend.restore(task, cp["ts"], mode)
+    if as_json:
+        _print_json({"taskId": task, "checkpoint": cp, **result})
+    else:
+        files = result.get("files")
+        if files:
+            ctx.out.print(f"restored {len(files['restored'])} file(s), deleted {len(files['deleted'])} "
+                          f"(safety checkpoint {str(files['safety'])[:10]}; `shadowpoint undo` reverts)")
+        if result.get("task"):
+            ctx.out.print(f"task cut after ts {result['task']['keepThrough']}")
+    if result.get("error"):
+        err = result["error"]
+        _fail(err.get("message", "restore failed"), err.get("kind", "restore_failed"))
+
+
+@cli.command()
+@_dir_option
+@_task_option
+@click.option("--json", "as_json", is_flag=True, help="print the Restore result as JSON")
+@pass_ctx
+def undo(ctx: _Ctx, directory: str | None, task_id: str | None, as_json: bool) -> None:
+    """Undo the last file restore of the task (puts back exactly the files it touched)."""
+    with _backend(ctx, directory) as backend:
+        task = _task_for(ctx, backend, task_id)
+        result = backend.undo_restore(task)
+    if as_json:
+        _print_json({"taskId": task, **result})
+        return
+    files = result.get("files") or {}
+    ctx.out.print(f"undone: {len(files.get('restored', []))} file(s) put back, "
+                  f"{len(files.get('deleted', []))} removed")
+
+
+# ---------------------------------------------------------------------------- storage / tasks
+
+
+@cli.command()
+@click.option("--gc", "gc", is_flag=True, help="collect garbage: drop objects no task reaches")
+@click.option("--grace", type=float, default=0.0, help="with --gc: keep unreachable objects younger than this (s)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@pass_ctx
+def storage(ctx: _Ctx, gc: bool, grace: float, as_json: bool) -> None:
+    """What each workspace's shadow repo and each task uses; --gc reclaims space."""
+    from shadowpoint import storage as store
+
+    settings = ctx.settings
+    _isolate()
+    docs = settings.resolved_docs_dir()
+    collected: dict[str, Any] = {}
+    if gc:
+        collected = _collect(ctx, docs, grace, settings.lock_timeout_s)
+    report = store.storage_report(docs)
+    if as_json:
+        _print_json({**report, "collected": collected} if gc else report)
+        return
+    from rich.table import Table
+
+    ctx.out.print(f"Storage under {report['docsDir']}: {_size(report['totalBytes'])}")
+    for ws in report["workspaces"]:
+        name = ws.get("worktree") or ws["workspaceHash"]
+        ctx.out.print(f"\n{name}: shadow repo {_size(ws['bytes'])} ({ws['shadowGitDir']})")
+        if ws.get("error"):
+            ctx.out.print(f"  unreadable: {ws['error']}")
+        if not ws["tasks"]:
+            continue
+        table = Table(box=None, padding=(0, 2), show_edge=False)
+        for col in ("task", "checkpoints", "only this task", "last activity"):
+            table.add_column(col)
+        for t in ws["tasks"]:
+            table.add_row(t["taskId"], str(t["checkpoints"]), _size(t.get("uniqueBytes", 0)),
+                          str(t.get("lastActivity", ""))[:19].replace("T", " "))
+        ctx.out.print(table)
+    for h, info in collected.items():
+        ctx.out.print(f"collected {h}: kept {info['kept']} objects, freed {_size(info['freedBytes'])}")
+
+
+def _collect(ctx: _Ctx, docs: Path, grace: float, lock_timeout_s: float) -> dict[str, Any]:
+    from shadowpoint import storage as store
+
+    root = docs / "checkpoints"
+    git_dirs = sorted(d / ".git" for d in root.iterdir() if (d / ".git").is_dir()) if root.is_dir() else []
+    out: dict[str, Any] = {}
+    if not ctx.err.is_terminal:
+        for g in git_dirs:
+            out.update(store.collect_garbage(docs, grace_s=grace, lock_timeout_s=lock_timeout_s, only=[g]))
+        return out
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("Collecting garbage"), BarColumn(), MofNCompleteColumn(), console=ctx.err,
+                  transient=True) as progress:
+        bar = progress.add_task("gc", total=len(git_dirs))
+        for g in git_dirs:
+            out.update(store.collect_garbage(docs, grace_s=grace, lock_timeout_s=lock_timeout_s, only=[g]))
+            progress.advance(bar)
+    return out
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+@cli.command(name="delete-task")
+@click.argument("task_id")
+@click.option("-y", "--yes", is_flag=True, help="do not ask for confirmation")
+@pass_ctx
+def delete_task(ctx: _Ctx, task_id: str, yes: bool) -> None:
+    """Delete a task's checkpoints (the shared shadow repo stays for the other tasks)."""
+    from shadowpoint.checkpoints import CheckpointStore
+    from shadowpoint.sidecar.backend import open_backend
+
+    settings = ctx.settings
+    _isolate()
+    rec = CheckpointStore(settings.resolved_docs_dir()).load(task_id)
+    roots = list(rec.roots.values())
+    if not roots:
+        _fail(f"Task {task_id} names no workspace.", "unknown_task")
+    if sys.stdin.isatty() and not yes:
+        sys.stderr.write(f"Delete task {task_id} ({len(rec.checkpoints)} checkpoints of {', '.join(roots)})?\n")
+    _confirm(ctx, "Delete it?", yes)
+    from shadowpoint.errors import WorkspaceError
+
+    try:
+        backend = open_backend(Path(roots[0]), settings)
+    except WorkspaceError:
+        # The workspace is gone (moved, deleted): drop the task's refs and folder directly.
+        from shadowpoint.storage import delete_task_storage
+
+        delete_task_storage(settings.resolved_docs_dir(), rec)
+    else:
+        try:
+            backend.delete_task(task_id)
+        finally:
+            backend.close()
+    ctx.out.print(f"deleted task {task_id}")
+
+
+# ---------------------------------------------------------------------------- doctor / bench
+
+
+@cli.command()
+@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@pass_ctx
+def doctor(ctx: _Ctx, directory: str | None, as_json: bool) -> None:
+    """Check watch limits, storage, locks, sidecars and every shadow repo's health."""
+    from shadowpoint.sidecar.backend import workspace_root
+    from shadowpoint.sidecar.doctor import run_checks
+
+    _isolate()
+    report = run_checks(ctx.settings, workspace_root(directory))
+    problems = [c for c in report if c["status"] == "problem"]
+    if as_json:
+        _print_json({"checks": report, "problems": len(problems)})
+    else:
+        marks = {"ok": "✓", "warning": "!", "problem": "✗", "info": "·"}
+        for c in report:
+            ctx.out.print(f"{marks[c['status']]} {c['name']}: {c['summary']}")
+            for line in c.get("details", []):
+                ctx.out.print(f"    {line}")
+    if problems:
+        _fail(f"{len(problems)} problem(s) found.", "doctor_problems")
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args: tuple[str, ...]) -> None:
+    """Run the benchmark suite (benchmarks/ of a checkout); arguments go to its runner."""
+    runner = _import_bench()
+    if runner is None:
+        sys.stderr.write("shadowpoint: error: the benchmark suite is not available: run `shadowpoint bench` from a "
+                         "checkout of shadowpoint (the folder holding benchmarks/), or `python -m benchmarks`.\n")
+        sys.exit(2)
+    sys.exit(int(runner(list(args)) or 0))
+
+
+def _import_bench() -> Callable[[list[str]], int] | None:
+    import importlib
+
+    for extra in (None, os.getcwd(), str(Path(__file__).resolve().parent.parent)):
+        if extra is not None and extra not in sys.path:
+            sys.path.insert(0, extra)
+        try:
+            module = importlib.import_module("benchmarks.runner")
+        except ImportError:
+            continue
+        main = getattr(module, "main", None)
+        if callable(main):
+            return main  # type: ignore[no-any-return]
+    return None
+
+
+# ---------------------------------------------------------------------------- agents
+
+
+@cli.command()
+@click.argument("agent")
+def hook(agent: str) -> None:
+    """Read an agent's hook payload on stdin and forward it to the workspace's sidecar.
+
+    AGENT is claude, codex or gemini. Prints nothing and exits 0 whatever happens (the agent
+    must never be stopped by a checkpoint problem); failures are logged under the state dir.
+    """
+    sys.exit(run_hook_command(agent))
+
+
+def run_hook_command(agent: str) -> int:
+    """`shadowpoint hook AGENT` without click or rich (hooks run on every tool call: start fast)."""
+    from shadowpoint.adapters import AGENTS
+    from shadowpoint.adapters.base import hook_log, run_hook
+    from shadowpoint.sidecar.client import state_dir
+
+    # Some agents feed a hook's stdout to the model: nothing may ever reach it by accident.
+    sys.stdout = sys.stderr
+    raw = sys.stdin.buffer.read()
+    spec = AGENTS.get(agent)
+    if spec is None:
+        hook_log(state_dir(), agent, f"unknown agent {agent!r}; expected one of {', '.join(sorted(AGENTS))}")
+        return 0
+    return run_hook(agent, spec.plan, raw, project_vars=spec.project_vars)
+
+
+@cli.command(name="install-hooks")
+@click.argument("agent", type=click.Choice(["claude", "codex", "gemini"]))
+@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@click.option("--remove", is_flag=True, help="remove shadowpoint's entries (only ours)")
+@click.option("--command", "command", default=None, help="the hook command (default: this shadowpoint)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@pass_ctx
+def install_hooks(ctx: _Ctx, agent: str, directory: str | None, remove: bool, command: str | None,
+                  as_json: bool) -> None:
+    """Merge shadowpoint's hook entries into AGENT's project settings in DIR (never the user's own)."""
+    from shadowpoint.adapters.install import install_hooks as install
+
+    result = install(agent, Path(directory or os.getcwd()), remove=remove, command=command)
+    if as_json:
+        _print_json({"file": str(result.path), "added": result.added, "updated": result.updated,
+                     "removed": result.removed})
+        return
+    if remove:
+        msg = f"removed from {', '.join(result.removed)}" if result.removed else "nothing of ours was there"
+    elif result.added or result.updated:
+        msg = f"added to {', '.join(result.added) or '—'}; updated {', '.join(result.updated) or '—'}"
+    else:
+        msg = "already installed"
+    ctx.out.print(f"{result.path}: {msg}")
+
+
+@cli.command()
+@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@pass_ctx
+def mcp(ctx: _Ctx, directory: str | None) -> None:
+    """Run an MCP server (stdio) with tools to list, diff and restore checkpoints."""
+    from shadowpoint.mcp_server import run
+
+    _isolate()
+    run(ctx.settings, directory)
+
+
+# ---------------------------------------------------------------------------- entry point
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shadowpoint", description=__doc__)
-    parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the sidecar (JSON-RPC 2.0 on stdio)")
-    serve.add_argument("--socket", help="serve on this Unix socket instead of stdio")
-    args = parser.parse_args(argv)
-    settings = load_settings()
-    configure_logging(settings.log_level, settings.log_format, settings.log_file)
-    if args.command == "serve":
-        from shadowpoint.shadow_repo import isolate_libgit2
-        from shadowpoint.sidecar import serve_socket, serve_stdio
+    """Run the command line; returns the exit status (see the table in this module's docstring)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 2 and args[0] == "hook" and not args[1].startswith("-"):
+        return run_hook_command(args[1])
+    try:
+        cli.main(args=args, prog_name="shadowpoint", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.stderr.write("shadowpoint: interrupted\n")
+        return EXIT_CODES["interrupted"]
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return EXIT_CODES["usage"]
+    except CliError as exc:
+        return _report(str(exc), exc.kind)
+    except KeyboardInterrupt:
+        sys.stderr.write("shadowpoint: interrupted\n")
+        return EXIT_CODES["interrupted"]
+    except Exception as exc:
+        from shadowpoint.errors import ShadowpointError
 
-        isolate_libgit2()
-        if args.socket:
-            return serve_socket(args.socket, settings)
-        return serve_stdio(settings)
-    return 2
+        if isinstance(exc, ShadowpointError):
+            return _report(str(exc), exc.kind)
+        import traceback
+
+        traceback.print_exc()
+        return _report(f"internal error: {exc}", "internal")
+    return 0
+
+
+def _report(message: str, kind: str) -> int:
+    first = message.strip().splitlines()[0] if message.strip() else kind
+    sys.stderr.write(f"shadowpoint: error: {first}\n")
+    return EXIT_CODES.get(kind, EXIT_CODES["internal"])
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
 """The sidecar's JSON-RPC 2.0 server: newline-delimited messages on a byte stream.
 
-The reader thread parses requests and answers lifecycle calls itself; every request about
-a task is queued on that task's worker thread, so requests about one task take effect in
-the order they were sent while other tasks proceed. Answers and notifications go through
-one writer lock; stdout carries nothing but the protocol.
+A `Server` is one connection. Its reader thread parses requests and answers lifecycle
+calls itself; every request about a task goes to that task's worker thread in the `Host`,
+so requests about one task take effect in the order they were sent, whichever connection
+sent them, while other tasks proceed. On stdio the host is private to the one connection;
+on a Unix socket (`socket_server.py`) one host, with its engines and task state, is shared
+by every connection, so short-lived hook processes find the task as the last one left it.
+Answers and notifications go through one writer lock per connection; stdout carries
+nothing but the protocol.
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ import contextlib
 import json
 import os
 import queue
-import socket
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any, BinaryIO
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 import structlog
 
@@ -47,6 +52,14 @@ INTERNAL_ERROR = -32603
 SERVER_ERROR = -32000
 
 _STOP = object()
+T = TypeVar("T")
+
+# Answered on the reader thread, in arrival order (no task worker involved).
+_LIFECYCLE = ("initialize", "shutdown", "history/deleteAll", "sidecar/status", "sidecar/stop")
+
+_SETTING_NAMES = {"readOnlyTools": "read_only_tools", "extraExclusions": "extra_exclusions",
+                  "maxFileBytes": "max_file_bytes", "initWarnS": "init_warn_s",
+                  "initTimeoutS": "init_timeout_s", "watcher": "watcher"}
 
 
 def _str(params: dict[str, Any], key: str, *, optional: bool = False) -> Any:
@@ -81,13 +94,36 @@ def _kind(params: dict[str, Any]) -> str | None:
     return kind
 
 
-class _TaskWorker:
-    """One thread running the requests of one task, in order."""
+def engine_key(roots: Sequence[str], settings: Settings) -> str:
+    """Identity of an engine in a shared host: its canonical roots and its settings."""
+    reals = [os.path.realpath(os.path.expanduser(r)) for r in roots]
+    return json.dumps([reals, settings.model_dump(mode="json")], sort_keys=True)
 
-    def __init__(self, server: Server, task_id: str) -> None:
+
+class _Answerer(Protocol):
+    def _answer(self, msg_id: Any, fn: Callable[[], Any]) -> None: ...
+
+
+class _FutureAnswer:
+    """Delivers a worker's result to an in-process caller (`Host.call`)."""
+
+    def __init__(self) -> None:
+        self.future: Future[Any] = Future()
+
+    def _answer(self, msg_id: Any, fn: Callable[[], Any]) -> None:
+        try:
+            self.future.set_result(fn())
+        except BaseException as exc:
+            self.future.set_exception(exc)
+
+
+class _TaskWorker:
+    """One thread running the requests of one task, in order (from any connection)."""
+
+    def __init__(self, host: Host, task_id: str) -> None:
         self.queue: queue.Queue[Any] = queue.Queue()
+        self.host = host
         self.thread = threading.Thread(target=self._run, name=f"shadowpoint-task:{task_id}", daemon=True)
-        self.server = server
         self.thread.start()
 
     def _run(self) -> None:
@@ -95,24 +131,185 @@ class _TaskWorker:
             item = self.queue.get()
             if item is _STOP:
                 return
-            msg_id, fn = item
-            self.server._answer(msg_id, fn)
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            conn, msg_id, fn = item
+            try:
+                conn._answer(msg_id, fn)
+            finally:
+                self.host._request_done()
 
     def stop(self) -> None:
         self.queue.put(_STOP)
         self.thread.join()
 
 
-class Server:
-    """A JSON-RPC 2.0 endpoint over a pair of byte streams."""
+class Host:
+    """The engines and task workers of one sidecar process.
 
-    def __init__(self, reader: BinaryIO, writer: BinaryIO, settings: Settings | None = None) -> None:
+    Private to one connection on stdio (`initialize` replaces the engine); shared by every
+    connection on a socket (`initialize` with the same roots and settings finds the same
+    engine, so task state survives between hook invocations).
+    """
+
+    def __init__(self, settings: Settings | None = None, *, shared: bool = False) -> None:
+        self.settings = settings or load_settings()
+        self.shared = shared
+        self.owner: str | None = None  # "watch" when `shadowpoint watch` owns this host
+        self.stop_requested = threading.Event()
+        self._lock = threading.Lock()  # guards every dict and counter below
+        self._engines: dict[str, Engine] = {}
+        self._listeners: dict[str, set[Server]] = {}
+        self._workers: dict[str, _TaskWorker] = {}
+        self._connections = 0
+        self._busy = 0
+        self._last_active = time.monotonic()
+
+    # ------------------------------------------------------------------ engines
+
+    def adopt(self, engine: Engine, settings: Settings) -> None:
+        """Serve an engine created elsewhere (`shadowpoint watch`) to this host's connections."""
+        key = engine_key([str(ws.root) for ws in engine.workspaces], settings)
+        with self._lock:
+            self._engines[key] = engine
+
+    def open_engine(self, roots: list[str], settings: Settings, conn: Server) -> Engine:
+        """The engine for `roots` (created on first use); `conn` receives its notifications."""
+        key = engine_key(roots, settings)
+        with self._lock:
+            engine = self._engines.get(key) if self.shared else None
+        if engine is None:
+            # Built before the old one goes: a refused `initialize` leaves the previous engine.
+            engine = Engine(roots, EngineOptions.from_settings(settings),
+                            notify=lambda method, params: self._broadcast(key, method, params))
+            old: list[Engine] = []
+            with self._lock:
+                existing = self._engines.get(key) if self.shared else None
+                if existing is not None:  # another connection won the race
+                    old.append(engine)
+                    engine = existing
+                else:
+                    if not self.shared:
+                        old.extend(self._engines.values())
+                        self._engines.clear()
+                        self._listeners.clear()
+                    self._engines[key] = engine
+            if old and not self.shared:
+                self.stop_workers()
+            for stale in old:
+                stale.close()
+        with self._lock:
+            for listeners in self._listeners.values():
+                listeners.discard(conn)
+            self._listeners.setdefault(key, set()).add(conn)
+        return engine
+
+    def _broadcast(self, key: str, method: str, params: dict[str, Any]) -> None:
+        with self._lock:
+            conns = list(self._listeners.get(key, ()))
+        for conn in conns:
+            conn.notify(method, params)
+
+    def forget(self, conn: Server) -> None:
+        """`conn` closed: it gets no more notifications."""
+        with self._lock:
+            for listeners in self._listeners.values():
+                listeners.discard(conn)
+
+    # ------------------------------------------------------------------ workers
+
+    def call(self, task_id: str, fn: Callable[[], T]) -> T:
+        """Run `fn` on the task's worker, after the requests already queued for the task."""
+        answer = _FutureAnswer()
+        self.submit(task_id, answer, None, fn)
+        result: T = answer.future.result()
+        return result
+
+    def submit(self, task_id: str, conn: _Answerer, msg_id: Any, fn: Callable[[], Any]) -> None:
+        """Queue `fn` on the task's worker (created on first use); `conn` gets the answer."""
+        with self._lock:
+            worker = self._workers.get(task_id)
+            if worker is None:
+                worker = self._workers[task_id] = _TaskWorker(self, task_id)
+            self._busy += 1
+            worker.queue.put((conn, msg_id, fn))
+
+    def _request_done(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            self._last_active = time.monotonic()
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every request queued so far has run (the workers keep running)."""
+        with self._lock:
+            workers = list(self._workers.values())
+        marks = []
+        for w in workers:
+            mark = threading.Event()
+            w.queue.put(mark)
+            marks.append(mark)
+        for mark in marks:
+            mark.wait(timeout_s)
+
+    def stop_workers(self) -> None:
+        """Run what is queued, then stop and join every task worker."""
+        with self._lock:
+            workers, self._workers = list(self._workers.values()), {}
+        for w in workers:
+            w.stop()
+
+    # ------------------------------------------------------------------ idleness
+
+    def connection_opened(self) -> None:
+        """Count a new connection (the sidecar is not idle while one is open)."""
+        with self._lock:
+            self._connections += 1
+            self._last_active = time.monotonic()
+
+    def connection_closed(self) -> None:
+        """A connection ended: the idle clock starts again."""
+        with self._lock:
+            self._connections -= 1
+            self._last_active = time.monotonic()
+
+    def idle_for_s(self) -> float:
+        """Seconds since the last connection or request ended; 0 while any is open or running."""
+        with self._lock:
+            if self._connections > 0 or self._busy > 0:
+                return 0.0
+            return time.monotonic() - self._last_active
+
+    def status(self) -> dict[str, Any]:
+        """`sidecar/status`: pid, version, owner, connections, requests running, engines and roots."""
+        with self._lock:
+            return {"pid": os.getpid(), "serverVersion": __version__, "shared": self.shared, "owner": self.owner,
+                    "connections": self._connections, "busy": self._busy, "engines": len(self._engines),
+                    "roots": sorted({str(ws.root) for e in self._engines.values() for ws in e.workspaces})}
+
+    def close(self) -> None:
+        """Flush, stop the workers and close every engine (pending commits are written first)."""
+        self.stop_workers()
+        with self._lock:
+            engines = list(self._engines.values())
+            self._engines.clear()
+            self._listeners.clear()
+        for engine in engines:
+            with contextlib.suppress(Exception):
+                engine.close()
+
+
+class Server:
+    """A JSON-RPC 2.0 endpoint over a pair of byte streams (one connection)."""
+
+    def __init__(self, reader: BinaryIO, writer: BinaryIO, settings: Settings | None = None,
+                 host: Host | None = None) -> None:
         self.reader = reader
         self.writer = writer
-        self.settings = settings or load_settings()
+        self.host = host or Host(settings)
+        self.settings = self.host.settings
         self.engine: Engine | None = None
         self._write_lock = threading.Lock()
-        self._workers: dict[str, _TaskWorker] = {}
         self._shut_down = False
 
     # ------------------------------------------------------------------ wire
@@ -124,9 +321,10 @@ class Server:
                 self.writer.write(line)
                 self.writer.flush()
             except (BrokenPipeError, OSError, ValueError):
-                log.warning("sidecar.write_failed")
+                log.info("sidecar.write_failed")  # the client went away (a hook that did not wait)
 
     def notify(self, method: str, params: dict[str, Any]) -> None:
+        """Send a JSON-RPC notification on this connection."""
         self._send({"jsonrpc": "2.0", "method": method, "params": params})
 
     def _error(self, msg_id: Any, code: int, message: str, kind: str | None = None) -> None:
@@ -166,9 +364,10 @@ class Server:
                 self._error(None, PARSE_ERROR, f"Parse error: {exc}")
                 continue
             self._dispatch(msg)
-        self._drain()
-        if self.engine is not None:
-            self.engine.close()
+        if self.host.shared:
+            self.host.forget(self)
+        else:
+            self.host.close()
         return 0
 
     def _dispatch(self, msg: Any) -> None:
@@ -188,22 +387,14 @@ class Server:
             if msg_id is not None:
                 self._error(msg_id, METHOD_NOT_FOUND, f"Method not found: {method}")
             return
-        if method in ("initialize", "shutdown", "history/deleteAll"):
+        if method in _LIFECYCLE:
             self._answer(msg_id, lambda: handler(params))
             return
         task_id = params.get("taskId")
         if not isinstance(task_id, str) or not task_id:
             self._answer(msg_id, lambda: _str(params, "taskId"))
             return
-        worker = self._workers.get(task_id)
-        if worker is None:
-            worker = self._workers[task_id] = _TaskWorker(self, task_id)
-        worker.queue.put((msg_id, lambda: handler(params)))
-
-    def _drain(self) -> None:
-        workers, self._workers = self._workers, {}
-        for w in workers.values():
-            w.stop()
+        self.host.submit(task_id, self, msg_id, lambda: handler(params))
 
     # ------------------------------------------------------------------ methods
 
@@ -211,6 +402,8 @@ class Server:
         return {
             "initialize": self._initialize,
             "shutdown": self._shutdown,
+            "sidecar/status": lambda p: self.host.status(),
+            "sidecar/stop": self._stop,
             "task/start": lambda p: self._publish(TaskStarted(_str(p, "taskId"), _int(p, "ts", default=0))),
             "task/retry": lambda p: self._eng().retry_task(_str(p, "taskId")),
             "task/disable": lambda p: self._eng().disable_task(_str(p, "taskId")),
@@ -252,21 +445,15 @@ class Server:
         overrides = p.get("settings") or {}
         if not isinstance(overrides, dict):
             raise InvalidParamsError("`settings` must be an object.")
-        names = {"readOnlyTools": "read_only_tools", "extraExclusions": "extra_exclusions",
-                 "maxFileBytes": "max_file_bytes", "initWarnS": "init_warn_s",
-                 "initTimeoutS": "init_timeout_s", "watcher": "watcher"}
         data = self.settings.model_dump()
         for key, value in overrides.items():
-            if key in names:
-                data[names[key]] = value
+            if key in _SETTING_NAMES:
+                data[_SETTING_NAMES[key]] = value
         try:
             settings = Settings.model_validate(data)
         except ValueError as exc:
             raise InvalidParamsError(f"Invalid settings: {exc}") from exc
-        engine = Engine(roots, EngineOptions.from_settings(settings), notify=self.notify)
-        if self.engine is not None:
-            self._drain()
-            self.engine.close()
+        engine = self.host.open_engine(roots, settings, self)
         self.engine = engine
         return {
             "protocolVersion": PROTOCOL_VERSION,
@@ -276,12 +463,24 @@ class Server:
         }
 
     def _shutdown(self, p: dict[str, Any]) -> None:
-        self._drain()
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        if self.host.shared:
+            # Other connections share the engine: write what is pending, keep serving.
+            self.host.flush()
+            return
+        self.host.close()
+        self.engine = None
         self._shut_down = True
         log.info("sidecar.shut_down")
+
+    def _stop(self, p: dict[str, Any]) -> None:
+        if not self.host.shared:
+            raise InvalidParamsError("sidecar/stop is for a socket sidecar; on stdio send shutdown.")
+        if self.host.owner is not None:
+            raise InvalidParamsError(
+                f"This sidecar belongs to `shadowpoint {self.host.owner}` (pid {os.getpid()}); stop that instead.")
+        self.host.flush()
+        self.host.stop_requested.set()
+        log.info("sidecar.stop_requested")
 
     def _message_add(self, p: dict[str, Any]) -> None:
         role = _str(p, "role")
@@ -305,7 +504,10 @@ class Server:
         keep = p.get("keepFavorites", [])
         if not isinstance(keep, list) or not all(isinstance(k, str) for k in keep):
             raise InvalidParamsError("`keepFavorites` must be a list of task ids.")
-        self._drain()
+        if self.host.shared:
+            self.host.flush()
+        else:
+            self.host.stop_workers()
         self._eng().delete_all(keep)
 
 
@@ -321,27 +523,3 @@ def serve_stdio(settings: Settings | None = None) -> int:
     finally:
         with contextlib.suppress(OSError):
             proto_out.close()
-
-
-def serve_socket(path: str, settings: Settings | None = None) -> int:
-    """Serve one connection at a time on a Unix socket (mode 0600)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(old)
-    sock.listen(8)
-    log.info("sidecar.listening", socket=path)
-    try:
-        while True:
-            conn, _ = sock.accept()
-            with conn, conn.makefile("rb") as r, conn.makefile("wb") as w:
-                server = Server(r, w, settings)
-                server.serve()
-    finally:
-        sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)

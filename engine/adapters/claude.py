@@ -1,0 +1,89 @@
+"""The Claude Code adapter: a hook payload (stdin of `shadowpoint hook claude`) to protocol calls.
+
+Claude Code runs the hook command for each configured event with a JSON payload
+(`session_id`, `transcript_path`, `cwd`, `hook_event_name`, `tool_name`, `tool_input`,
+`tool_response`, `prompt`, …). `PostToolBatch` fires once a batch of parallel tool calls
+has resolved, before the next model call: an exact round boundary. Pure functions, called
+on the hook process's main thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shadowpoint.adapters.base import Call, HookPlan, absolute, payload_str, tool_calls
+
+AGENT = "claude"
+PROJECT_VARS = ("CLAUDE_PROJECT_DIR",)
+
+# Edit tools and the tool_input key naming the file they write.
+EDIT_TOOLS: dict[str, str] = {"Write": "file_path", "Edit": "file_path", "MultiEdit": "file_path",
+                              "NotebookEdit": "notebook_path"}
+# Tools that may change anything without naming it (a subagent runs tools of its own).
+COMMAND_TOOLS = frozenset({"Bash", "Task", "Agent"})
+READ_TOOLS = frozenset({"Read", "Glob", "Grep", "LS", "WebFetch", "WebSearch", "TodoWrite", "NotebookRead",
+                        "BashOutput", "KillShell", "KillBash", "ExitPlanMode", "ListMcpResourcesTool",
+                        "ReadMcpResourceTool"})
+
+# Events `install-hooks claude` subscribes to, with the matcher for tool events.
+EVENTS: dict[str, str | None] = {
+    "SessionStart": None,
+    "UserPromptSubmit": None,
+    "PreToolUse": "*",
+    "PostToolUse": "*",
+    "PostToolUseFailure": "*",
+    "PostToolBatch": None,
+    "Stop": None,
+    "PreCompact": None,
+}
+
+
+def classify(tool: str, tool_input: Mapping[str, Any], cwd: str | None) -> tuple[str | None, list[str]]:
+    """The protocol kind of a Claude Code tool and the paths it names.
+
+    Returns:
+        (kind, paths): kind is `read`, `edit`, `command`, or None for an unknown tool (an MCP
+        tool, say), which the engine treats as an edit without reported paths (rescan).
+    """
+    if tool in EDIT_TOOLS:
+        path = absolute(tool_input.get(EDIT_TOOLS[tool]), cwd)
+        return "edit", [path] if path else []
+    if tool in COMMAND_TOOLS:
+        return "command", []
+    if tool in READ_TOOLS:
+        return "read", []
+    return None, []
+
+
+def plan(payload: Mapping[str, Any]) -> HookPlan:
+    """Map one Claude Code hook payload to protocol calls.
+
+    SessionStart → task/start; UserPromptSubmit → message/add (user); PreToolUse → tool/begin
+    (a barrier for mutating tools); PostToolUse/PostToolUseFailure → tool/end; PostToolBatch →
+    round/end; Stop → round/end + task/complete; PreCompact → task/compacted.
+    """
+    event = payload_str(payload, "hook_event_name") or ""
+    cwd = payload_str(payload, "cwd")
+    calls: list[Call] = []
+    if event == "SessionStart":
+        calls = [Call("task/start", needs_ts=True)]
+    elif event == "UserPromptSubmit":
+        params: dict[str, Any] = {"role": "user"}
+        prompt = payload.get("prompt")
+        if isinstance(prompt, str):
+            params["text"] = prompt
+        calls = [Call("message/add", params, needs_ts=True)]
+    elif event in ("PreToolUse", "PostToolUse", "PostToolUseFailure"):
+        tool = payload_str(payload, "tool_name") or "unknown"
+        tool_input = payload.get("tool_input")
+        kind, paths = classify(tool, tool_input if isinstance(tool_input, Mapping) else {}, cwd)
+        calls = tool_calls(tool, kind, paths, ended=event != "PreToolUse", ok=event == "PostToolUse")
+    elif event == "PostToolBatch":
+        calls = [Call("round/end", needs_ts=True)]
+    elif event == "Stop":
+        # round/end first: it closes a round whose PostToolBatch never came (older versions).
+        calls = [Call("round/end", needs_ts=True), Call("task/complete", needs_ts=True)]
+    elif event == "PreCompact":
+        calls = [Call("task/compacted", needs_ts=True)]
+    return HookPlan(event, payload_str(payload, "session_id"), cwd, calls)

@@ -1,0 +1,404 @@
+"""How the CLI and the MCP server reach a workspace's checkpoints: through the sidecar that
+already serves the workspace (so a task it holds in memory is changed in one place only),
+or through an in-process `Engine` when none runs. Also: finding a workspace's tasks and
+naming a checkpoint by position or hash prefix.
+
+Both backends speak the protocol's shapes (`Checkpoint`, `Diff`, `Restore` dicts). Used on
+the caller's thread; the in-process engine runs its baseline on its own thread and a
+counting thread (`shadowpoint-count`) estimates the baseline's size for progress bars.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from shadowpoint.checkpoints import CheckpointStore, TaskRecord
+from shadowpoint.config import Settings
+from shadowpoint.engine import Engine, EngineOptions
+from shadowpoint.errors import (
+    CheckpointError,
+    ShadowpointError,
+    UnknownCheckpointError,
+    UnknownTaskError,
+)
+from shadowpoint.events import RoundBegan, RoundEnded, ToolBegan, ToolEnded
+from shadowpoint.exclusions import ExclusionRules
+from shadowpoint.sidecar.client import SidecarClient, connect_live
+from shadowpoint.workspace import workspace_hash
+
+SAVE_TOOL = "shadowpoint-save"
+
+
+class AmbiguousCheckpointError(CheckpointError):
+    """A hash prefix naming several different commits."""
+
+    kind = "ambiguous_checkpoint"
+
+
+def now_ms() -> int:
+    """The wall clock in integer milliseconds (the protocol's `ts`)."""
+    return time.time_ns() // 1_000_000
+
+
+def workspace_root(directory: str | os.PathLike[str] | None) -> Path:
+    """The canonical path of a workspace folder (default: the current directory)."""
+    return Path(os.path.realpath(os.path.expanduser(str(directory) if directory else os.getcwd())))
+
+
+def cli_task_id(root: Path) -> str:
+    """The task `shadowpoint watch` and `save` use for a workspace: `cli-<workspace hash>`."""
+    return f"cli-{workspace_hash(root)}"
+
+
+# ---------------------------------------------------------------------------- tasks
+
+
+def _stamp(value: str) -> float:
+    with contextlib.suppress(ValueError):
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return 0.0
+
+
+def last_activity(rec: TaskRecord) -> float:
+    """When the task last got a checkpoint (or was created), as a POSIX timestamp."""
+    return max([_stamp(rec.created_at), *(_stamp(c.created_at) for c in rec.checkpoints)])
+
+
+def workspace_tasks(docs_dir: Path, root: Path) -> list[TaskRecord]:
+    """The tasks whose roots include `root`, most recently active first."""
+    store = CheckpointStore(docs_dir)
+    out = []
+    for task_id in store.task_ids():
+        try:
+            rec = store.load(task_id)
+        except ShadowpointError:
+            continue
+        if str(root) in rec.roots.values():
+            out.append(rec)
+    out.sort(key=last_activity, reverse=True)
+    return out
+
+
+def default_task(docs_dir: Path, root: Path) -> str:
+    """The most recently active task of the workspace.
+
+    Raises:
+        UnknownTaskError: the workspace has no task yet.
+    """
+    tasks = workspace_tasks(docs_dir, root)
+    if not tasks:
+        raise UnknownTaskError(
+            f"No checkpoints for {root} yet: run `shadowpoint save` or `shadowpoint watch` there first.")
+    return tasks[0].task_id
+
+
+# ---------------------------------------------------------------------------- checkpoint names
+
+_POSITION = re.compile(r"^@?(\d{1,4})$")
+_HASH = re.compile(r"^[0-9a-fA-F]{4,40}$")
+
+
+def by_position(checkpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The checkpoints newest first, each with its `position` (1 = newest), as `list` shows them."""
+    ordered = sorted(checkpoints, key=lambda c: int(c["ts"]), reverse=True)
+    return [{**c, "position": i} for i, c in enumerate(ordered, start=1)]
+
+
+def resolve_checkpoint(checkpoints: list[dict[str, Any]], ref: str) -> dict[str, Any]:
+    """The checkpoint named by `ref`: `@N` or `N` (1 to 9999, its position in `list`, 1 = newest),
+    or a hash prefix of at least 5 hex digits (`@` forces a position, a longer number is a hash).
+
+    A hash shared by several checkpoints (nothing changed between them) names the newest.
+
+    Raises:
+        UnknownCheckpointError: nothing matches.
+        AmbiguousCheckpointError: the prefix matches several different commits.
+    """
+    listed = by_position(checkpoints)
+    ref = ref.strip()
+    m = _POSITION.match(ref)
+    if m and (ref.startswith("@") or len(ref) <= 4):
+        n = int(m.group(1))
+        if 1 <= n <= len(listed):
+            return listed[n - 1]
+        raise UnknownCheckpointError(f"There is no checkpoint #{n}: the task has {len(listed)}.")
+    if not _HASH.match(ref) or len(ref) < 5:
+        raise UnknownCheckpointError(
+            f"{ref!r} names no checkpoint: use its position in `shadowpoint list` (1 = newest) "
+            "or a hash prefix of at least 5 hex digits.")
+    prefix = ref.lower()
+    matches = [c for c in listed if any(h.startswith(prefix) for h in (c.get("hashes") or {}).values())]
+    commits = {h for c in matches for h in (c.get("hashes") or {}).values() if h.startswith(prefix)}
+    if not matches:
+        raise UnknownCheckpointError(f"No checkpoint of this task has a hash starting with {ref}.")
+    if len(commits) > 1:
+        raise AmbiguousCheckpointError(
+            f"{ref} matches {len(commits)} commits ({', '.join(sorted(c[:10] for c in commits))}); give more digits.")
+    return matches[0]
+
+
+# ---------------------------------------------------------------------------- backends
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far a baseline is: files staged so far and the estimated total (None: not known yet)."""
+
+    done: int | None
+    total: int | None
+
+
+class BaselineProgress:
+    """Files a baseline has staged so far (the engine's stat caches) and an estimate of the total,
+    counted by a walk with the same exclusions on a thread of its own."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._total: int | None = None
+        self._stop = threading.Event()
+        self._counter: threading.Thread | None = None
+
+    def progress(self) -> Progress:
+        if self._counter is None:
+            self._counter = threading.Thread(target=self._count, name="shadowpoint-count", daemon=True)
+            self._counter.start()
+        done = sum(len(root.cache.entries) for root in self.engine.roots.values())
+        return Progress(done, self._total)
+
+    def _count(self) -> None:
+        total = 0
+        for root in self.engine.roots.values():
+            for _ in ExclusionRules(root.ws.root, extra=root.extra).walk():
+                total += 1
+                if self._stop.is_set():
+                    return
+        self._total = total
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._counter is not None:
+            self._counter.join()
+
+    def __enter__(self) -> BaselineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Backend(Protocol):
+    """The checkpoint operations of one workspace, local or through its sidecar."""
+
+    root: Path
+    remote: bool
+
+    def start_task(self, task_id: str, ts: int) -> dict[str, Any]:
+        """`task/start`: start or resume the task; its baseline builds in the background."""
+        ...
+
+    def task_state(self, task_id: str) -> dict[str, Any]:
+        """The task's `{state, error?}` (`unknown_task` when there is none)."""
+        ...
+
+    def progress(self) -> Progress:
+        """How far the baseline is (unknown through a sidecar)."""
+        ...
+
+    def save(self, task_id: str, ts: int, message: str | None) -> dict[str, Any] | None:
+        """A checkpoint now: one command-kind round ending at `ts` (the protocol's `Checkpoint`)."""
+        ...
+
+    def list_checkpoints(self, task_id: str) -> dict[str, Any]:
+        """`checkpoint/list`: `{checkpoints, state, error?}` in message order."""
+        ...
+
+    def diff(self, task_id: str, from_ts: int, to_ts: int | None) -> dict[str, Any]:
+        """`checkpoint/diff`: the protocol's `Diff` (to the workspace when `to_ts` is None)."""
+        ...
+
+    def restore(self, task_id: str, ts: int, mode: str) -> dict[str, Any]:
+        """`checkpoint/restore` with mode files, task or both: the protocol's `Restore`."""
+        ...
+
+    def undo_restore(self, task_id: str) -> dict[str, Any]:
+        """`checkpoint/undoRestore`: put back what the last file restore changed."""
+        ...
+
+    def delete_task(self, task_id: str) -> None:
+        """`task/delete`."""
+        ...
+
+    def messages(self, task_id: str) -> dict[int, str]:
+        """Message texts by ts (for `list`)."""
+        ...
+
+    def add_message(self, task_id: str, ts: int, role: str, text: str) -> None:
+        """`message/add` (a note on a checkpoint's ts)."""
+        ...
+
+    def close(self) -> None:
+        """Close the engine or the connection."""
+        ...
+
+
+class LocalBackend:
+    """An in-process engine on one workspace (no watcher: one-shot commands rescan)."""
+
+    remote = False
+
+    def __init__(self, root: Path, settings: Settings, *, watcher: bool = False) -> None:
+        self.root = root
+        options = replace(EngineOptions.from_settings(settings), watcher=watcher and settings.watcher)
+        self.engine = Engine([root], options)
+        self.docs_dir = options.docs_dir
+        self._progress = BaselineProgress(self.engine)
+
+    def start_task(self, task_id: str, ts: int) -> dict[str, Any]:
+        return self.engine.start_task(task_id, ts)
+
+    def task_state(self, task_id: str) -> dict[str, Any]:
+        state = self.engine.list_checkpoints(task_id)
+        state.pop("checkpoints", None)
+        return state
+
+    def progress(self) -> Progress:
+        return self._progress.progress()
+
+    def save(self, task_id: str, ts: int, message: str | None) -> dict[str, Any] | None:
+        bus = self.engine.bus
+        bus.publish(RoundBegan(task_id))
+        bus.publish(ToolBegan(task_id, SAVE_TOOL, "command", None))
+        bus.publish(ToolEnded(task_id, SAVE_TOOL, "command", None, True))
+        cp = bus.publish(RoundEnded(task_id, ts))
+        if message:
+            self.add_message(task_id, ts, "assistant", message)
+        return self.engine.checkpoint_wire(cp)
+
+    def add_message(self, task_id: str, ts: int, role: str, text: str) -> None:
+        self.engine.add_message(task_id, ts, role, text)
+
+    def list_checkpoints(self, task_id: str) -> dict[str, Any]:
+        return self.engine.list_checkpoints(task_id)
+
+    def diff(self, task_id: str, from_ts: int, to_ts: int | None) -> dict[str, Any]:
+        return self.engine.diff(task_id, from_ts, to_ts)
+
+    def restore(self, task_id: str, ts: int, mode: str) -> dict[str, Any]:
+        return self.engine.restore(task_id, ts, mode)
+
+    def undo_restore(self, task_id: str) -> dict[str, Any]:
+        return self.engine.undo_restore(task_id)
+
+    def delete_task(self, task_id: str) -> None:
+        self.engine.delete_task(task_id)
+
+    def messages(self, task_id: str) -> dict[int, str]:
+        return _messages(self.docs_dir, task_id)
+
+    def close(self) -> None:
+        self._progress.close()
+        self.engine.close()
+
+
+class RemoteBackend:
+    """The sidecar already serving the workspace (a hook-started sidecar or `shadowpoint watch`)."""
+
+    remote = True
+
+    def __init__(self, root: Path, client: SidecarClient, docs_dir: Path) -> None:
+        self.root = root
+        self.client = client
+        self.docs_dir = docs_dir
+        self._call("initialize", {"roots": [str(root)], "client": {"name": "shadowpoint-cli"}})
+
+    def _call(self, method: str, params: dict[str, Any]) -> Any:
+        # A refusal arrives as a SidecarError carrying the protocol's `kind`, like a local error.
+        return self.client.request(method, params)
+
+    def start_task(self, task_id: str, ts: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("task/start", {"taskId": task_id, "ts": ts})
+        return result
+
+    def task_state(self, task_id: str) -> dict[str, Any]:
+        state: dict[str, Any] = self._call("checkpoint/list", {"taskId": task_id})
+        state.pop("checkpoints", None)
+        return state
+
+    def progress(self) -> Progress:
+        return Progress(None, None)
+
+    def save(self, task_id: str, ts: int, message: str | None) -> dict[str, Any] | None:
+        self._call("round/begin", {"taskId": task_id})
+        self._call("tool/begin", {"taskId": task_id, "tool": SAVE_TOOL, "kind": "command"})
+        self._call("tool/end", {"taskId": task_id, "tool": SAVE_TOOL, "kind": "command"})
+        result = self._call("round/end", {"taskId": task_id, "ts": ts})
+        if message:
+            self.add_message(task_id, ts, "assistant", message)
+        cp: dict[str, Any] | None = result.get("checkpoint")
+        return cp
+
+    def add_message(self, task_id: str, ts: int, role: str, text: str) -> None:
+        self._call("message/add", {"taskId": task_id, "ts": ts, "role": role, "text": text})
+
+    def list_checkpoints(self, task_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("checkpoint/list", {"taskId": task_id})
+        return result
+
+    def diff(self, task_id: str, from_ts: int, to_ts: int | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"taskId": task_id, "from": from_ts}
+        if to_ts is not None:
+            params["to"] = to_ts
+        result: dict[str, Any] = self._call("checkpoint/diff", params)
+        return result
+
+    def restore(self, task_id: str, ts: int, mode: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("checkpoint/restore", {"taskId": task_id, "ts": ts, "mode": mode})
+        return result
+
+    def undo_restore(self, task_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("checkpoint/undoRestore", {"taskId": task_id})
+        return result
+
+    def delete_task(self, task_id: str) -> None:
+        self._call("task/delete", {"taskId": task_id})
+
+    def messages(self, task_id: str) -> dict[int, str]:
+        return _messages(self.docs_dir, task_id)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _messages(docs_dir: Path, task_id: str) -> dict[int, str]:
+    """Message texts by ts (read from the task record on disk; empty when unreadable)."""
+    try:
+        rec = CheckpointStore(docs_dir).load(task_id)
+    except ShadowpointError:
+        return {}
+    return {m.ts: m.text for m in rec.messages if m.text}
+
+
+def open_backend(root: Path, settings: Settings, *, prefer_sidecar: bool = True) -> Backend:
+    """The sidecar serving `root` if one runs (and `prefer_sidecar`), else an in-process engine.
+
+    Raises:
+        ShadowpointError: the workspace is refused (no_workspace, protected_directory…).
+    """
+    docs_dir = settings.resolved_docs_dir()
+    if prefer_sidecar:
+        client = connect_live(root)
+        if client is not None:
+            try:
+                return RemoteBackend(root, client, docs_dir)
+            except ShadowpointError:
+                client.close()
+                raise
+    return LocalBackend(root, settings)

@@ -1,0 +1,180 @@
+"""`SocketServer`: the sidecar on a Unix socket, one shared `Host` for every connection.
+
+`shadowpoint serve --socket PATH` (started on demand by `shadowpoint hook …`) and
+`shadowpoint watch` run it. The accept loop runs on the caller's thread (serve) or on a
+thread of its own (watch); each connection gets a reader thread (`shadowpoint-conn:N`);
+task requests go to the host's per-task workers. The socket is created mode 0600; the
+server exits after an idle period without connections, on SIGTERM/SIGINT, or on
+`sidecar/stop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+from types import FrameType
+
+import structlog
+
+from shadowpoint.config import Settings
+from shadowpoint.errors import ShadowpointError
+from shadowpoint.sidecar.server import Host, Server
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_IDLE_TIMEOUT_S = 30 * 60.0
+_ACCEPT_POLL_S = 0.25
+
+
+class SidecarRunningError(ShadowpointError):
+    """Another live sidecar already serves this socket."""
+
+    kind = "sidecar_running"
+
+
+def _is_live(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+class SocketServer:
+    """Accepts connections on a Unix socket and serves each on its own thread."""
+
+    def __init__(self, path: Path, host: Host, idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S) -> None:
+        """Bind `path` (mode 0600, its folder 0700); nothing is accepted before `serve_forever()`.
+
+        Raises:
+            SidecarRunningError: a live sidecar already listens on `path`.
+        """
+        self.path = path
+        self.host = host
+        self.idle_timeout_s = idle_timeout_s
+        self.stop = host.stop_requested
+        self._threads: list[threading.Thread] = []
+        self._threads_lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._sock = self._bind()
+        self._inode = os.stat(path).st_ino
+
+    def _bind(self) -> socket.socket:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.path.exists() or self.path.is_symlink():
+            if _is_live(self.path):
+                raise SidecarRunningError(f"A shadowpoint sidecar already listens on {self.path}.")
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()  # left by a sidecar that died
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(str(self.path))
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                raise SidecarRunningError(f"A shadowpoint sidecar already listens on {self.path}.") from exc
+            raise
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        sock.listen(64)
+        sock.settimeout(_ACCEPT_POLL_S)
+        log.info("sidecar.listening", socket=str(self.path), pid=os.getpid())
+        return sock
+
+    def serve_forever(self) -> None:
+        """Accept until stopped or idle for `idle_timeout_s`, then stop accepting."""
+        counter = itertools.count(1)
+        try:
+            while not self.stop.is_set():
+                if self.idle_timeout_s is not None and self.host.idle_for_s() >= self.idle_timeout_s:
+                    log.info("sidecar.idle_exit", idle_timeout_s=self.idle_timeout_s)
+                    break
+                try:
+                    conn, _ = self._sock.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    if self.stop.is_set():
+                        break
+                    raise
+                conn.settimeout(None)
+                self.host.connection_opened()
+                t = threading.Thread(target=self._serve_conn, args=(conn,),
+                                     name=f"shadowpoint-conn:{next(counter)}", daemon=True)
+                with self._threads_lock:
+                    self._threads = [x for x in self._threads if x.is_alive()]
+                    self._threads.append(t)
+                    self._conns.add(conn)
+                t.start()
+        finally:
+            self._close_listener()
+
+    def _serve_conn(self, conn: socket.socket) -> None:
+        try:
+            with conn, conn.makefile("rb") as r, conn.makefile("wb") as w:
+                Server(r, w, host=self.host).serve()
+        except Exception:
+            log.exception("sidecar.connection_failed")
+        finally:
+            with self._threads_lock:
+                self._conns.discard(conn)
+            self.host.connection_closed()
+
+    def _close_listener(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with contextlib.suppress(OSError):
+            if os.stat(self.path).st_ino == self._inode:  # never remove a successor's socket
+                self.path.unlink()
+
+    def shutdown(self, join_timeout_s: float = 10.0) -> None:
+        """Stop accepting, end open connections, and join their threads."""
+        self.stop.set()
+        with self._threads_lock:
+            conns = list(self._conns)
+            threads = list(self._threads)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        for t in threads:
+            t.join(join_timeout_s)
+
+
+def serve_socket(path: str, settings: Settings | None = None,
+                 idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S) -> int:
+    """Serve the protocol on a Unix socket with one shared engine host; returns the exit status.
+
+    Exits 0 after `idle_timeout_s` without connections or requests, on SIGTERM/SIGINT, or on
+    `sidecar/stop`; pending commits are written first.
+
+    Raises:
+        SidecarRunningError: another live sidecar already serves `path`.
+    """
+    host = Host(settings, shared=True)
+    server = SocketServer(Path(path), host, idle_timeout_s)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        server.stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    try:
+        server.serve_forever()
+    finally:
+        server.shutdown()
+        host.close()
+        log.info("sidecar.exited")
+    return 0
