@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from shadowpoint.exclusions import ExclusionRules
+from shadowpoint.journal import PathJournal
 from shadowpoint.locking import WorkspaceLock
 from shadowpoint.options import EngineOptions
 from shadowpoint.scanner import Scanner, StageOptions, StagePlan, StageResult
@@ -50,8 +51,13 @@ class RootState:
         # while no shadowpoint ran (the watcher only sees what happens after its start).
         self.scanned = False
 
-    def start_watcher(self, notify: Notify) -> None:
-        """Start recording touched paths (before the baseline, so nothing slips between)."""
+    def start_watcher(self, notify: Notify, journal: PathJournal | None = None) -> None:
+        """Start recording touched paths (before the baseline, so nothing slips between).
+
+        Args:
+            notify: sends `watcher/degraded` to the host.
+            journal: a journal of the caller's (watch mode observes activity through it).
+        """
         if not self.options.watcher or self.watcher is not None:
             return
         # The watcher's threads get rules of their own: ExclusionRules caches are not shared.
@@ -66,7 +72,7 @@ class RootState:
             log.warning("watcher.degraded", root=str(self.ws.root), reason=reason)
             notify("watcher/degraded", {"root": str(self.ws.root), "reason": reason})
 
-        self.watcher = WorkspaceWatcher(self.ws.root, skip_dirs=skip_dirs, on_degraded=degraded)
+        self.watcher = WorkspaceWatcher(self.ws.root, skip_dirs=skip_dirs, on_degraded=degraded, journal=journal)
         self.watcher.start()
 
     @property
@@ -123,6 +129,10 @@ class RootState:
         if target != self.cache.base_commit:
             self.repo.set_ref(HEAD_REF, target)
             self.cache.base_commit = target
+
+    def tracked_count(self) -> int:
+        """Files in the tracked set so far (a baseline's progress)."""
+        return len(self.cache.entries)
 
     def save_cache(self) -> None:
         if self.repo is not None and self.ws.git_dir.is_dir():

@@ -24,8 +24,6 @@ from shadowpoint.engine import Engine
 from shadowpoint.events import RoundBegan, RoundEnded, TaskStarted, ToolBegan, ToolEnded
 from shadowpoint.exclusions import RULE_FILES, ExclusionRules
 from shadowpoint.journal import PathJournal
-from shadowpoint.roots import RootState
-from shadowpoint.watcher import WorkspaceWatcher
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
@@ -88,26 +86,9 @@ def install_watchers(engine: Engine) -> dict[str, ActivityJournal]:
         if root.watcher is not None:
             continue
         journal = ActivityJournal()
-        root.watcher = _watcher_for(engine, root, journal)
-        root.watcher.start()
+        root.start_watcher(engine.notify, journal)
         journals[name] = journal
     return journals
-
-
-def _watcher_for(engine: Engine, root: RootState, journal: PathJournal) -> WorkspaceWatcher:
-    # As RootState.start_watcher, with our journal: the watcher's threads get rules of their own.
-    rules = ExclusionRules(root.ws.root, extra=root.extra)
-    rules_lock = threading.Lock()
-
-    def skip_dirs(path: RepoPath) -> bool:
-        with rules_lock:
-            return rules.is_excluded(path, is_dir=True)
-
-    def degraded(reason: str) -> None:
-        log.warning("watcher.degraded", root=str(root.ws.root), reason=reason)
-        engine.notify("watcher/degraded", {"root": str(root.ws.root), "reason": reason})
-
-    return WorkspaceWatcher(root.ws.root, skip_dirs=skip_dirs, on_degraded=degraded, journal=journal)
 
 
 @dataclass(frozen=True, slots=True)

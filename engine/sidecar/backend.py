@@ -170,7 +170,7 @@ class BaselineProgress:
         if self._counter is None:
             self._counter = threading.Thread(target=self._count, name="shadowpoint-count", daemon=True)
             self._counter.start()
-        done = sum(len(root.cache.entries) for root in self.engine.roots.values())
+        done = sum(root.tracked_count() for root in self.engine.roots.values())
         return Progress(done, self._total)
 
     def _count(self) -> None:
