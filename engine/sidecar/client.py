@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,13 @@ def _private_dir(path: Path) -> Path:
 def runtime_dir() -> Path:
     """`$XDG_RUNTIME_DIR/shadowpoint` (platformdirs' user runtime dir), or a private temp folder."""
     base = os.environ.get("XDG_RUNTIME_DIR")
-    candidate = Path(base) / "shadowpoint" if base else Path(platformdirs.user_runtime_dir("shadowpoint"))
+    if base:
+        candidate = Path(base) / "shadowpoint"
+    else:
+        with warnings.catch_warnings():
+            # platformdirs warns on stderr when it falls back; the fallback below says it quietly
+            warnings.simplefilter("ignore")
+            candidate = Path(platformdirs.user_runtime_dir("shadowpoint"))
     if candidate.parent.is_dir() and len(str(candidate)) + 20 <= _MAX_SOCKET_PATH:
         return candidate
     # No runtime dir (containers, root without a login session) or too long for a socket path.
