@@ -1,0 +1,191 @@
+"""Our side of the benchmarks: the engine driven in-process through its public API.
+
+`OurEngine` wraps one `Engine` on one root with a docs dir of its own, hands out rising
+message timestamps and times only the engine's calls (never the benchmark's own file
+writes). Used on the runner's main thread; the engine builds baselines on its own thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from shadowpoint.checkpoints import CheckpointRecord
+from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
+from shadowpoint.engine import Engine, EngineOptions
+
+EDIT_TOOL = "write_to_file"
+COMMAND_TOOL = "execute_command"
+POLL_S = 0.002
+BACKGROUND_THREAD_PREFIX = "shadowpoint-gc"
+
+
+class NotReadyError(RuntimeError):
+    """A task's baseline ended in an error state."""
+
+
+@dataclasses.dataclass(slots=True)
+class BackgroundWaits:
+    """Time spent waiting, outside every timing, for the engine's background packs (`shadowpoint-gc`)."""
+
+    packs: int = 0
+    seconds: float = 0.0
+
+    def settle(self) -> None:
+        """Join every running background pack of any engine in this process.
+
+        The engine packs loose objects in a background thread every so many checkpoints; a
+        timed operation (ours or the rival's) running beside it would measure the pack too.
+        """
+        for t in threading.enumerate():
+            if t.name.startswith(BACKGROUND_THREAD_PREFIX) and t.is_alive():
+                start = time.perf_counter()
+                t.join()
+                self.packs += 1
+                self.seconds += time.perf_counter() - start
+
+    def to_json(self) -> dict[str, Any]:
+        return {"packs_waited_for": self.packs, "seconds": round(self.seconds, 3)}
+
+
+def engine_options(docs_dir: Path, *, watcher: bool) -> EngineOptions:
+    """Options for a benchmark engine; fields this engine version lacks are left out."""
+    wanted: dict[str, Any] = {
+        "docs_dir": docs_dir,
+        "read_only_tools": frozenset(DEFAULT_READ_ONLY_TOOLS),
+        "watcher": watcher,
+        # a 1M-file baseline may take longer than the defaults; the bench reports it anyway
+        "init_warn_s": 24 * 3600.0,
+        "init_timeout_s": 24 * 3600.0,
+    }
+    known = {f.name for f in dataclasses.fields(EngineOptions)}
+    return EngineOptions(**{k: v for k, v in wanted.items() if k in known})
+
+
+class OurEngine:
+    """One engine on one workspace root."""
+
+    def __init__(self, root: Path, docs_dir: Path, *, watcher: bool = False,
+                 background: BackgroundWaits | None = None) -> None:
+        self.root = root
+        self.background = background if background is not None else BackgroundWaits()
+        self.docs_dir = docs_dir
+        self.watcher_requested = watcher
+        self.eng = Engine([root], engine_options(docs_dir, watcher=watcher))
+        self._ts = itertools.count(1_000)
+        self.baseline_ts: dict[str, int] = {}
+        # a pyinstrument Profiler (`--profile`), running only inside the timed engine calls
+        self.profiler: Any = None
+
+    @contextlib.contextmanager
+    def _profiled(self) -> Iterator[None]:
+        if self.profiler is None:
+            yield
+            return
+        self.profiler.start()
+        try:
+            yield
+        finally:
+            self.profiler.stop()
+
+    def next_ts(self) -> int:
+        return next(self._ts) * 1_000
+
+    @property
+    def shadow_git_dir(self) -> Path:
+        return Path(self.eng.describe_roots()[0]["shadowGitDir"])
+
+    def start(self, task: str) -> float:
+        """Start `task` and wait until its baseline is ready; seconds from start to ready."""
+        ts = self.next_ts()
+        self.baseline_ts[task] = ts
+        self.background.settle()
+        start = time.perf_counter()
+        self.eng.start_task(task, ts=ts)
+        self.wait_ready(task)
+        return time.perf_counter() - start
+
+    def wait_ready(self, task: str) -> None:
+        while True:
+            listing = self.eng.list_checkpoints(task)
+            state = listing["state"]
+            if state == "ready":
+                return
+            if state != "initializing":
+                raise NotReadyError(f"task {task}: {state} {listing.get('error')}")
+            time.sleep(POLL_S)
+
+    def baseline_hash(self, task: str) -> str:
+        for cp in self.eng.list_checkpoints(task)["checkpoints"]:
+            if cp["kind"] == "baseline":
+                return str(cp["hash"])
+        raise NotReadyError(f"task {task} has no baseline checkpoint")
+
+    def last_checkpoint(self, task: str) -> dict[str, Any]:
+        cps = [cp for cp in self.eng.list_checkpoints(task)["checkpoints"] if cp["hash"]]
+        return dict(cps[-1])
+
+    def edit_round(self, task: str, paths: Sequence[str], write: Callable[[], None]) -> tuple[float, CheckpointRecord]:
+        """A round with one edit tool that wrote `paths`; engine time only (the write excluded)."""
+        self.background.settle()
+        with self._profiled():
+            t0 = time.perf_counter()
+            self.eng.begin_round(task)
+            self.eng.tool_began(task, EDIT_TOOL, "edit", list(paths))
+            t1 = time.perf_counter()
+        write()
+        with self._profiled():
+            t2 = time.perf_counter()
+            self.eng.tool_ended(task, EDIT_TOOL, list(paths))
+            cp = self.eng.end_round(task, self.next_ts())
+            t3 = time.perf_counter()
+        if cp is None:
+            raise NotReadyError(f"task {task}: an edit round made no checkpoint")
+        return (t1 - t0) + (t3 - t2), cp
+
+    def command_round(self, task: str, write: Callable[[], None] | None) -> tuple[float, CheckpointRecord]:
+        """A round that ran one shell command (which may have changed files through `write`)."""
+        self.background.settle()
+        with self._profiled():
+            t0 = time.perf_counter()
+            self.eng.begin_round(task)
+            self.eng.tool_began(task, COMMAND_TOOL, "command", None)
+            t1 = time.perf_counter()
+        if write is not None:
+            write()
+        with self._profiled():
+            t2 = time.perf_counter()
+            self.eng.tool_ended(task, COMMAND_TOOL, None)
+            cp = self.eng.end_round(task, self.next_ts())
+            t3 = time.perf_counter()
+        if cp is None:
+            raise NotReadyError(f"task {task}: a command round made no checkpoint")
+        return (t1 - t0) + (t3 - t2), cp
+
+    def diff(self, task: str, from_ts: int) -> tuple[float, dict[str, Any]]:
+        self.background.settle()
+        with self._profiled():
+            start = time.perf_counter()
+            out = self.eng.diff(task, from_ts)
+            return time.perf_counter() - start, out
+
+    def restore_files(self, task: str, ts: int) -> tuple[float, dict[str, Any]]:
+        self.background.settle()
+        with self._profiled():
+            start = time.perf_counter()
+            out = self.eng.restore(task, ts, "files")
+            return time.perf_counter() - start, out
+
+    def has_watcher(self) -> bool:
+        """True when the engine attached a file watcher to its root (not part of the API yet)."""
+        roots = getattr(self.eng, "roots", {})
+        return any(getattr(r, "watcher", None) is not None for r in roots.values())
+
+    def close(self) -> None:
+        self.eng.close()

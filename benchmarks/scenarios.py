@@ -1,0 +1,586 @@
+"""The benchmark scenarios on one workspace: ours (the engine in-process) against the rival
+(the seed's engine emulated with the git CLI), on the same tree in the same run.
+
+`TreeBench` owns the shared state of one tree (our engine and its task, the rival's git dir,
+the files the rounds edit) and runs the `SCENARIOS` in order; each fills a
+`ScenarioResult` or raises `Skip` with a reason. Runs on the runner's main thread.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from benchmarks.measure import EventTap, ScenarioResult, Series, Target, fmt_value, progress
+from benchmarks.ours import BackgroundWaits, OurEngine
+from benchmarks.rivals import SeedGit
+from benchmarks.sidecar_probe import is_supported, measure_sidecar
+from benchmarks.treegen import TreeStats
+
+MB = 1024 * 1024
+SEED_ROUND = "git add . + git commit (seed round)"
+SEED_BASELINE = "git add . + git commit (fresh git dir)"
+MAIN_TASK = "bench"
+
+
+class Skip(Exception):
+    """A scenario that cannot run on this engine version; the reason goes in the table."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioSpec:
+    """One row of the table and the method that measures it."""
+
+    name: str
+    title: str
+    unit: str
+    rival_name: str | None
+    target: Target | None
+    method: str
+
+
+def quiesce_disk() -> None:
+    """Write back dirty pages first, so a timed run does not pay for the previous one's writes."""
+    os.sync()
+
+
+def disk_usage_mb(path: Path) -> float:
+    """MB of disk blocks used below `path` (symlinks not followed)."""
+    total = 0
+    for dp, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dp, f)).st_blocks * 512
+            except OSError:
+                continue
+    return total / MB
+
+
+def list_commit(git_dir: Path, commit: str) -> dict[str, tuple[int, str]]:
+    """{path: (mode, blob id)} of a commit of our shadow repo, read with pygit2 directly."""
+    import pygit2
+
+    repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+    out: dict[str, tuple[int, str]] = {}
+    stack: list[tuple[str, Any]] = [("", repo[commit].peel(pygit2.Tree))]
+    while stack:
+        prefix, tree = stack.pop()
+        for entry in tree:
+            path = prefix + entry.name
+            if entry.filemode == pygit2.enums.FileMode.TREE:
+                stack.append((path + "/", repo[entry.id]))
+            else:
+                out[path] = (int(entry.filemode), str(entry.id))
+    repo.free()
+    return out
+
+
+class Probe:
+    """The physical limit of a 1-file round, with pygit2 directly on our shadow repo:
+    write one blob, patch the trees above it with TreeBuilder, write a commit (no ref)."""
+
+    def __init__(self, git_dir: Path) -> None:
+        import pygit2
+
+        self._pygit2 = pygit2
+        self.repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+        self.sig = pygit2.Signature("probe", "probe@bench.invalid")
+
+    def commit(self, parent: str, path: str, data: bytes) -> float:
+        """One probe commit; returns its seconds."""
+        pygit2 = self._pygit2
+        repo = self.repo
+        parts = path.split("/")
+        start = time.perf_counter()
+        blob = repo.create_blob(data)
+        trees: list[Any] = [repo[parent].peel(pygit2.Tree)]
+        for part in parts[:-1]:
+            trees.append(repo[trees[-1][part].id])
+        oid, mode = blob, pygit2.enums.FileMode.BLOB
+        for tree, name in reversed(list(zip(trees, parts, strict=True))):
+            tb = repo.TreeBuilder(tree)
+            tb.insert(name, oid, mode)
+            oid, mode = tb.write(), pygit2.enums.FileMode.TREE
+        repo.create_commit(None, self.sig, self.sig, "probe", oid, [pygit2.Oid(hex=parent)])
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        self.repo.free()
+
+
+SCENARIOS: tuple[ScenarioSpec, ...] = (
+    ScenarioSpec("baseline", "baseline (new shadow repo)", "s", SEED_BASELINE,
+                 Target("≤ git add+commit", max_ratio=1.0), "baseline"),
+    ScenarioSpec("round_edit_1", "round, 1 edited path", "s", SEED_ROUND,
+                 Target("≤ 1/300 git round", max_ratio=1 / 300), "round_edit_1"),
+    ScenarioSpec("round_edit_50", "round, 50 edited paths", "s", SEED_ROUND, None, "round_edit_50"),
+    ScenarioSpec("probe", "probe: pygit2 blob+trees+commit", "s", SEED_ROUND, None, "probe"),
+    ScenarioSpec("command_rescan", "command round, 1 file, rescan", "s", SEED_ROUND,
+                 Target("≤ git round (SPEC §9)", max_ratio=1.0), "command_rescan"),
+    ScenarioSpec("rescan_nochange", "command round, no change (rescan)", "s", "git status --porcelain",
+                 Target("≤ git status", max_ratio=1.0), "rescan_nochange"),
+    ScenarioSpec("compare", "compare vs workspace, 1 change", "s", "git add . + git diff --cached", None,
+                 "compare"),
+    ScenarioSpec("restore_file", "restore 1 file (task edited 1)", "s", "git reset --hard",
+                 Target("≤ 1/100 git reset", max_ratio=1 / 100), "restore_file"),
+    ScenarioSpec("restore_task", "restore whole task (commands only)", "s", "git reset --hard", None,
+                 "restore_task"),
+    ScenarioSpec("disk_use", "shadow repo disk use after rounds", "MB", "git dir of the seed", None, "disk_use"),
+    ScenarioSpec("sidecar_rss", "sidecar peak RSS", "MB", "git add . peak RSS",
+                 Target("≤ 150 MB", max_value=150.0), "sidecar_rss"),
+    ScenarioSpec("watcher_round", "command round, 1 file, watcher", "s", SEED_ROUND,
+                 Target("≤ 1/100 git round", max_ratio=1 / 100), "watcher_round"),
+    ScenarioSpec("watcher_startup", "watcher start-up", "s", None, None, "watcher_startup"),
+)
+
+
+@dataclass(slots=True)
+class TreeBench:
+    """Every scenario on one workspace tree."""
+
+    label: str
+    root: Path
+    workdir: Path
+    stats: TreeStats
+    repeat: int
+    heavy_repeat: int
+    seed: int
+    tap: EventTap
+    ours: OurEngine | None = None
+    rival: SeedGit | None = None
+    watch: OurEngine | None = None
+    candidates: list[str] = field(default_factory=list)
+    results: dict[str, ScenarioResult] = field(default_factory=dict)
+    consistency: dict[str, Any] = field(default_factory=dict)
+    rival_add_rss_mb: list[float] = field(default_factory=list)
+    watch_mark: int = 0
+    edits: int = 0
+    profile: frozenset[str] = frozenset()
+    profile_dir: Path | None = None
+    profiler: Any = None
+    background: BackgroundWaits = field(default_factory=BackgroundWaits)
+
+    # ------------------------------------------------------------------ driving
+
+    def run_all(self, specs: Sequence[ScenarioSpec] = SCENARIOS) -> list[ScenarioResult]:
+        out = []
+        for spec in specs:
+            res = ScenarioResult(spec.name, spec.title, spec.unit, Series(), spec.rival_name,
+                                 Series() if spec.rival_name else None, spec.target)
+            started = time.perf_counter()
+            progress(f"{self.label}: {spec.title} …")
+            base = self.results.get("baseline")
+            self._set_profiler(spec.name in self.profile)
+            try:
+                if spec.name != "baseline" and (base is None or base.error):
+                    raise RuntimeError("not run: the baseline scenario failed")
+                getattr(self, spec.method)(res)
+            except Skip as exc:
+                res.skipped = str(exc)
+            except Exception as exc:
+                res.error = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
+            finally:
+                self._save_profile(spec, res)
+            self.results[spec.name] = res
+            out.append(res)
+            progress(f"{self.label}: {spec.title}: {self._summary(res)} ({time.perf_counter() - started:.1f} s)")
+        return out
+
+    @staticmethod
+    def _summary(res: ScenarioResult) -> str:
+        if res.error:
+            return f"ERROR {res.error}"
+        if res.skipped:
+            return f"skipped: {res.skipped}"
+        ours = fmt_value(res.ours.median if res.ours and res.ours.samples else None, res.unit)
+        rival = fmt_value(res.rival.median if res.rival and res.rival.samples else None, res.unit)
+        ratio = f", ratio {res.ratio:.3g}" if res.ratio is not None else ""
+        return f"ours {ours}, rival {rival}{ratio} → {res.status}"
+
+    def _set_profiler(self, on: bool) -> None:
+        self.profiler = None
+        if on:
+            from pyinstrument import Profiler
+
+            self.profiler = Profiler(interval=0.0005)
+        for eng in (self.ours, self.watch):
+            if eng is not None:
+                eng.profiler = self.profiler
+
+    def _save_profile(self, spec: ScenarioSpec, res: ScenarioResult) -> None:
+        if self.profiler is None:
+            return
+        prof, self.profiler = self.profiler, None
+        for eng in (self.ours, self.watch):
+            if eng is not None:
+                eng.profiler = None
+        if prof.last_session is None:
+            return
+        folder = self.profile_dir or self.workdir
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"profile-{self.label}-{spec.name}.txt"
+        path.write_text(prof.output_text(unicode=True, color=False, show_all=False))
+        prof.write_html(str(path.with_suffix(".html")))
+        res.notes.append(f"profiled (timings include pyinstrument's overhead): {path}")
+        progress(f"{self.label}: profile of our side written to {path}")
+
+    def close(self) -> None:
+        for eng in (self.watch, self.ours):
+            if eng is not None:
+                eng.close()
+        self.watch = self.ours = None
+
+    # ------------------------------------------------------------------ helpers
+
+    def _need(self) -> tuple[OurEngine, SeedGit]:
+        if self.ours is None or self.rival is None:
+            raise RuntimeError("the baseline scenario did not complete")
+        return self.ours, self.rival
+
+    def touch(self, paths: Sequence[str], tag: str) -> None:
+        """Give each path new content (same size class; a line appended to its current text)."""
+        self.edits += 1
+        line = f"\n// bench edit {tag} #{self.edits}\n".encode()
+        for rel in paths:
+            p = self.root / rel
+            data = p.read_bytes()
+            cut = data.find(b"\n// bench edit ")
+            with open(p, "wb") as f:
+                f.write((data[:cut] if cut >= 0 else data) + line)
+
+    def sync(self) -> None:
+        """Both sides checkpoint whatever the other one left on disk (untimed, never profiled)."""
+        ours, rival = self._need()
+        profiler, ours.profiler = ours.profiler, None
+        try:
+            ours.command_round(MAIN_TASK, None)
+        finally:
+            ours.profiler = profiler
+        rival.round()
+
+    def _pick_candidates(self, listing: dict[str, tuple[int, str]]) -> list[str]:
+        """51 small tracked text files, in as many different folders as the tree allows."""
+        nested = tuple(n + "/" for n in self.stats.nested_repos)
+        paths = sorted(p for p, (mode, _) in listing.items()
+                       if mode == 0o100644 and "/" in p and not p.startswith(nested)
+                       and not p.endswith("/.gitignore"))
+        random.Random(self.seed).shuffle(paths)
+        picked: list[str] = []
+        folders: set[str] = set()
+        for distinct in (True, False):
+            for p in paths:
+                folder = p.rsplit("/", 1)[0]
+                if p in picked or (distinct and folder in folders):
+                    continue
+                try:
+                    if os.lstat(self.root / p).st_size > 64 * 1024:
+                        continue
+                except OSError:
+                    continue
+                folders.add(folder)
+                picked.append(p)
+                if len(picked) == 51:
+                    return picked
+        raise RuntimeError(f"only {len(picked)} editable files in the tree; 51 are needed")
+
+    def check_consistency(self, when: str) -> dict[str, Any]:
+        """Our snapshot against `git ls-files -s` of the rival, nested repositories left out."""
+        ours, rival = self._need()
+        commit = ours.last_checkpoint(MAIN_TASK)["hash"]
+        mine = list_commit(ours.shadow_git_dir, commit)
+        nested = tuple(n + "/" for n in self.stats.nested_repos)
+        theirs = {p: v for p, v in rival.ls_files().items() if not p.startswith(nested)}
+        only_ours = sorted(set(mine) - set(theirs))
+        only_git = sorted(set(theirs) - set(mine))
+        differing = sorted(p for p in set(mine) & set(theirs) if mine[p] != theirs[p])
+        report = {
+            "ours_files": len(mine),
+            "git_files": len(theirs),
+            "only_ours": len(only_ours),
+            "only_git": len(only_git),
+            "differing": len(differing),
+            "examples": {"only_ours": only_ours[:5], "only_git": only_git[:5], "differing": differing[:5]},
+        }
+        self.consistency[when] = report
+        agree = not (only_ours or only_git or differing)
+        progress(f"{self.label}: snapshot check ({when}): ours {len(mine)} files, git {len(theirs)}"
+                 + (" — identical" if agree else f" — DIFFER: {report['examples']}"))
+        return report
+
+    def _events(self, mark: int, event: str, key: str) -> list[Any]:
+        return [e.get(key) for e in self.tap.since(mark, event)]
+
+    # ------------------------------------------------------------------ scenarios
+
+    def baseline(self, res: ScenarioResult) -> None:
+        assert res.ours is not None and res.rival is not None
+        mark = self.tap.mark()
+        last = self.heavy_repeat - 1
+        for i in range(self.heavy_repeat):
+            def run_rival(i: int = i) -> None:
+                quiesce_disk()
+                rival = SeedGit(self.root, self.workdir / f"rival-{i}" / "git", self.stats.nested_repos)
+                rival.before_timed = self.background.settle
+                rival.init()
+                seconds = rival.round()
+                assert res.rival is not None
+                res.rival.add(seconds)
+                self.rival_add_rss_mb.append(rival.add_peak_rss_kb / 1024)
+                progress(f"{self.label}:   seed baseline {i + 1}/{self.heavy_repeat}: {seconds:.2f} s")
+                if i == last:
+                    self.rival = rival
+                else:
+                    # removed at once, while most of it is still in the page cache (cheap)
+                    shutil.rmtree(rival.git_dir.parent, ignore_errors=True)
+
+            def run_ours(i: int = i) -> None:
+                quiesce_disk()
+                ours = OurEngine(self.root, self.workdir / f"docs-{i}", background=self.background)
+                seconds = ours.start(MAIN_TASK)
+                assert res.ours is not None
+                res.ours.add(seconds)
+                progress(f"{self.label}:   our baseline {i + 1}/{self.heavy_repeat}: {seconds:.2f} s")
+                if i == last:
+                    self.ours = ours
+                else:
+                    ours.close()
+                    shutil.rmtree(ours.docs_dir, ignore_errors=True)
+
+            # alternate who goes first, so neither always meets a colder cache
+            for step in ((run_rival, run_ours) if i % 2 == 0 else (run_ours, run_rival)):
+                step()
+        built = [float(x) for x in self._events(mark, "task.baseline_built", "duration_ms") if x is not None]
+        if built:
+            res.notes.append(f"engine's own task.baseline_built: median {sorted(built)[len(built) // 2]:.0f} ms")
+        res.notes.append("the page cache is flushed (sync) before each baseline; both sides write loose objects")
+        _, rival = self._need()
+        self.candidates = self._pick_candidates(rival.ls_files())
+        self.check_consistency("baseline")
+
+    def round_edit_1(self, res: ScenarioResult) -> None:
+        self._edit_rounds(res, self.candidates[:1], "r1")
+
+    def round_edit_50(self, res: ScenarioResult) -> None:
+        self._edit_rounds(res, self.candidates[1:51], "r50")
+
+    def _edit_rounds(self, res: ScenarioResult, paths: list[str], tag: str) -> None:
+        assert res.ours is not None and res.rival is not None
+        ours, rival = self._need()
+        self.sync()
+        for i in range(self.repeat + 1):  # the first pair warms up and is not counted
+            seconds, cp = ours.edit_round(MAIN_TASK, paths, partial(self.touch, paths, f"{tag}-o{i}"))
+            if cp.reused:
+                res.notes.append(f"round {i} reused the previous checkpoint: the edit was not seen")
+            self.touch(paths, f"{tag}-g{i}")
+            rival_s = rival.round()
+            if i:
+                res.ours.add(seconds)
+                res.rival.add(rival_s)
+
+    def probe(self, res: ScenarioResult) -> None:
+        assert res.ours is not None and res.rival is not None
+        ours, _ = self._need()
+        parent = ours.last_checkpoint(MAIN_TASK)["hash"]
+        path = self.candidates[0]
+        data = (self.root / path).read_bytes()
+        probe = Probe(ours.shadow_git_dir)
+        try:
+            for i in range(self.repeat + 1):  # the first one warms the object database up
+                seconds = probe.commit(parent, path, data + f"probe {i}\n".encode())
+                if i:
+                    res.ours.add(seconds)
+        finally:
+            probe.close()
+        seed_round = self.results.get("round_edit_1")
+        if seed_round is None or seed_round.rival is None or not seed_round.rival.samples:
+            raise RuntimeError("the 1-edit round has no git round to compare with")
+        res.rival.samples.extend(seed_round.rival.samples)
+        res.notes.append("rival samples: the git rounds of 'round, 1 edited path'")
+        mine = seed_round.ours
+        if mine is not None and mine.samples:
+            res.notes.append(f"round with 1 edited path = {mine.median / res.ours.median:.1f}× this probe "
+                             "(issue 6: within 2×)")
+
+    def command_rescan(self, res: ScenarioResult) -> None:
+        assert res.ours is not None and res.rival is not None
+        ours, rival = self._need()
+        path = self.candidates[0]
+        self.sync()
+        mark = self.tap.mark()
+        for i in range(self.repeat + 1):
+            seconds, _ = ours.command_round(MAIN_TASK, partial(self.touch, [path], f"cmd-o{i}"))
+            self.touch([path], f"cmd-g{i}")
+            rival_s = rival.round()
+            if i:
+                res.ours.add(seconds)
+                res.rival.add(rival_s)
+        flags = self._events(mark, "round.checkpointed", "rescan")
+        if flags and not all(flags):
+            res.notes.append("some rounds did not rescan (a watcher was active?)")
+
+    def rescan_nochange(self, res: ScenarioResult) -> None:
+        assert res.ours is not None and res.rival is not None
+        ours, rival = self._need()
+        self.sync()
+        rival.status()  # refresh the index once, as the seed's next round would
+        for i in range(self.repeat + 1):
+            seconds, cp = ours.command_round(MAIN_TASK, None)
+            rival_s = rival.status()
+            if i:
+                if not cp.reused:
+                    res.notes.append(f"no-change round {i} wrote a new commit instead of reusing")
+                res.ours.add(seconds)
+                res.rival.add(rival_s)
+
+    def compare(self, res: ScenarioResult) -> None:
+        assert res.ours is not None and res.rival is not None
+        ours, rival = self._need()
+        self.sync()
+        from_ts = int(ours.last_checkpoint(MAIN_TASK)["ts"])
+        commit = rival.head()
+        self.touch(self.candidates[:1], "cmp")
+        for i in range(self.repeat + 1):
+            seconds, diff = ours.diff(MAIN_TASK, from_ts)
+            rival_s, _ = rival.diff_workspace(commit)
+            if len(diff["files"]) != 1:
+                res.notes.append(f"our compare listed {len(diff['files'])} files, expected 1")
+            if i:
+                res.ours.add(seconds)
+                res.rival.add(rival_s)
+
+    def _restore_rounds(self, res: ScenarioResult, task: str, make_round: Callable[[str, int], None]) -> None:
+        assert res.ours is not None and res.rival is not None
+        ours, rival = self._need()
+        self.sync()
+        path = self.candidates[0]
+        ours.start(task)
+        base_ts = ours.baseline_ts[task]
+        rival_base = rival.head()
+        before = (self.root / path).read_bytes()
+        for i in range(self.repeat + 1):
+            make_round(path, i)
+            seconds, out = ours.restore_files(task, base_ts)
+            if (self.root / path).read_bytes() != before:
+                res.notes.append(f"restore {i}: our restore left {path} changed")
+            restored = (out.get("files") or {}).get("restored")
+            if restored != [path]:
+                res.notes.append(f"restore {i}: our restore wrote {restored}, expected [{path}]")
+            self.touch([path], f"rs-g{i}")
+            rival.round()
+            rival_s = rival.reset_hard(rival_base)
+            if (self.root / path).read_bytes() != before:
+                res.notes.append(f"restore {i}: git reset left {path} changed")
+            if i:
+                res.ours.add(seconds)
+                res.rival.add(rival_s)
+
+    def restore_file(self, res: ScenarioResult) -> None:
+        ours, _ = self._need()
+
+        def edit(path: str, i: int) -> None:
+            ours.edit_round("restore-file", [path], lambda: self.touch([path], f"rs1-{i}"))
+
+        self._restore_rounds(res, "restore-file", edit)
+
+    def restore_task(self, res: ScenarioResult) -> None:
+        ours, _ = self._need()
+
+        def command(path: str, i: int) -> None:
+            ours.command_round("restore-task", lambda: self.touch([path], f"rsT-{i}"))
+
+        self._restore_rounds(res, "restore-task", command)
+        res.notes.append("the task changed files only through a command: every tracked file is reset")
+
+    def disk_use(self, res: ScenarioResult) -> None:
+        assert res.ours is not None and res.rival is not None
+        ours, rival = self._need()
+        self.sync()
+        self.background.settle()
+        res.ours.add(disk_usage_mb(ours.shadow_git_dir))
+        res.rival.add(disk_usage_mb(rival.git_dir))
+        res.notes.append("both hold the baseline and every round of this run; the rival never packs (gc.auto=0)"
+                         + (", ours packed in the background" if self.background.packs else ""))
+        self.check_consistency("final")
+
+    def sidecar_rss(self, res: ScenarioResult) -> None:
+        assert res.ours is not None and res.rival is not None
+        if not is_supported():
+            raise Skip("needs Linux /proc for VmHWM")
+        self._need()
+        runs = max(1, min(self.heavy_repeat, 2))
+        for i in range(runs):
+            self.background.settle()
+            quiesce_disk()
+            docs = self.workdir / f"sidecar-docs-{i}"
+            stats = measure_sidecar(self.root, docs, self.candidates[:4], self.touch,
+                                    self.workdir / f"sidecar-{i}.log")
+            res.ours.add(stats.peak_rss_mb)
+            res.notes.append(f"run {i + 1}: baseline {stats.baseline_s:.1f} s in the sidecar, {stats.rounds} rounds")
+            shutil.rmtree(docs, ignore_errors=True)
+        res.rival.samples.extend(self.rival_add_rss_mb)
+        res.notes.append("rival: peak RSS of the seed baseline's `git add .` (wait4)")
+
+    def _watch_engine(self) -> OurEngine:
+        if self.watch is not None:
+            return self.watch
+        ours, _ = self._need()
+        # The watcher engine reuses the main shadow repo (and its saved stat cache).
+        docs = ours.docs_dir
+        ours.close()
+        self.ours = None
+        self.watch_mark = self.tap.mark()
+        self.watch = OurEngine(self.root, docs, watcher=True, background=self.background)
+        self.watch.profiler = self.profiler
+        return self.watch
+
+    def watcher_round(self, res: ScenarioResult) -> None:
+        assert res.ours is not None and res.rival is not None
+        if self.ours is not None:
+            self.sync()
+        rival = self.rival
+        eng = self._watch_engine()
+        if rival is None:
+            raise RuntimeError("the baseline scenario did not complete")
+        eng.start("watch")
+        if not eng.has_watcher():
+            raise Skip("EngineOptions(watcher=True) attaches no watcher in this engine yet; command rounds rescan")
+        path = self.candidates[0]
+        for i in range(self.repeat + 1):
+            mark = self.tap.mark()
+            seconds, _ = eng.command_round("watch", partial(self.touch, [path], f"w-o{i}"))
+            flags = self._events(mark, "round.checkpointed", "rescan")
+            if any(flags):
+                raise Skip("the engine has a watcher, but a 1-file command round still fell back to the rescan")
+            self.touch([path], f"w-g{i}")
+            rival_s = rival.round()
+            if i:
+                res.ours.add(seconds)
+                res.rival.add(rival_s)
+        res.notes.append("includes the flush barrier at the round's end")
+
+    def watcher_startup(self, res: ScenarioResult) -> None:
+        assert res.ours is not None
+        if self.watch is None or not self.watch.has_watcher():
+            raise Skip("EngineOptions(watcher=True) attaches no watcher in this engine yet")
+        docs = self.watch.docs_dir
+        mark = self.watch_mark
+        for i in range(self.repeat):
+            # a new task each time: the engine starts its watcher when it builds a task's baseline
+            self.watch.close()
+            self.watch = OurEngine(self.root, docs, watcher=True, background=self.background)
+            self.watch.start(f"watch-start-{i}")
+        durations = [float(d) for d in self._events(mark, "watcher.started", "duration_ms") if d is not None]
+        if not durations:
+            raise Skip("the engine logs no watcher.started event with duration_ms to time")
+        for d in durations:
+            res.ours.add(d / 1e3)
+        res.notes.append("as logged by the engine's watcher.started (duration_ms)")

@@ -1,0 +1,152 @@
+"""Peak memory of the sidecar: `shadowpoint serve` driven over JSON-RPC on stdio.
+
+Starts the sidecar as a subprocess with its own docs dir, builds a task's baseline,
+runs a few edit and command rounds and a compare, then reads the kernel's high-water
+mark of its resident set (`VmHWM`) before shutting it down. Linux only (`/proc`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+
+class SidecarError(RuntimeError):
+    """The sidecar answered with an error or went away."""
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarStats:
+    peak_rss_mb: float
+    baseline_s: float
+    rounds: int
+
+
+class RpcClient:
+    """Newline-delimited JSON-RPC 2.0 over a child's stdin/stdout."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        self.proc = proc
+        self._in: IO[bytes] = proc.stdin
+        self._out: IO[bytes] = proc.stdout
+        self._next_id = 0
+
+    def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        self._next_id += 1
+        msg_id = self._next_id
+        msg = {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params or {}}
+        self._in.write(json.dumps(msg).encode() + b"\n")
+        self._in.flush()
+        while True:
+            line = self._out.readline()
+            if not line:
+                raise SidecarError(f"sidecar closed its output during {method} (exit {self.proc.poll()})")
+            reply = json.loads(line)
+            if reply.get("id") != msg_id:
+                continue  # a notification, or the answer to another request
+            if "error" in reply:
+                raise SidecarError(f"{method}: {reply['error']}")
+            return reply.get("result")
+
+
+def read_vm_hwm_mb(pid: int) -> float:
+    """The peak resident set size of `pid` so far, in MB (VmHWM from /proc)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise SidecarError(f"no VmHWM for process {pid}")
+
+
+def is_supported() -> bool:
+    return sys.platform.startswith("linux") and os.path.exists("/proc/self/status")
+
+
+def measure_sidecar(
+    root: Path,
+    docs_dir: Path,
+    edit_paths: Sequence[str],
+    touch: Callable[[Sequence[str], str], None],
+    log_file: Path,
+) -> SidecarStats:
+    """Run the sidecar through a baseline, rounds and a compare; return its peak RSS.
+
+    Args:
+        root: the workspace root.
+        docs_dir: an empty docs dir for this sidecar (its own shadow repo).
+        edit_paths: root-relative files the rounds edit.
+        touch: writes new content into the given paths (the benchmark's edit).
+        log_file: where the sidecar's stderr goes.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWPOINT_", "GIT_"))}
+    env.update({
+        "SHADOWPOINT_DOCS_DIR": str(docs_dir),
+        "SHADOWPOINT_CONFIG_FILE": str(docs_dir / "no-config.toml"),
+        "SHADOWPOINT_INIT_WARN_S": "86400",
+        "SHADOWPOINT_INIT_TIMEOUT_S": "86400",
+    })
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "shadowpoint", "serve"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, env=env, cwd=root)
+        try:
+            rpc = RpcClient(proc)
+            rpc.call("initialize", {"roots": [str(root)], "client": {"name": "shadowpoint-bench", "version": "1"}})
+            task = "bench-sidecar"
+            ts = 1_000
+            start = time.perf_counter()
+            rpc.call("task/start", {"taskId": task, "ts": ts})
+            while True:
+                listing = rpc.call("checkpoint/list", {"taskId": task})
+                if listing["state"] == "ready":
+                    break
+                if listing["state"] != "initializing":
+                    raise SidecarError(f"baseline failed: {listing.get('error')}")
+                time.sleep(0.01)
+            baseline_s = time.perf_counter() - start
+            base_ts = ts
+            rounds = 0
+            for i, path in enumerate(edit_paths[:3]):
+                ts += 1_000
+                abs_path = str(root / path)
+                rpc.call("round/begin", {"taskId": task})
+                rpc.call("tool/begin", {"taskId": task, "tool": "write_to_file", "kind": "edit", "paths": [abs_path]})
+                touch([path], f"sidecar-{i}")
+                rpc.call("tool/end", {"taskId": task, "tool": "write_to_file", "paths": [abs_path]})
+                rpc.call("round/end", {"taskId": task, "ts": ts})
+                rounds += 1
+            for i in range(2):
+                ts += 1_000
+                rpc.call("round/begin", {"taskId": task})
+                rpc.call("tool/begin", {"taskId": task, "tool": "execute_command", "kind": "command"})
+                touch(list(edit_paths[-1:]), f"sidecar-cmd-{i}")
+                rpc.call("tool/end", {"taskId": task, "tool": "execute_command"})
+                rpc.call("round/end", {"taskId": task, "ts": ts})
+                rounds += 1
+            rpc.call("checkpoint/diff", {"taskId": task, "from": base_ts})
+            peak = read_vm_hwm_mb(proc.pid)
+            rpc.call("shutdown", {})
+        except SidecarError as exc:
+            err.flush()
+            lines = log_file.read_bytes()[-4000:].decode(errors="replace").strip().splitlines()
+            last = lines[-1] if lines else "(nothing on stderr)"
+            raise SidecarError(f"{exc}: {last} (sidecar log: {log_file})") from exc
+        finally:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+    return SidecarStats(peak, baseline_s, rounds)
