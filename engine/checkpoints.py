@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from shadowpoint.errors import UnknownCheckpointError, UnknownTaskError
+from shadowpoint.errors import TaskMetadataError, UnknownCheckpointError, UnknownTaskError
 from shadowpoint.shadow_repo import ref_component
 
 log = structlog.get_logger(__name__)
@@ -143,6 +143,11 @@ class TaskRecord:
         rec.last_restore = data.get("last_restore")
         rec.disabled = bool(data.get("disabled", False))
         rec.created_at = data.get("created_at", now_iso())
+        # a hand-edited or damaged file may hold anything: refuse what would fail later
+        if not isinstance(rec.task_id, str) or not all(
+            isinstance(c.ts, int) and isinstance(c.hashes, dict) and isinstance(c.kind, str) for c in rec.checkpoints
+        ) or not all(isinstance(m.ts, int) for m in rec.messages):
+            raise ValueError("task.json fields have the wrong types")
         return rec
 
 
@@ -187,14 +192,34 @@ class CheckpointStore:
         path = self.task_dir(task_id) / TASK_FILE
         try:
             with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-                rec = TaskRecord.from_json(json.load(fh))
+                data = json.load(fh)
         except FileNotFoundError:
             raise UnknownTaskError(f"Unknown task {task_id!r}: start it with task/start first.") from None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise UnknownTaskError(f"Task {task_id!r} has unreadable metadata ({exc}).") from exc
+        except (OSError, ValueError) as exc:
+            raise TaskMetadataError(f"Task {task_id!r} has unreadable metadata ({exc}).") from exc
+        try:
+            rec = TaskRecord.from_json(data)
+        except Exception as exc:  # valid JSON of the wrong shape: any field may be off
+            raise TaskMetadataError(f"Task {task_id!r} has unreadable metadata ({exc!r}).") from exc
         if rec.task_id != task_id:
-            raise UnknownTaskError(f"Task folder {path.parent} belongs to {rec.task_id!r}, not {task_id!r}.")
+            raise TaskMetadataError(f"Task folder {path.parent} belongs to {rec.task_id!r}, not {task_id!r}.")
         return rec
+
+    def set_aside(self, task_id: str) -> Path | None:
+        """Rename an unreadable task.json out of the way, keeping it for a person to inspect."""
+        path = self.task_dir(task_id) / TASK_FILE
+        aside = path.with_name(f"{TASK_FILE}.damaged-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}")
+        try:
+            os.replace(path, aside)
+        except OSError:
+            return None
+        return aside
+
+    def has_any_task(self) -> bool:
+        """True if any task folder holds a task.json, readable or not (a damaged one still counts)."""
+        if not self.tasks_dir.is_dir():
+            return False
+        return any((d / TASK_FILE).is_file() for d in self.tasks_dir.iterdir())
 
     def save(self, rec: TaskRecord) -> None:
         write_json_atomic(self.task_dir(rec.task_id) / TASK_FILE, rec.to_json())

@@ -13,7 +13,7 @@ import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,12 +27,15 @@ from shadowpoint.config import protected_directories
 from shadowpoint.diff import TITLE_NEW, TITLE_SINCE, FileChange, diff_to_wire, file_changes
 from shadowpoint.errors import (
     CheckpointsDisabledError,
+    DamagedCheckpointError,
     InitFailedError,
     InitTimeoutError,
     InvalidParamsError,
     NoFileSnapshotError,
     PathOutsideWorkspaceError,
+    RepoError,
     ShadowpointError,
+    TaskMetadataError,
     UnknownTaskError,
 )
 from shadowpoint.events import (
@@ -46,6 +49,7 @@ from shadowpoint.events import (
     ToolEnded,
 )
 from shadowpoint.options import EngineOptions
+from shadowpoint.recovery import rebuild_record
 from shadowpoint.restorer import Restorer
 from shadowpoint.roots import Notify, RootState, is_rules_file
 from shadowpoint.rounds import RoundRecord, RoundRecorder, tool_kind
@@ -77,6 +81,19 @@ class TaskRuntime:
     round_no: int = 0
     generation: int = 0
     timers: list[threading.Timer] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def damaged_checkpoint(ts: Any, root: RootState) -> Iterator[None]:
+    """A checkpoint whose objects the shadow repo lost: a clear error, not an internal one; the
+    root checks its objects before its next stage (the loss may reach the current snapshot)."""
+    try:
+        yield
+    except RepoError as exc:
+        root.mark_damaged()
+        raise DamagedCheckpointError(
+            f"The checkpoint at ts={ts} can no longer be read: the shadow repository lost objects it "
+            f"needs ({exc}). Newer checkpoints are not affected.") from exc
 
 
 class Engine:
@@ -127,12 +144,31 @@ class Engine:
             rt = self._tasks.get(task_id)
         if rt is not None:
             return rt
-        if not self.store.exists(task_id):
+        record = self._load_or_rebuild(task_id)
+        if record is None:
             raise UnknownTaskError(f"Unknown task {task_id!r}: start it with task/start first.")
-        return self._resume(task_id)
+        return self._resume(task_id, record)
 
-    def _resume(self, task_id: str) -> TaskRuntime:
-        record = self.store.load(task_id)
+    def _load_or_rebuild(self, task_id: str) -> TaskRecord | None:
+        """The task's record from its task.json, or rebuilt from the shadow refs when that file
+        is gone or unreadable (kept aside, never destroyed); None for a task nobody knows.
+
+        Before, a damaged task.json made the task unusable for good, even for task/start, and a
+        deleted task folder lost every checkpoint still in the repo (tests/faults/test_damage.py).
+        """
+        if self.store.exists(task_id):
+            try:
+                return self.store.load(task_id)
+            except TaskMetadataError as exc:
+                aside = self.store.set_aside(task_id)
+                log.warning("task.metadata_unreadable", task_id=task_id, reason=str(exc),
+                            kept_as=str(aside) if aside else None)
+        record = rebuild_record(task_id, self.roots, {ws.name: str(ws.root) for ws in self.workspaces})
+        if record is not None:
+            self.store.save(record)
+        return record
+
+    def _resume(self, task_id: str, record: TaskRecord) -> TaskRuntime:
         mine = {ws.name: str(ws.root) for ws in self.workspaces}
         if record.roots and record.roots != mine:
             raise InvalidParamsError(
@@ -151,6 +187,10 @@ class Engine:
             elif record.last_snapshot() is not None:
                 rt.state = "ready"
                 rt.round_no = len(record.checkpoints)
+                # a resumed task records touched paths too (its first round rescans anyway:
+                # the watcher saw nothing of what happened while no shadowpoint ran)
+                for root in self.roots.values():
+                    root.start_watcher(self.notify)
             # else: the baseline never finished (a crash); task/start or task/retry builds it,
             # never a read or a delete of the task
         return rt
@@ -159,8 +199,10 @@ class Engine:
         """Start (or resume) a task; its baseline builds in the background."""
         with self._tasks_lock:
             rt = self._tasks.get(task_id)
-        if rt is None and self.store.exists(task_id):
-            rt = self._resume(task_id)
+        if rt is None:
+            record = self._load_or_rebuild(task_id)
+            if record is not None:
+                rt = self._resume(task_id, record)
         if rt is not None:
             with rt.lock:
                 if rt.state == "initializing" and rt.baseline is None:
@@ -280,7 +322,7 @@ class Engine:
             with root.lock.held():
                 result = root.stage(StagePlan(rescan=True))
                 assert root.repo is not None
-                commit = root.repo.commit(result.tree, [], "baseline", rt.record.task_id)
+                commit = root.repo.commit(result.tree, [], f"baseline checkpoint at {ts}", rt.record.task_id)
                 with rt.lock:
                     if rt.generation != gen:
                         return
@@ -445,20 +487,35 @@ class Engine:
         warnings: list[dict[str, str]] = []
         reused_all = True
         stats = []
-        for name, root in self.roots.items():
-            with root.lock.held():
-                result = root.stage(plans[name])
-                assert root.repo is not None
-                parent = prev.hashes.get(name) if prev else None
-                parent_tree = root.repo.tree_of_commit_or_none(parent) if parent else None
-                if parent is not None and parent_tree == result.tree and root.repo.has_object(parent):
-                    commit = parent
-                else:
-                    reused_all = False
-                    commit = root.repo.commit(result.tree, [parent] if parent else [],
-                                              f"{kind} checkpoint at {ts}", rt.record.task_id)
-                    root.repo.set_ref(task_ref(rt.record.task_id), commit)
-                root.set_head(result.tree)
+        names = list(self.roots)
+        for i, (name, root) in enumerate(self.roots.items()):
+            plan = root.take_carried(plans[name])
+            try:
+                with root.lock.held():
+                    result = root.stage(plan)
+                    assert root.repo is not None
+                    parent = prev.hashes.get(name) if prev else None
+                    parent_tree = root.repo.tree_of_commit_or_none(parent) if parent else None
+                    if parent is not None and parent_tree == result.tree and root.repo.has_object(parent):
+                        commit = parent
+                    else:
+                        reused_all = False
+                        # libgit2 refuses a commit whose parent is missing (a lost object): the
+                        # chain then restarts here rather than every later round failing.
+                        parents = [parent] if parent and root.repo.has_object(parent) else []
+                        commit = root.repo.commit(result.tree, parents, f"{kind} checkpoint at {ts}",
+                                                  rt.record.task_id)
+                        root.repo.set_ref(task_ref(rt.record.task_id), commit)
+                    root.set_head(result.tree)
+            except BaseException as exc:
+                if isinstance(exc, RepoError):
+                    root.verified = False  # check the objects it reuses before the next round
+                # A commit that failed (lock timeout, repo error) must not lose its round's paths:
+                # without a rescan nothing staged them again, and later checkpoints missed the
+                # change (tests/faults/test_concurrency.py). The next round stages them too.
+                for later in names[i:]:
+                    self.roots[later].carry(plan if later == name else plans[later])
+                raise
             hashes[name] = commit
             warnings.extend(self._warnings(name, result))
             stats.append(result.stats)
@@ -511,13 +568,14 @@ class Engine:
         for name, root in self.roots.items():
             with root.lock.held():
                 repo = root.open()
-                old_tree = self._tree(root, old.hashes.get(name))
-                if new is not None:
-                    new_tree = self._tree(root, new.hashes.get(name))
-                else:
+                if new is None:
                     new_tree = root.stage(StagePlan(rescan=True, forced=self._edited(rt, name))).tree
                     root.set_head(new_tree)
-                changes.extend(file_changes(repo, old_tree, new_tree, self._displayer(root.ws)))
+                with damaged_checkpoint(from_ts if to_ts is None else f"{from_ts} or {to_ts}", root):
+                    old_tree = self._tree(root, old.hashes.get(name))
+                    if new is not None:
+                        new_tree = self._tree(root, new.hashes.get(name))
+                    changes.extend(file_changes(repo, old_tree, new_tree, self._displayer(root.ws)))
         return diff_to_wire(TITLE_SINCE if new is None else TITLE_NEW, changes)
 
     def view_changes(self, task_id: str, ts: Any) -> dict[str, Any]:
@@ -530,7 +588,7 @@ class Engine:
                 base = earlier[0] if earlier else cp
         changes: list[FileChange] = []
         for name, root in self.roots.items():
-            with root.lock.held():
+            with root.lock.held(), damaged_checkpoint(f"{base.ts} or {cp.ts}", root):
                 repo = root.open()
                 changes.extend(file_changes(repo, self._tree(root, base.hashes.get(name)),
                                             self._tree(root, cp.hashes.get(name)), self._displayer(root.ws)))
@@ -573,7 +631,8 @@ class Engine:
                 self._tasks.pop(task_id, None)
             self._drop_refs(rt.record)
             self.store.delete(task_id)
-        if not self.store.task_ids():
+        # an unreadable task.json still counts: its history must not go with the folder
+        if not self.store.has_any_task():
             self._remove_checkpoints_folder()
         else:
             self._collect_in_background()
@@ -587,7 +646,8 @@ class Engine:
         def run() -> None:
             try:
                 collect_repo_garbage(self.options.docs_dir, grace_s=self.options.gc_grace_s,
-                                     lock_timeout_s=self.options.lock_timeout_s, only=dirs)
+                                     lock_timeout_s=self.options.lock_timeout_s, only=dirs,
+                                     locks={root.ws.git_dir: root.lock for root in self.roots.values()})
             except Exception:  # never fatal: the next collection tries again
                 log.exception("storage.collect_failed")
 

@@ -9,18 +9,21 @@
     │   └── ShadowRepoMismatchError       init_failed (hash collision or moved workspace)
     ├── TaskError
     │   ├── UnknownTaskError              unknown_task
+    │   │   └── TaskMetadataError         unknown_task (task.json unreadable: rebuilt from the shadow refs)
     │   ├── UnknownMessageError           unknown_message
     │   ├── InitTimeoutError              init_timeout
     │   ├── InitFailedError               init_failed
     │   └── CheckpointsDisabledError      checkpoints_disabled
     ├── CheckpointError
     │   ├── UnknownCheckpointError        unknown_checkpoint
+    │   │   └── DamagedCheckpointError    unknown_checkpoint (its objects are gone from the shadow repo)
     │   ├── NoFileSnapshotError           no_file_snapshot
     │   ├── AlreadyRestoredError          already_restored
     │   ├── NothingToUndoError            nothing_to_undo
     │   └── RestoreFailedError            restore_failed
     ├── LockTimeoutError                  lock_timeout
     └── RepoError                         init_failed (a libgit2 failure, translated in shadow_repo.py)
+        └── ObjectMissingError            init_failed (an object the repo should hold is missing)
 
 Entry points map `kind` to a JSON-RPC `data.kind` (sidecar) or an exit code (CLI).
 """
@@ -71,6 +74,12 @@ class UnknownTaskError(TaskError):
     kind = "unknown_task"
 
 
+class TaskMetadataError(UnknownTaskError):
+    """A task folder whose `task.json` cannot be read (damaged, or another task's)."""
+
+    kind = "unknown_task"
+
+
 class UnknownMessageError(TaskError):
     kind = "unknown_message"
 
@@ -95,6 +104,12 @@ class UnknownCheckpointError(CheckpointError):
     kind = "unknown_checkpoint"
 
 
+class DamagedCheckpointError(UnknownCheckpointError):
+    """The checkpoint is listed but the shadow repository lost objects it needs."""
+
+    kind = "unknown_checkpoint"
+
+
 class NoFileSnapshotError(CheckpointError):
     kind = "no_file_snapshot"
 
@@ -116,4 +131,10 @@ class LockTimeoutError(ShadowpointError):
 
 
 class RepoError(ShadowpointError):
+    kind = "init_failed"
+
+
+class ObjectMissingError(RepoError):
+    """A commit, tree or blob the shadow repository should hold is missing (damage)."""
+
     kind = "init_failed"

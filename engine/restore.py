@@ -91,7 +91,51 @@ def plan_restore(
         if want == have:
             continue
         ops.append(RestoreOp(path, want))
+    # A write below a path that is now a file or a link replaces that entry (the safe writer
+    # makes it a folder). Planned as a deletion it is named in the result and journaled, and
+    # an undo brings it back; before, undo could not restore a swapped-in link (test_hostile.py).
+    planned = {op.path for op in ops}
+    for op in list(ops):
+        if op.entry is None:
+            continue
+        parts = op.path.split("/")
+        for i in range(1, len(parts)):
+            ancestor = RepoPath("/".join(parts[:i]))
+            if ancestor in current and ancestor not in planned:
+                ops.append(RestoreOp(ancestor, None))
+                planned.add(ancestor)
+    ops.sort(key=lambda op: op.path)
     return RestorePlan(root, tuple(ops))
+
+
+def keep_skipped(plan: RestorePlan, skipped_then: Iterable[RepoPath]) -> RestorePlan:
+    """Drop deletions of paths the target checkpoint left out although they existed (over
+    the size cap, unreadable): absent from its tree, they were not absent from the disk."""
+    skipped = set(skipped_then)
+    if not skipped:
+        return plan
+    return RestorePlan(plan.root, tuple(op for op in plan.ops if op.entry is not None or op.path not in skipped))
+
+
+def withhold(plan: RestorePlan, unsaved: Iterable[RepoPath]) -> tuple[RestorePlan, list[RepoPath]]:
+    """Drop the ops that would overwrite content the safety checkpoint could not keep (a file
+    over the size cap or unreadable, at the path or standing where a folder must go).
+
+    Returns the plan that may run and the paths left alone. A restore must stay undoable: it
+    never destroys what it could not save first.
+    """
+    blocked = set(unsaved)
+    if not blocked:
+        return plan, []
+    keep: list[RestoreOp] = []
+    held: list[RepoPath] = []
+    for op in plan.ops:
+        parts = op.path.split("/")
+        if any(RepoPath("/".join(parts[:i])) in blocked for i in range(1, len(parts) + 1)):
+            held.append(op.path)
+        else:
+            keep.append(op)
+    return RestorePlan(plan.root, tuple(keep)), held
 
 
 def apply_plan(workspace_root: Path, repo: ShadowRepo, plan: RestorePlan) -> RestoreStats:

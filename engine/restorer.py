@@ -20,16 +20,17 @@ from shadowpoint.errors import (
     InvalidParamsError,
     NoFileSnapshotError,
     NothingToUndoError,
+    RepoError,
     RestoreFailedError,
     ShadowpointError,
     UnknownCheckpointError,
     UnknownMessageError,
 )
-from shadowpoint.restore import RestorePlan, RestoreStats, apply_plan, plan_restore
+from shadowpoint.restore import RestorePlan, RestoreStats, apply_plan, keep_skipped, plan_restore, withhold
 from shadowpoint.roots import RootState
 from shadowpoint.safe_fs import cleanup_temp_files
-from shadowpoint.scanner import StagePlan
-from shadowpoint.shadow_repo import TreeEntry, safety_ref, task_ref
+from shadowpoint.scanner import SkipReason
+from shadowpoint.shadow_repo import MODE_TREE, TreeEntry, safety_ref, task_ref
 from shadowpoint.stat_cache import FileState
 from shadowpoint.workspace import RepoPath
 
@@ -89,7 +90,8 @@ class Restorer:
 
     def _restore_files(self, rt: TaskRuntime, cp: CheckpointRecord,
                        scope_override: dict[str, list[str]] | None = None,
-                       target_override: dict[str, str | None] | None = None) -> dict[str, Any]:
+                       target_override: dict[str, str | None] | None = None,
+                       keep_undo: bool = True) -> dict[str, Any]:
         """Safety checkpoint, journal, then the safe writer; marks nothing itself."""
         task_id = rt.record.task_id
         restored: list[str] = []
@@ -107,23 +109,55 @@ class Restorer:
                 repo = root.open()
                 edited = (scope_override or rt.record.edited).get(name)
                 any_edits = any(rt.record.edited.values()) if scope_override is None else True
-                current = root.stage(StagePlan(rescan=True, forced=frozenset(RepoPath(p) for p in edited or ())))
+                current = root.stage(root.safety_plan(frozenset(RepoPath(p) for p in edited or ())))
                 parent = prev.hashes.get(name) if prev else None
                 safety = repo.commit(current.tree, [parent] if parent and repo.has_object(parent) else [],
                                      "safety checkpoint before restore", task_id)
                 repo.set_ref(safety_ref(task_id), safety)
                 root.set_head(current.tree)
                 safety_hashes[name] = safety
-                if target_override is not None:
-                    target_tree = target_override.get(name)
-                else:
-                    commit = cp.hashes.get(name)
-                    if commit is None:
-                        continue
-                    target_tree = repo.commit_tree(commit)
-                target = repo.list_tree(target_tree)
-                scope = [RepoPath(p) for p in edited or ()] if any_edits else None
-                plans[name] = plan_restore(name, target, {p: s.entry for p, s in root.cache.entries.items()}, scope)
+                try:
+                    if target_override is not None:
+                        target_tree = target_override.get(name)
+                    else:
+                        commit = cp.hashes.get(name)
+                        if commit is None:
+                            continue
+                        target_tree = repo.commit_tree(commit)
+                    scope = [RepoPath(p) for p in edited or ()] if any_edits else None
+                    target, here = self._restore_inputs(root, target_tree, scope)
+                    # a file or link standing where a folder of the target goes is replaced:
+                    # plan_restore names it (deleted), so an undo puts it back
+                    for path in list(target):
+                        parts = path.split("/")
+                        for i in range(1, len(parts)):
+                            above = root.cache.entry(RepoPath("/".join(parts[:i])))
+                            if above is not None:
+                                here[RepoPath("/".join(parts[:i]))] = above
+                except RepoError as exc:
+                    root.mark_damaged()
+                    raise RestoreFailedError(
+                        f"The checkpoint at ts={cp.ts} can no longer be restored: the shadow repository lost "
+                        f"objects it needs ({exc}). Nothing was changed.") from exc
+                plans[name] = plan_restore(name, target, here, scope)
+                # files the safety checkpoint skipped (over the size cap, unreadable) are left alone
+                unsaved = [s.path for s in current.stats.skipped if s.reason is not SkipReason.VANISHED]
+                if target_override is None:
+                    # and a file the checkpoint left out (too big then) existed then: never deleted
+                    plans[name] = keep_skipped(plans[name], self._skipped_in(cp, root))
+                plans[name], held = withhold(plans[name], unsaved)
+                why = {s.path: s.reason.value for s in current.stats.skipped}
+                errors += [f"{self.engine.resolver.display(root.ws, p)}: left as it is, since the safety checkpoint "
+                           f"could not save what is there ({why.get(p, 'a file in its way')}); move it aside and "
+                           "restore again" for p in held]
+                # Every blob is checked before any file is written, so a checkpoint with lost
+                # objects fails whole instead of leaving a half-restored workspace.
+                lost = [op.path for op in plans[name].ops if op.entry is not None and not repo.has_object(op.entry.oid)]
+                if lost:
+                    root.mark_damaged()
+                    raise RestoreFailedError(
+                        f"The checkpoint at ts={cp.ts} can no longer be restored: the shadow repository lost "
+                        f"the content of {len(lost)} file(s) ({', '.join(lost[:3])}). Nothing was changed.")
             journal = {"plans": [p.to_json() for p in plans.values()], "safety": safety_hashes}
             self.engine.store.write_journal(task_id, journal)
             for name, plan in plans.items():
@@ -133,13 +167,58 @@ class Restorer:
                 deleted += [self.engine.resolver.display(root.ws, p) for p in stats.deleted]
                 errors += [f"{self.engine.resolver.display(root.ws, p)}: {why}" for p, why in stats.failed]
                 undo[name] = {"safety": safety_hashes[name], "paths": [op.path for op in plan.ops]}
+            # The undo record is saved before the journal goes: a kill between the two left a
+            # finished restore that could not be undone (tests/faults/test_crashes.py).
+            rt.record.last_restore = undo if keep_undo else None
+            self.engine._save(rt)
             self.engine.store.clear_journal(task_id)
-        rt.record.last_restore = undo
         log.info("restore.applied", task_id=task_id, ts=cp.ts, restored=len(restored), deleted=len(deleted),
                  failed=len(errors))
         if errors:
             raise RestoreFailedError(f"Some files could not be restored: {'; '.join(errors[:5])}")
         return {"restored": restored, "deleted": deleted, "safety": safety_hashes[self.engine.first_root]}
+
+    @staticmethod
+    def _restore_inputs(root: RootState, target_tree: str | None, scope: list[RepoPath] | None
+                        ) -> tuple[dict[RepoPath, TreeEntry], dict[RepoPath, TreeEntry]]:
+        """The target's and the current snapshot's entries that the restore may touch, found
+        in O(scope) or O(changes), never by listing the whole workspace (lock held)."""
+        repo = root.open()
+        cache = root.cache
+        target: dict[RepoPath, TreeEntry] = {}
+        here: dict[RepoPath, TreeEntry] = {}
+        if scope is None:
+            # reset every tracked file: only what differs between the two trees matters
+            for d in repo.diff_trees(cache.tree, target_tree, renames=False):
+                for path, oid, mode in ((d.path, d.new_oid, d.new_mode), (d.old_path or d.path, None, None)):
+                    if oid is not None and mode is not None:
+                        target[path] = TreeEntry(oid, mode)
+                    known = cache.entry(path)
+                    if known is not None:
+                        here[path] = known
+            return target, here
+        for path in scope:
+            want = repo.lookup(target_tree, path)
+            if want is not None and want.mode == MODE_TREE:
+                target.update(repo.list_tree(want.oid, prefix=path + "/"))
+            elif want is not None:
+                target[path] = want
+            known = cache.entry(path)
+            if known is not None:
+                here[path] = known
+            for below in cache.under(path):
+                entry = cache.entry(below)
+                if entry is not None:
+                    here[below] = entry
+        return target, here
+
+    def _skipped_in(self, cp: CheckpointRecord, root: RootState) -> set[RepoPath]:
+        """The paths of `root` that checkpoint `cp` left out although they existed (its warnings)."""
+        shown = {w.get("path") for w in cp.warnings if w.get("reason") != SkipReason.VANISHED.value}
+        if not self.engine.resolver.multi:
+            return {RepoPath(p) for p in shown if p}
+        prefix = root.ws.name + "/"
+        return {RepoPath(p[len(prefix):]) for p in shown if p and p.startswith(prefix)}
 
     def _apply_restore(self, root: RootState, plan: RestorePlan, safety: str | None, task_id: str) -> RestoreStats:
         """Write the plan's files, then make the head name what the workspace now holds
@@ -148,7 +227,6 @@ class Restorer:
         stats = apply_plan(root.ws.root, repo, plan)
         self._mirror_restore(root, plan)
         root.set_head(root.cache.tree)
-        root.save_cache()
         return stats
 
     @staticmethod
@@ -164,6 +242,7 @@ class Restorer:
         if changes:
             assert root.repo is not None
             root.cache.tree = root.repo.patch_tree(root.cache.tree, changes)
+            root.note_tracked(changes)
 
     def recover(self, rt: TaskRuntime) -> None:
         """Complete a restore that a crash interrupted (roll forward from the journal)."""
@@ -184,8 +263,8 @@ class Restorer:
             p["root"]: {"safety": safety.get(p["root"]), "paths": [op[0] for op in p["ops"]]}
             for p in journal.get("plans", [])
         }
+        self.engine._save(rt)  # before the journal goes: a kill between keeps the undo record
         self.engine.store.clear_journal(rt.record.task_id)
-        self.engine._save(rt)
 
     def undo_restore(self, task_id: str) -> dict[str, Any]:
         rt = self.engine._task(task_id)
@@ -200,10 +279,15 @@ class Restorer:
                 if root is None or not info.get("safety"):
                     continue
                 with root.lock.held():
-                    targets[name] = root.open().commit_tree(info["safety"])
+                    try:
+                        targets[name] = root.open().commit_tree(info["safety"])
+                    except RepoError as exc:
+                        raise RestoreFailedError(
+                            f"The last restore of task {task_id} cannot be undone: its safety checkpoint "
+                            f"is lost from the shadow repository ({exc}).") from exc
                 scope[name] = list(info.get("paths", []))
             marker = rt.record.last_snapshot() or rt.record.checkpoints[0]
-            files = self._restore_files(rt, marker, scope_override=scope, target_override=targets)
+            files = self._restore_files(rt, marker, scope_override=scope, target_override=targets, keep_undo=False)
             rt.record.last_restore = None
             self.engine._save(rt)
             return {"files": files, "task": None}
@@ -235,3 +319,4 @@ class Restorer:
             out["task"] = {"keepThrough": self._cut(rt, keep_through)}
             self.engine._save(rt)
             return out
+

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from shadowpoint.errors import RepoError
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.journal import PathJournal
 from shadowpoint.locking import WorkspaceLock
@@ -50,6 +51,17 @@ class RootState:
         # Until this process has scanned the root once, the tracked set may miss changes made
         # while no shadowpoint ran (the watcher only sees what happens after its start).
         self.scanned = False
+        # Paths of a round whose commit failed, staged again with the next round's plan.
+        self._carried: StagePlan | None = None
+        # Whether the objects the stat cache reuses were checked to exist in this process: a
+        # lost loose object or pack otherwise made every later round fail, or commit trees
+        # naming blobs that no longer exist (tests/faults/test_damage.py).
+        self.verified = False
+        self._reopen = False
+        # Tracked paths that exclusions cover (force-added by edit tools): the watcher does not
+        # watch excluded folders, so a round using its paths stages these too. Without it, a
+        # command changing a force-added node_modules/ file was missed (tests/property/test_model.py).
+        self._excluded_tracked: set[RepoPath] = set()
 
     def start_watcher(self, notify: Notify, journal: PathJournal | None = None) -> None:
         """Start recording touched paths (before the baseline, so nothing slips between).
@@ -77,7 +89,7 @@ class RootState:
 
     @property
     def cache_file(self) -> Path:
-        return self.ws.git_dir / "shadowpoint" / "statcache.pickle"
+        return self.ws.git_dir / "shadowpoint" / "statcache.bin"
 
     def open(self) -> ShadowRepo:
         """Open (or create) the shadow repo and bring the stat cache in line with it. Lock held."""
@@ -90,13 +102,14 @@ class RootState:
             head = self.repo.read_ref(HEAD_REF)
             loaded = StatCache.load(self.cache_file, head)
             self.cache = loaded if loaded is not None else StatCache()
+            self.verified = False
             if loaded is None:
-                self.reset_cache(head)
+                self._reset_or_forget(head)
         else:
             head = self.repo.read_ref(HEAD_REF)
             if head != self.cache.base_commit:
                 # another process (or a crash) moved the head: mirror its tree
-                self.reset_cache(head)
+                self._reset_or_forget(head)
         return self.repo
 
     def reset_cache(self, head: str | None) -> None:
@@ -104,19 +117,109 @@ class RootState:
         tree = self.repo.tree_of_commit_or_none(head) if head else None
         self.cache.reset_to(tree, self.repo.list_tree(tree), head)
 
+    def _reset_or_forget(self, head: str | None) -> None:
+        """`reset_cache`, or an empty tracked set when the head's tree is unreadable (damage):
+        the next stage then rescans and writes every object again."""
+        try:
+            self.reset_cache(head)
+        except RepoError as exc:
+            log.warning("shadow_repo.objects_missing", root=str(self.ws.root), reason=str(exc),
+                        action="the tracked set is rebuilt from the workspace")
+            self.cache.reset_to(None, {}, head)
+            self.scanned = False
+            self.verified = False
+
     def stage(self, plan: StagePlan) -> StageResult:
         """Stage `plan` into the cache's tree (lock held)."""
         self.open()
         assert self.scanner is not None
+        if not self.verified:
+            plan = self._verify(plan)
         if not self.scanned and not plan.rescan:
             plan = StagePlan(forced=plan.forced, watched=plan.watched, rescan=True)
+        if self.watcher is not None and not plan.rescan and self._excluded_tracked:
+            # the watcher has no watch in excluded folders: look at their tracked files too
+            plan = StagePlan(forced=plan.forced, watched=plan.watched | self.excluded_tracked(), rescan=False)
         try:
             result = self.scanner.stage(plan, self.cache)
-            self.scanned = True
-            return result
+        except RepoError as exc:
+            # Objects vanished under a running engine: repair the tracked set, try once more.
+            log.warning("shadow_repo.objects_missing", root=str(self.ws.root), reason=str(exc))
+            self.verified = False
+            plan = self._verify(StagePlan(forced=plan.forced, watched=plan.watched, rescan=True), damaged=True)
+            result = self._stage_or_reset(plan)
         except BaseException:
-            self.reset_cache(self.cache.base_commit)
+            self._reset_or_forget(self.cache.base_commit)
             raise
+        self.scanned = True
+        if plan.rescan:
+            self._excluded_tracked = set(result.stats.outside_walk)
+        self.note_tracked(plan.forced)
+        return result
+
+    def note_tracked(self, paths: Iterable[RepoPath]) -> None:
+        """Remember which of `paths` (and what lies under them) are tracked despite an exclusion."""
+        entries = self.cache.entries
+        for path in paths:
+            # a file costs one rule check; only a reported folder is looked into
+            for tracked in (path,) if path in entries else self.cache.under(path):
+                if self.rules.is_excluded(tracked, is_dir=False):
+                    self._excluded_tracked.add(tracked)
+
+    def excluded_tracked(self) -> frozenset[RepoPath]:
+        """Tracked paths an exclusion covers (the watcher may not see them change)."""
+        entries = self.cache.entries
+        self._excluded_tracked = {p for p in self._excluded_tracked if p in entries}
+        return frozenset(self._excluded_tracked)
+
+    def mark_damaged(self) -> None:
+        """A read found objects missing: check (and repair) the tracked set before the next stage."""
+        self.verified = False
+        self._reopen = True
+
+    def _stage_or_reset(self, plan: StagePlan) -> StageResult:
+        assert self.scanner is not None
+        try:
+            return self.scanner.stage(plan, self.cache)
+        except BaseException:
+            self._reset_or_forget(self.cache.base_commit)
+            self.verified = False
+            raise
+
+    def _verify(self, plan: StagePlan, damaged: bool = False) -> StagePlan:
+        """Check that the tree and blobs the stat cache reuses exist; repair the cache if not.
+
+        Paths whose blob is gone leave the tracked set and are force-staged from the disk (the
+        blob comes back when the file still holds it, which mends older checkpoints too); a
+        lost tree is rebuilt from the tracked entries. Returns the plan to stage. Lock held.
+        """
+        assert self.repo is not None
+        repo = self.repo
+        if self._reopen or damaged:
+            repo.reopen()
+            self._reopen = False
+        entries = self.cache.entries
+        lost_blobs = [p for p, st in entries.items() if not repo.has_object(st.entry.oid)]
+        lost_trees = repo.missing_trees(self.cache.tree, limit=1)
+        self.verified = True
+        if not (lost_blobs or lost_trees or damaged):
+            return plan
+        log.warning("shadow_repo.objects_missing", root=str(self.ws.root), blobs=len(lost_blobs),
+                    trees=len(lost_trees), action="rebuilding the tracked set from the workspace")
+        for path in lost_blobs:
+            self.cache.remove(path)
+        self.cache.tree = repo.patch_tree(None, {p: st.entry for p, st in self.cache.entries.items()})
+        self.scanned = False
+        return StagePlan(forced=plan.forced | frozenset(lost_blobs), watched=plan.watched, rescan=True)
+
+    def carry(self, plan: StagePlan) -> None:
+        """Keep `plan` for the next round: its commit failed (engine thread, any lock state)."""
+        self._carried = plan if self._carried is None else merge_plans(self._carried, plan)
+
+    def take_carried(self, plan: StagePlan) -> StagePlan:
+        """`plan` plus whatever a failed commit left; clears the carried paths."""
+        carried, self._carried = self._carried, None
+        return plan if carried is None else merge_plans(carried, plan)
 
     def set_head(self, tree: str | None) -> None:
         """Point the head ref at the tracked set's tree (lock held).
@@ -129,6 +232,16 @@ class RootState:
         if target != self.cache.base_commit:
             self.repo.set_ref(HEAD_REF, target)
             self.cache.base_commit = target
+
+    def safety_plan(self, forced: frozenset[RepoPath]) -> StagePlan:
+        """What a safety checkpoint stages: with a healthy watcher only what it recorded since
+        the last round (O(changes)), else a rescan. Lock held."""
+        if self.watcher is not None and self.scanned:
+            flushed = self.watcher.flush()
+            snap = self.watcher.swap()
+            if flushed and snap.healthy and not any(is_rules_file(p) for p in snap.paths):
+                return StagePlan(forced=forced, watched=snap.paths)
+        return StagePlan(forced=forced, rescan=True)
 
     def tracked_count(self) -> int:
         """Files in the tracked set so far (a baseline's progress)."""
@@ -156,6 +269,10 @@ class RootState:
         self.scanned = False
         self.scanner = None
         self.cache = StatCache()
+
+
+def merge_plans(a: StagePlan, b: StagePlan) -> StagePlan:
+    return StagePlan(forced=a.forced | b.forced, watched=a.watched | b.watched, rescan=a.rescan or b.rescan)
 
 
 def is_rules_file(path: RepoPath) -> bool:

@@ -73,6 +73,8 @@ class StageStats:
     rescan: bool = False
     skipped: list[Skipped] = field(default_factory=list)
     duration_ms: float = 0.0
+    # rescans only: tracked paths the walk did not reach (excluded, yet tracked: force-added)
+    outside_walk: list[RepoPath] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -156,6 +158,7 @@ class Scanner:
         # Tracked paths the walk did not reach: deleted, or tracked despite an exclusion
         # (force-added earlier); git semantics: exclusions apply to untracked files only.
         for path in [p for p in run.cache.entries if p not in seen]:
+            run.stats.outside_walk.append(path)
             self._stage_path(run, path, forced=True, expand_dirs=False)
 
     def _stage_path(self, run: _Staging, path: RepoPath, *, forced: bool, expand_dirs: bool = True) -> None:

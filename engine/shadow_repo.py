@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import os
 import re
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import pygit2
 import structlog
 
-from shadowpoint.errors import RepoError, ShadowRepoMismatchError
+from shadowpoint.errors import ObjectMissingError, RepoError, ShadowRepoMismatchError
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
@@ -39,6 +40,8 @@ COMMITTER_NAME = "shadowpoint Checkpoint"
 COMMITTER_EMAIL = "checkpoint@shadowpoint.invalid"
 TASK_TRAILER = "Shadowpoint-Task"
 HEAD_REF = "refs/shadowpoint/head"
+GC_STAGING_PREFIX = "gc-"  # objects/gc-*: where a collection writes its new pack
+GC_BUSY_FILE = ".busy"  # flocked inside a staging folder by the collection using it
 
 _configured = False
 
@@ -213,6 +216,8 @@ class ShadowRepo:
         except (pygit2.GitError, KeyError, ValueError, OSError) as exc:
             return cls._repair(git_dir, worktree, str(exc))
         if recorded is None:
+            # an existing repo always records its worktree: an empty or cut config lost it
+            log.warning("shadow_repo.repaired", git_dir=str(git_dir), reason="the config lost core.worktree")
             try:
                 cls._write_config(repo, worktree)
             except RepoError as exc:  # readable but not writable (garbled): rebuild it
@@ -274,6 +279,20 @@ class ShadowRepo:
                 with contextlib.suppress(OSError):
                     lock.unlink()
                     log.warning("shadow_repo.stale_lock_removed", path=str(lock))
+        # A garbage collection killed midway leaves its staging folder (a partial pack), and
+        # libgit2 its temporary object files (objects/tmp_object_git2_*: loose objects are only
+        # written under the workspace lock, which the caller holds). A collection writes its
+        # pack without that lock, so a staging folder goes only when no live collection holds
+        # the flock on its busy file (the kernel drops it when the collector dies).
+        objects = git_dir / "objects"
+        stale = [s for s in objects.glob(f"{GC_STAGING_PREFIX}*") if not _staging_in_use(s)]
+        for junk in [*stale, *objects.glob("tmp_*"), *objects.glob("pack/tmp_*"), *objects.glob("pack/pack_git2_*")]:
+            with contextlib.suppress(OSError):
+                if junk.is_dir() and not junk.is_symlink():
+                    shutil.rmtree(junk)
+                else:
+                    junk.unlink()
+                log.warning("shadow_repo.stale_temp_removed", path=str(junk))
 
     @classmethod
     def open_existing(cls, git_dir: Path) -> ShadowRepo:
@@ -295,6 +314,12 @@ class ShadowRepo:
             return int(size)
         except (pygit2.GitError, KeyError, ValueError):
             return 0
+
+    def reopen(self) -> None:
+        """A fresh libgit2 handle: its in-memory object cache can hide trees lost on disk."""
+        with translated("reopen"):
+            self._repo.free()
+            self._repo = pygit2.Repository(str(self.git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
 
     def clear_stale_locks(self) -> None:
         self._clear_stale_locks(self.git_dir)
@@ -351,26 +376,16 @@ class ShadowRepo:
             return str(oid) if oid is not None else None
 
     def _patch(self, tree: Any, changes: dict[str, Any]) -> Any:
+        # pygit2's TreeBuilder takes names as strict UTF-8 only: a file name holding bytes that
+        # are not UTF-8 (a lone surrogate here, surrogateescape) made the whole baseline fail.
+        # Such a folder is written as a raw tree object instead (fault tests, test_hostile.py).
+        if not all(_is_utf8(name) for name in changes):
+            return self._patch_raw(tree, changes)
         tb = self._repo.TreeBuilder(tree) if tree is not None else self._repo.TreeBuilder()
         count = len(tree) if tree is not None else 0
         for name, change in changes.items():
             existing = tb.get(name)
-            if isinstance(change, dict):
-                direct = change.pop("", None)
-                sub = None
-                if existing is not None and existing.filemode == MODE_TREE:
-                    sub = self._obj(existing.id)
-                new_sub = self._patch(sub, change) if change else (None if direct is not None else sub and sub.id)
-                if direct is not None:
-                    new = (direct.oid, direct.mode)
-                elif new_sub is not None:
-                    new = (new_sub, MODE_TREE)
-                else:
-                    new = None
-            elif change is None:
-                new = None
-            else:
-                new = (change.oid, change.mode)
+            new = self._new_entry(existing, change)
             if new is None:
                 if existing is not None:
                     tb.remove(name)
@@ -383,6 +398,45 @@ class ShadowRepo:
             return None
         return tb.write()
 
+    def _new_entry(self, existing: Any, change: Any) -> tuple[Any, int] | None:
+        """What one name of a tree becomes: (oid, mode), or None when it goes away."""
+        if isinstance(change, dict):
+            direct = change.pop("", None)
+            sub = None
+            if existing is not None and existing.filemode == MODE_TREE:
+                sub = self._obj(existing.id)
+            new_sub = self._patch(sub, change) if change else (None if direct is not None else sub and sub.id)
+            if direct is not None:
+                return (direct.oid, direct.mode)
+            if new_sub is not None:
+                return (new_sub, MODE_TREE)
+            return None
+        if change is None:
+            return None
+        return (change.oid, change.mode)
+
+    def _patch_raw(self, tree: Any, changes: dict[str, Any]) -> Any:
+        """`_patch` for names that are not UTF-8: git's tree format written by hand (byte names)."""
+        entries: dict[bytes, tuple[bytes, int]] = {}
+        objs: dict[bytes, Any] = {}
+        if tree is not None:
+            for entry in tree:
+                entries[entry.raw_name] = (entry.id.raw, entry.filemode)
+                objs[entry.raw_name] = entry
+        for name, change in changes.items():
+            key = os.fsencode(name)
+            new = self._new_entry(objs.get(key), change)
+            if new is None:
+                entries.pop(key, None)
+            else:
+                entries[key] = (pygit2.Oid(hex=str(new[0])).raw, new[1])
+        if not entries:
+            return None
+        # git sorts tree entries by name, a folder's name compared as if it ended with "/"
+        order = sorted(entries, key=lambda n: n + b"/" if entries[n][1] == MODE_TREE else n)
+        data = b"".join(b"%o %s\0%s" % (entries[n][1], n, entries[n][0]) for n in order)
+        return self._repo.odb.write(pygit2.enums.ObjectType.TREE, data)
+
     def empty_tree(self) -> str:
         with translated("write the empty tree"):
             return str(self._repo.TreeBuilder().write())
@@ -391,7 +445,10 @@ class ShadowRepo:
         """Write a commit carrying the task id as a trailer; refs are moved separately."""
         # A line break in a task id would end the trailer and could forge another one: fold it
         # (git reads an indented line as the trailer's continuation).
-        folded = "\n ".join(part for part in re.split(r"[\r\n]+", task_id) if part.strip())
+        # Bytes that are not UTF-8 (lone surrogates from JSON) cannot go in a commit message:
+        # written as \x escapes, they made every commit of such a task fail (test_hostile.py).
+        printable = task_id.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        folded = "\n ".join(part for part in re.split(r"[\r\n]+", printable) if part.strip())
         body = f"{message}\n\n{TASK_TRAILER}: {folded}\n"
         with translated("write a commit"):
             tree_oid = pygit2.Oid(hex=tree) if tree else self._repo.TreeBuilder().write()
@@ -425,8 +482,16 @@ class ShadowRepo:
         return out
 
     def _obj(self, oid: Any) -> Any:
-        """An object by id, typed loosely: pygit2's stubs type lookups as the base Object."""
-        return self._repo[oid]
+        """An object by id, typed loosely: pygit2's stubs type lookups as the base Object.
+
+        Raises:
+            ObjectMissingError: the repository does not hold it (damage: a lost loose object or pack).
+        """
+        try:
+            return self._repo[oid]
+        except KeyError as exc:  # pygit2's NotFoundError is a KeyError too
+            raise ObjectMissingError(
+                f"The shadow repository {self.git_dir} is missing object {oid} (lost or damaged).") from exc
 
     def _walk(self, tree: Any, prefix: str, out: dict[RepoPath, TreeEntry]) -> None:
         for entry in tree:
@@ -445,6 +510,46 @@ class ShadowRepo:
         except (KeyError, pygit2.GitError, ValueError):
             return None
         return TreeEntry(str(entry.id), entry.filemode)
+
+    def missing_trees(self, tree: str | None, limit: int = 10) -> list[str]:
+        """Ids of trees below `tree` (itself included) the repo cannot read; [] when whole."""
+        if tree is None:
+            return []
+        missing: list[str] = []
+        stack = [tree]
+        seen: set[str] = set()
+        while stack and len(missing) < limit:
+            tid = stack.pop()
+            if tid in seen:
+                continue
+            seen.add(tid)
+            try:
+                with translated(f"read tree {tid}"):
+                    obj = self._obj(tid)
+                    stack.extend(str(e.id) for e in obj if e.filemode == MODE_TREE)
+            except RepoError:
+                missing.append(tid)
+        return missing
+
+    def commit_chain(self, tip: str) -> list[tuple[str, str]]:
+        """(commit id, message) from `tip` back along first parents, oldest first; stops at
+        the first commit the repo cannot read (what survives of a damaged history)."""
+        out: list[tuple[str, str]] = []
+        current: str | None = tip
+        seen: set[str] = set()
+        while current is not None and current not in seen:
+            seen.add(current)
+            try:
+                with translated(f"read commit {current}"):
+                    obj = self._obj(current)
+                    message = str(obj.message)
+                    parents = [str(p) for p in obj.parent_ids]
+            except RepoError:
+                break
+            out.append((current, message))
+            current = parents[0] if parents else None
+        out.reverse()
+        return out
 
     # ------------------------------------------------------------------ refs
 
@@ -470,8 +575,19 @@ class ShadowRepo:
                 self._repo.references.create(name, pygit2.Oid(hex=commit), force=True)
 
     def delete_ref(self, name: str) -> None:
-        with contextlib.suppress(pygit2.GitError, KeyError, ValueError):
-            self._repo.references.delete(name)
+        for attempt in range(2):
+            try:
+                self._repo.references.delete(name)
+                return
+            except KeyError:
+                return  # no such ref
+            except (pygit2.GitError, ValueError, OSError):
+                if attempt:
+                    log.warning("shadow_repo.ref_not_deleted", ref=name)
+                    return
+                # A stale `<ref>.lock` kept the ref (and every object it reaches) alive for
+                # good before (tests/faults/test_damage.py); we hold the workspace lock.
+                self._clear_stale_locks(self.git_dir)
 
     def list_refs(self, prefix: str = "refs/shadowpoint/") -> dict[str, str]:
         out: dict[str, str] = {}
@@ -485,13 +601,15 @@ class ShadowRepo:
 
     # ------------------------------------------------------------------ diff
 
-    def diff_trees(self, old: str | None, new: str | None) -> list[DeltaRecord]:
-        """Changes from tree `old` to tree `new`, exact and similar renames detected."""
+    def diff_trees(self, old: str | None, new: str | None, *, renames: bool = True) -> list[DeltaRecord]:
+        """Changes from tree `old` to tree `new` (identical subtrees are skipped, so this
+        costs O(changes)); exact and similar renames detected unless `renames` is False."""
         with translated("compare trees"):
             a = self._obj(old) if old else self._obj(self.empty_tree())
             b = self._obj(new) if new else self._obj(self.empty_tree())
             diff = a.diff_to_tree(b)
-            diff.find_similar(flags=pygit2.enums.DiffFind.FIND_RENAMES)
+            if renames:
+                diff.find_similar(flags=pygit2.enums.DiffFind.FIND_RENAMES)
             out = []
             for delta in diff.deltas:
                 st = delta.status
@@ -521,15 +639,19 @@ class ShadowRepo:
 
     # ------------------------------------------------------------------ storage
 
-    def reachable_objects(self, tips: Iterable[str]) -> set[str]:
-        """Every object id reachable from `tips` (commits or trees): commits, trees, blobs."""
+    def reachable_objects(self, tips: Iterable[str], known: set[str] | None = None) -> set[str]:
+        """Every object id reachable from `tips` (commits or trees): commits, trees, blobs.
+
+        Commits and trees in `known` are not entered (an incremental walk).
+        """
+        known = known or set()
         seen: set[str] = set()
         stack_commits = [t for t in tips]
         seen_trees: set[str] = set()
         with translated("walk history"):
             while stack_commits:
                 cid = stack_commits.pop()
-                if cid in seen:
+                if cid in seen or cid in known:
                     continue
                 obj = self._obj(cid)
                 trees: list[Any]
@@ -542,7 +664,7 @@ class ShadowRepo:
                 while trees:
                     tree = trees.pop()
                     tid = str(tree.id)
-                    if tid in seen_trees:
+                    if tid in seen_trees or tid in known:
                         continue
                     seen_trees.add(tid)
                     for entry in tree:
@@ -552,21 +674,33 @@ class ShadowRepo:
                             seen.add(str(entry.id))
         return seen | seen_trees
 
-    def collect_garbage(self, grace_s: float = 3600.0) -> tuple[int, int]:
+    def _loose_path(self, oid: str) -> Path:
+        return self.git_dir / "objects" / oid[:2] / oid[2:]
+
+    def collect_garbage(self, grace_s: float = 3600.0,
+                        locked: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> tuple[int, int]:
         """Repack what every ref reaches into one pack and drop everything else.
 
         libgit2 has no gc: reachability is computed here and a fresh pack written with
-        PackBuilder; loose objects and old packs are removed only after the new pack is
-        in place. Unreachable loose objects younger than `grace_s` stay: another process
-        may be about to reference them. Returns (objects kept, bytes freed).
+        PackBuilder, without holding the workspace lock (that part is long on a big repo);
+        then, under `locked()`, what the refs reach now is checked against it, the pack is
+        installed before anything is removed, loose objects now in the pack are removed,
+        and unreachable loose objects older than `grace_s` too (younger ones may be about
+        to be referenced by another process). If a ref now reaches an object that only an
+        old pack holds, nothing is removed (the next collection will do it). Returns
+        (objects kept, bytes freed).
         """
         before = disk_usage(self.git_dir)
-        tips = list(self.list_refs().values())
-        keep = self.reachable_objects(tips)
+        tips = self.list_refs()
+        keep = self.reachable_objects(tips.values())
         objects = self.git_dir / "objects"
         pack_dir = objects / "pack"
         pack_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix="gc-", dir=objects))
+        staging = Path(tempfile.mkdtemp(prefix=GC_STAGING_PREFIX, dir=objects))
+        # held until the staging folder is gone: a stale-leftover sweep must not remove it
+        # under a live collection (its old packs went next, with no new pack in place)
+        busy = os.open(staging / GC_BUSY_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(busy, fcntl.LOCK_EX)
         try:
             with translated("collect garbage"):
                 if keep:
@@ -575,34 +709,74 @@ class ShadowRepo:
                     for oid in keep:
                         pb.add(pygit2.Oid(hex=oid))
                     pb.write(str(staging))
-            old_packs = sorted(pack_dir.glob("pack-*"))
-            new_packs = sorted(staging.glob("pack-*"))
-            # the new pack (its .pack before its .idx) is in place before anything is removed
-            for p in sorted(new_packs, key=lambda q: q.suffix != ".pack"):
-                os.replace(p, pack_dir / p.name)
-            new_names = {p.name for p in new_packs}
-            for p in old_packs:
-                if p.name not in new_names:
-                    with contextlib.suppress(OSError):
-                        p.unlink()
+            with locked() if locked is not None else contextlib.nullcontext():
+                now_tips = self.list_refs()
+                moved = [t for name, t in now_tips.items() if tips.get(name) != t]
+                extra = self.reachable_objects(moved, known=keep) - keep if moved else set()
+                only_in_old_packs = [o for o in extra if not self._loose_path(o).exists()]
+                if only_in_old_packs:
+                    log.info("storage.collect_deferred", git_dir=str(self.git_dir), objects=len(only_in_old_packs))
+                    return len(keep), 0
+                old_packs = sorted(pack_dir.glob("pack-*"))
+                new_packs = sorted(staging.glob("pack-*"))
+                if keep and not any(q.suffix == ".idx" for q in new_packs):
+                    # never remove anything without the new pack in place
+                    raise RepoError(f"Garbage collection of {self.git_dir} lost its new pack; nothing was removed.")
+                # the new pack (its .pack before its .idx) is in place before anything is removed
+                for p in sorted(new_packs, key=lambda q: q.suffix != ".pack"):
+                    os.replace(p, pack_dir / p.name)
+                new_names = {p.name for p in new_packs}
+                for p in old_packs:
+                    if p.name not in new_names:
+                        with contextlib.suppress(OSError):
+                            p.unlink()
+                self._prune_loose(keep, extra, grace_s)
+                self.reopen()
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        cutoff = time.time() - grace_s
-        for sub in objects.iterdir():
-            if len(sub.name) != 2 or not sub.is_dir():
-                continue
-            for obj in sub.iterdir():
-                with contextlib.suppress(OSError):
-                    if grace_s <= 0 or obj.stat().st_mtime < cutoff:
-                        obj.unlink()
-            with contextlib.suppress(OSError):
-                sub.rmdir()
-        with translated("reopen after garbage collection"):
-            self._repo.free()
-            self._repo = pygit2.Repository(str(self.git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+            os.close(busy)
         freed = max(0, before - disk_usage(self.git_dir))
         log.info("storage.collected", git_dir=str(self.git_dir), kept=len(keep), freed_bytes=freed)
         return len(keep), freed
+
+    def _prune_loose(self, packed: set[str], reachable_loose: set[str], grace_s: float) -> None:
+        """Remove loose objects that the new pack holds, and old unreachable ones."""
+        cutoff = time.time() - grace_s
+        for sub in (self.git_dir / "objects").iterdir():
+            if len(sub.name) != 2 or not sub.is_dir():
+                continue
+            for obj in sub.iterdir():
+                oid = sub.name + obj.name
+                if oid in reachable_loose:
+                    continue
+                with contextlib.suppress(OSError):
+                    if oid in packed or grace_s <= 0 or obj.stat().st_mtime < cutoff:
+                        obj.unlink()
+            with contextlib.suppress(OSError):
+                sub.rmdir()
+
+
+def _staging_in_use(staging: Path) -> bool:
+    """True while a live collection holds the flock on the staging folder's busy file."""
+    try:
+        fd = os.open(staging / GC_BUSY_FILE, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False  # no busy file: a dead collection's, or one that will fail to start
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def loose_object_estimate(git_dir: Path) -> int:

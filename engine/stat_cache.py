@@ -8,12 +8,15 @@ repo so a restarted sidecar does not re-hash the workspace.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import json
 import os
-import pickle
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import structlog
 
@@ -27,7 +30,7 @@ log = structlog.get_logger(__name__)
 # (a jiffy, 1-10 ms) and small clock steps; younger files are always re-hashed.
 RACY_MARGIN_NS = 1_000_000_000
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,28 +116,82 @@ class StatCache:
     # ------------------------------------------------------------------ persistence
 
     def save(self, path: Path) -> None:
-        """Write atomically (temp file + rename); a failure only costs re-hashing later."""
+        """Write atomically (temp file + rename); a failure only costs re-hashing later.
+
+        A columnar file (a JSON header, the paths, one int64 array per stat field, the
+        binary blob ids): compact while written, and nothing in it can execute when read
+        back, unlike a pickle.
+        """
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            paths = list(self.entries)
+            states = [self.entries[p] for p in paths]
+            header = json.dumps({"version": CACHE_VERSION, "tree": self.tree, "base": self.base_commit,
+                                 "count": len(paths)}).encode() + b"\n"
             with open(tmp, "wb") as fh:
-                pickle.dump((CACHE_VERSION, self.tree, self.base_commit, self.entries), fh, protocol=5)
+                fh.write(header)
+                _write_section(fh, b"\0".join(os.fsencode(p) for p in paths))
+                for name in _INT_FIELDS:
+                    _write_section(fh, array.array("q", (getattr(st, name) for st in states)).tobytes())
+                _write_section(fh, array.array("q", (int(st.entry.mode) for st in states)).tobytes())
+                _write_section(fh, b"".join(bytes.fromhex(st.entry.oid) for st in states))
             os.replace(tmp, path)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             log.warning("stat_cache.save_failed", path=str(path), reason=str(exc))
             with contextlib.suppress(OSError):
                 tmp.unlink()
 
     @classmethod
     def load(cls, path: Path, base_commit: str | None) -> StatCache | None:
-        """The saved cache if it was written for `base_commit`, else None."""
+        """The saved cache if it was written for `base_commit`, else None (damage included)."""
         start = time.perf_counter()
         try:
             with open(path, "rb") as fh:
-                version, tree, saved_base, entries = pickle.load(fh)
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError):
+                header = json.loads(fh.readline())
+                if header.get("version") != CACHE_VERSION or header.get("base") != base_commit:
+                    return None
+                count = int(header["count"])
+                raw_paths = _read_section(fh)
+                paths = [RepoPath(os.fsdecode(p)) for p in raw_paths.split(b"\0")] if count else []
+                columns = [_int_array(_read_section(fh), count) for _ in _INT_FIELDS]
+                modes = _int_array(_read_section(fh), count)
+                oids = _read_section(fh)
+                if len(paths) != count or len(oids) != 20 * count:
+                    raise ValueError("section sizes disagree")
+        except FileNotFoundError:
             return None
-        if version != CACHE_VERSION or saved_base != base_commit:
+        except Exception as exc:  # a damaged file raises almost anything
+            log.warning("stat_cache.unreadable", path=str(path), reason=repr(exc), action="re-hashing the workspace")
             return None
+        entries: dict[RepoPath, FileState] = {}
+        size, mtime, ctime, st_mode, ino, checked = columns
+        for i, p in enumerate(paths):
+            entry = TreeEntry(oids[20 * i: 20 * i + 20].hex(), modes[i])
+            entries[p] = FileState(size[i], mtime[i], ctime[i], st_mode[i], ino[i], checked[i], entry)
         log.debug("stat_cache.loaded", entries=len(entries), duration_ms=(time.perf_counter() - start) * 1e3)
-        return cls(tree=tree, base_commit=saved_base, entries=entries)
+        return cls(tree=header.get("tree"), base_commit=header.get("base"), entries=entries)
+
+
+_INT_FIELDS = ("size", "mtime_ns", "ctime_ns", "st_mode", "ino", "checked_ns")
+
+
+def _write_section(fh: BinaryIO, data: bytes) -> None:
+    fh.write(struct.pack("<Q", len(data)))
+    fh.write(data)
+
+
+def _read_section(fh: BinaryIO) -> bytes:
+    (size,) = struct.unpack("<Q", fh.read(8))
+    data = fh.read(size)
+    if len(data) != size:
+        raise ValueError("truncated stat cache")
+    return data
+
+
+def _int_array(data: bytes, count: int) -> array.array[int]:
+    arr = array.array("q")
+    arr.frombytes(data)
+    if len(arr) != count:
+        raise ValueError("truncated stat cache column")
+    return arr

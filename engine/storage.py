@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -124,21 +124,26 @@ def storage_report(docs_dir: Path, *, per_task_objects: bool = True) -> dict[str
 
 
 def collect_garbage(docs_dir: Path, *, grace_s: float = 3600.0, lock_timeout_s: float = 300.0,
-                    only: Iterable[Path] | None = None) -> dict[str, Any]:
-    """Drop unreachable objects from every shadow repo (or those in `only`), lock held."""
+                    only: Iterable[Path] | None = None,
+                    locks: Mapping[Path, WorkspaceLock] | None = None) -> dict[str, Any]:
+    """Drop unreachable objects from every shadow repo (or those in `only`).
+
+    The long part (reachability, writing the pack) runs without the workspace lock; it is
+    held only to install the pack and remove objects. `locks` gives the lock objects of
+    this process's engine (a second flock on the same file in one process would conflict).
+    """
     out: dict[str, Any] = {}
     wanted = {Path(p) for p in only} if only is not None else None
     for git_dir in _git_dirs(docs_dir):
         if wanted is not None and git_dir not in wanted:
             continue
-        lock = WorkspaceLock(git_dir.parent / "shadowpoint.lock", lock_timeout_s)
+        lock = (locks or {}).get(git_dir) or WorkspaceLock(git_dir.parent / "shadowpoint.lock", lock_timeout_s)
         start = time.perf_counter()
-        with lock.held():
-            repo = ShadowRepo.open_existing(git_dir)
-            try:
-                kept, freed = repo.collect_garbage(grace_s)
-            finally:
-                repo.close()
+        repo = ShadowRepo.open_existing(git_dir)
+        try:
+            kept, freed = repo.collect_garbage(grace_s, locked=lock.held)
+        finally:
+            repo.close()
         out[git_dir.parent.name] = {"kept": kept, "freedBytes": freed,
                                     "durationMs": round((time.perf_counter() - start) * 1e3, 1)}
     return out

@@ -37,6 +37,21 @@ def is_git_component(name: str) -> bool:
     return name.lower() == ".git"
 
 
+# Code points HFS+ ignores in names (git's utf8.c list), so ".g\u200cit" is ".git" on macOS.
+_HFS_IGNORABLE = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF])
+
+
+def is_git_lookalike(name: str) -> bool:
+    """True for every name some file system may take for `.git` (git's protectHFS/protectNTFS
+    rules): any case, HFS+-ignorable code points anywhere, NTFS trailing dots and spaces or an
+    alternate data stream, and the 8.3 short name `git~1`. Request paths naming one are
+    refused, as git refuses them in trees, whatever the OS we run on."""
+    folded = name.translate(_HFS_IGNORABLE).casefold()
+    if folded.rstrip(". ") == ".git" or folded == "git~1":
+        return True
+    return folded.startswith(".git:")
+
+
 @dataclass(frozen=True, slots=True)
 class Workspace:
     """One workspace root and where its shadow repo lives."""
@@ -167,7 +182,8 @@ class PathResolver:
         if not rel or rel == "." or rel == ".." or rel.startswith("../") or rel.startswith("/"):
             raise PathOutsideWorkspaceError(f"{raw} is outside the workspace {ws.root}.")
         parts = rel.split("/")
-        if any(is_git_component(p) for p in parts):
+        # look-alikes too (".GIT", ".git\u200c", "git~1"): the same folder on some file systems
+        if any(is_git_lookalike(p) for p in parts):
             raise PathOutsideWorkspaceError(f"{raw} is inside a .git folder, which checkpoints never touch.")
         # A path through a symlinked folder that leads outside is refused (PROTOCOL.md).
         current = ws.root
