@@ -48,28 +48,28 @@ class RoundRecorder:
     _open_edits: dict[str, bool] = field(default_factory=dict)
 
     def tool_began(self, tool: str, kind: str, paths: Iterable[tuple[str, str]]) -> None:
-        if kind == "read":
-            return
-        self.mutating = True
-        if kind == "command":
-            self.has_command = True
-            return
-        reported = list(paths)
-        self.edited.update(reported)
-        self._open_edits[tool] = bool(reported)
+        reported = self._note(kind, paths)
+        if reported is not None:
+            self._open_edits[tool] = bool(reported)
 
     def tool_ended(self, tool: str, kind: str, paths: Iterable[tuple[str, str]]) -> None:
+        reported = self._note(kind, paths)
+        if reported is not None:
+            if not reported and not self._open_edits.get(tool, False):
+                self.has_unreported_edit = True
+            self._open_edits.pop(tool, None)
+
+    def _note(self, kind: str, paths: Iterable[tuple[str, str]]) -> list[tuple[str, str]] | None:
+        """Record what a tool event says; the edit tool's reported paths, or None for others."""
         if kind == "read":
-            return
+            return None
         self.mutating = True
         if kind == "command":
             self.has_command = True
-            return
+            return None
         reported = list(paths)
         self.edited.update(reported)
-        if not reported and not self._open_edits.get(tool, False):
-            self.has_unreported_edit = True
-        self._open_edits.pop(tool, None)
+        return reported
 
     def finish(self) -> RoundRecord:
         # an edit tool that began without paths and never ended changed something unknown

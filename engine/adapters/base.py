@@ -92,6 +92,31 @@ def tool_calls(tool: str, kind: str | None, paths: list[str], *, ended: bool, ok
     return [Call("tool/begin", params, wait=True)]
 
 
+Classifier = Callable[[str, Mapping[str, Any], "str | None"], "tuple[str | None, list[str]]"]
+
+
+def prompt_calls(payload: Mapping[str, Any]) -> list[Call]:
+    """The user's prompt as a timeline message (every agent's "prompt submitted" event)."""
+    params: dict[str, Any] = {"role": "user"}
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        params["text"] = prompt
+    return [Call("message/add", params, needs_ts=True)]
+
+
+def tool_event_calls(payload: Mapping[str, Any], classify: Classifier, *, ended: bool, ok: bool = True) -> list[Call]:
+    """tool/begin or tool/end for a tool event, its kind and paths from the agent's `classify`."""
+    tool = payload_str(payload, "tool_name") or "unknown"
+    tool_input = payload.get("tool_input")
+    kind, paths = classify(tool, tool_input if isinstance(tool_input, Mapping) else {}, payload_str(payload, "cwd"))
+    return tool_calls(tool, kind, paths, ended=ended, ok=ok)
+
+
+def finish_calls() -> list[Call]:
+    """round/end first (it closes a round whose end event never came), then the completion."""
+    return [Call("round/end", needs_ts=True), Call("task/complete", needs_ts=True)]
+
+
 def payload_str(payload: Mapping[str, Any], key: str) -> str | None:
     """`payload[key]` if it is a non-empty string, else None."""
     value = payload.get(key)

@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shadowpoint.adapters.base import Call, HookPlan, absolute, payload_str, tool_calls
+from shadowpoint.adapters.base import (
+    Call,
+    HookPlan,
+    absolute,
+    finish_calls,
+    payload_str,
+    prompt_calls,
+    tool_event_calls,
+)
 
 AGENT = "claude"
 PROJECT_VARS = ("CLAUDE_PROJECT_DIR",)
@@ -69,21 +77,14 @@ def plan(payload: Mapping[str, Any]) -> HookPlan:
     if event == "SessionStart":
         calls = [Call("task/start", needs_ts=True)]
     elif event == "UserPromptSubmit":
-        params: dict[str, Any] = {"role": "user"}
-        prompt = payload.get("prompt")
-        if isinstance(prompt, str):
-            params["text"] = prompt
-        calls = [Call("message/add", params, needs_ts=True)]
+        calls = prompt_calls(payload)
     elif event in ("PreToolUse", "PostToolUse", "PostToolUseFailure"):
-        tool = payload_str(payload, "tool_name") or "unknown"
-        tool_input = payload.get("tool_input")
-        kind, paths = classify(tool, tool_input if isinstance(tool_input, Mapping) else {}, cwd)
-        calls = tool_calls(tool, kind, paths, ended=event != "PreToolUse", ok=event == "PostToolUse")
+        calls = tool_event_calls(payload, classify, ended=event != "PreToolUse", ok=event == "PostToolUse")
     elif event == "PostToolBatch":
         calls = [Call("round/end", needs_ts=True)]
     elif event == "Stop":
         # round/end first: it closes a round whose PostToolBatch never came (older versions).
-        calls = [Call("round/end", needs_ts=True), Call("task/complete", needs_ts=True)]
+        calls = finish_calls()
     elif event == "PreCompact":
         calls = [Call("task/compacted", needs_ts=True)]
     return HookPlan(event, payload_str(payload, "session_id"), cwd, calls)

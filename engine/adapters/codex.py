@@ -13,7 +13,15 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from shadowpoint.adapters.base import Call, HookPlan, absolute, payload_str, tool_calls
+from shadowpoint.adapters.base import (
+    Call,
+    HookPlan,
+    absolute,
+    finish_calls,
+    payload_str,
+    prompt_calls,
+    tool_event_calls,
+)
 
 AGENT = "codex"
 PROJECT_VARS = ("CODEX_PROJECT_DIR",)
@@ -80,20 +88,13 @@ def plan(payload: Mapping[str, Any]) -> HookPlan:
     if event == "SessionStart":
         calls = [Call("task/start", needs_ts=True)]
     elif event == "UserPromptSubmit":
-        params: dict[str, Any] = {"role": "user"}
-        prompt = payload.get("prompt")
-        if isinstance(prompt, str):
-            params["text"] = prompt
-        calls = [Call("message/add", params, needs_ts=True)]
+        calls = prompt_calls(payload)
     elif event in ("PreToolUse", "PostToolUse"):
-        tool = payload_str(payload, "tool_name") or "unknown"
-        tool_input = payload.get("tool_input")
-        kind, paths = classify(tool, tool_input if isinstance(tool_input, Mapping) else {}, cwd)
         response = payload.get("tool_response")
         ok = not (isinstance(response, Mapping) and response.get("success") is False)
-        calls = tool_calls(tool, kind, paths, ended=event == "PostToolUse", ok=ok)
+        calls = tool_event_calls(payload, classify, ended=event == "PostToolUse", ok=ok)
     elif event == "Stop":
-        calls = [Call("round/end", needs_ts=True), Call("task/complete", needs_ts=True)]
+        calls = finish_calls()
     elif event == "PreCompact":
         calls = [Call("task/compacted", needs_ts=True)]
     return HookPlan(event, payload_str(payload, "session_id"), cwd, calls)

@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shadowpoint.adapters.base import Call, HookPlan, absolute, payload_str, tool_calls
+from shadowpoint.adapters.base import (
+    Call,
+    HookPlan,
+    absolute,
+    finish_calls,
+    payload_str,
+    prompt_calls,
+    tool_event_calls,
+)
 
 AGENT = "gemini"
 PROJECT_VARS = ("GEMINI_PROJECT_DIR",)
@@ -56,20 +64,13 @@ def plan(payload: Mapping[str, Any]) -> HookPlan:
     if event == "SessionStart":
         calls = [Call("task/start", needs_ts=True)]
     elif event == "BeforeAgent":
-        params: dict[str, Any] = {"role": "user"}
-        prompt = payload.get("prompt")
-        if isinstance(prompt, str):
-            params["text"] = prompt
-        calls = [Call("message/add", params, needs_ts=True)]
+        calls = prompt_calls(payload)
     elif event in ("BeforeTool", "AfterTool"):
-        tool = payload_str(payload, "tool_name") or "unknown"
-        tool_input = payload.get("tool_input")
-        kind, paths = classify(tool, tool_input if isinstance(tool_input, Mapping) else {}, cwd)
         response = payload.get("tool_response")
         ok = not (isinstance(response, Mapping) and response.get("error"))
-        calls = tool_calls(tool, kind, paths, ended=event == "AfterTool", ok=ok)
+        calls = tool_event_calls(payload, classify, ended=event == "AfterTool", ok=ok)
     elif event == "AfterAgent":
-        calls = [Call("round/end", needs_ts=True), Call("task/complete", needs_ts=True)]
+        calls = finish_calls()
     elif event == "PreCompress":
         calls = [Call("task/compacted", needs_ts=True)]
     return HookPlan(event, payload_str(payload, "session_id"), cwd, calls)
