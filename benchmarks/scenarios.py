@@ -138,6 +138,8 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
                  Target("≤ 150 MB", max_value=150.0), "sidecar_rss"),
     ScenarioSpec("watcher_round", "command round, 1 file, watcher", "s", SEED_ROUND,
                  Target("≤ 1/100 git round", max_ratio=1 / 100), "watcher_round"),
+    ScenarioSpec("restore_file_watcher", "restore 1 file, watcher", "s", "git reset --hard",
+                 Target("≤ 1/100 git reset", max_ratio=1 / 100), "restore_file_watcher"),
     ScenarioSpec("watcher_startup", "watcher start-up", "s", None, None, "watcher_startup"),
 )
 
@@ -566,6 +568,39 @@ class TreeBench:
                 res.ours.add(seconds)
                 res.rival.add(rival_s)
         res.notes.append("includes the flush barrier at the round's end")
+
+    def restore_file_watcher(self, res: ScenarioResult) -> None:
+        """Restore of one edited file when the watcher is healthy: the safety checkpoint
+        stages what the watcher recorded instead of rescanning the workspace."""
+        assert res.ours is not None and res.rival is not None
+        if self.ours is not None:
+            self.sync()
+        rival = self.rival
+        if rival is None:
+            raise RuntimeError("the baseline scenario did not complete")
+        eng = self._watch_engine()
+        task = "restore-watch"
+        eng.start(task)
+        if not eng.has_watcher():
+            raise Skip("EngineOptions(watcher=True) attaches no watcher in this engine")
+        base_ts = eng.baseline_ts[task]
+        rival_base = rival.head()
+        path = self.candidates[0]
+        before = (self.root / path).read_bytes()
+        for i in range(self.repeat + 1):
+            eng.edit_round(task, [path], partial(self.touch, [path], f"rsw-{i}"))
+            seconds, out = eng.restore_files(task, base_ts)
+            if (self.root / path).read_bytes() != before:
+                res.notes.append(f"restore {i}: our restore left {path} changed")
+            restored = (out.get("files") or {}).get("restored")
+            if restored != [path]:
+                res.notes.append(f"restore {i}: our restore wrote {restored}, expected [{path}]")
+            self.touch([path], f"rsw-g{i}")
+            rival.round()
+            rival_s = rival.reset_hard(rival_base)
+            if i:
+                res.ours.add(seconds)
+                res.rival.add(rival_s)
 
     def watcher_startup(self, res: ScenarioResult) -> None:
         assert res.ours is not None

@@ -1,0 +1,300 @@
+"""A Hypothesis stateful model of a workspace, its rounds, restores and undos (SPEC §4, §6).
+
+The machine edits a small workspace (write, delete, mkdir, symlink, chmod), runs edit rounds
+(reporting some of the paths it touched) and command rounds, restores files to any
+checkpoint and undoes restores, driving the `Engine` in-process. An in-memory model predicts:
+
+- the tracked set after every round: an edit round (no watcher) stages exactly the reported
+  paths, force-added past every exclusion; a command round (or any round with the watcher)
+  rescans: every file not excluded, plus every file already tracked, plus forced paths;
+- every restore: within the scope of SPEC §6 (only the paths edit tools ever reported, or
+  every tracked path when there were none), the checkpoint's content byte for byte;
+- every undo: the paths the restore touched, as they were before it.
+
+After every step the disk must equal the model; after every round the checkpoint's tree
+(read with `list_tree` + `read_blob`) must equal the model's tracked set.
+
+Bounded for CI (`max_examples`, `stateful_step_count`); `SHADOWPOINT_SOAK=N` raises both.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
+from shadowpoint.engine import Engine, EngineOptions
+from shadowpoint.errors import AlreadyRestoredError, NothingToUndoError
+from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK
+from tests.conftest import Exe, Link, read_tree
+
+SOAK = max(1, int(os.environ.get("SHADOWPOINT_SOAK") or 1))  # read at import: the hermetic fixture clears it
+
+# Folder names and file names never overlap, so a path is always a file or always a folder.
+DIRS = ["", "d", "d/e", "node_modules"]
+NAMES = ["a", "b.txt", "x.log", "c.sh"]
+PATHS = [f"{d}/{n}" if d else n for d in DIRS for n in NAMES]
+LINK_TARGETS = ["a", "../a", "d", "/nonexistent/abs", "../../../outside", "b.txt"]
+CONTENTS = [b"", b"one\n", b"two\r\nlines\r\n", b"\x00\x01binary\xff", b"same size 1", b"same size 2",
+            b"x" * 3000]
+
+
+def excluded(path: str) -> bool:
+    """The built-in rules that touch this universe: `*.log` and `node_modules/`."""
+    return path.endswith(".log") or path.startswith("node_modules/")
+
+
+File = tuple[bytes, bool]  # content, executable
+Entry = Any  # ("file", bytes, bool) | ("link", str)
+
+
+def wire(entry: Entry) -> Any:
+    """An entry in `read_tree`'s shape."""
+    if entry[0] == "link":
+        return Link(entry[1])
+    return Exe(entry[1]) if entry[2] else entry[1]
+
+
+class WorkspaceModel(RuleBasedStateMachine):
+    """One task on one workspace; see the module docstring."""
+
+    watcher = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="shadowpoint-model-"))
+        self.root = Path(os.path.realpath(self.tmp / "ws"))
+        self.root.mkdir()
+        self.disk: dict[str, Entry] = {}
+        for path, data in (("a", b"base a\n"), ("d/b.txt", b"base b\n"), ("x.log", b"log\n"),
+                           ("node_modules/a", b"dep\n")):
+            self._write(path, data, False)
+        options = EngineOptions(docs_dir=self.tmp / "docs", read_only_tools=frozenset(DEFAULT_READ_ONLY_TOOLS),
+                                watcher=self.watcher)
+        self.engine = Engine([self.root], options)
+        self.engine.start_task("t", 1)
+        rt = self.engine._task("t")
+        assert rt.baseline is not None
+        rt.baseline.result(timeout=120)
+        assert rt.state == "ready", rt.error
+        self.ts = 1
+        self.tracked: dict[str, Entry] = self._rescan({}, set())
+        self.checkpoints: list[tuple[int, dict[str, Entry]]] = [(1, dict(self.tracked))]
+        self._check_checkpoint(1, self.tracked)
+        self.restored: set[int] = set()
+        self.edited: set[str] = set()
+        self.pending: set[str] = set()
+        self.undo: dict[str, Entry | None] | None = None
+
+    def teardown(self) -> None:
+        self.engine.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # ---- the disk ---------------------------------------------------------------------------------
+
+    def _write(self, path: str, data: bytes, executable: bool) -> None:
+        full = self.root / path
+        full.parent.mkdir(parents=True, exist_ok=True)
+        if full.is_symlink():
+            full.unlink()
+        full.write_bytes(data)
+        full.chmod(0o755 if executable else 0o644)
+        self.disk[path] = ("file", data, executable)
+
+    def _rescan(self, tracked: dict[str, Entry], forced: set[str]) -> dict[str, Entry]:
+        return {p: e for p, e in self.disk.items() if not excluded(p) or p in tracked or p in forced}
+
+    @rule(path=st.sampled_from(PATHS), data=st.sampled_from(CONTENTS), executable=st.booleans())
+    def write(self, path: str, data: bytes, executable: bool) -> None:
+        self._write(path, data, executable)
+        self.pending.add(path)
+
+    @precondition(lambda self: bool(self.disk))
+    @rule(data=st.data())
+    def delete(self, data: st.DataObject) -> None:
+        path = data.draw(st.sampled_from(sorted(self.disk)))
+        (self.root / path).unlink()
+        del self.disk[path]
+        self.pending.add(path)
+
+    @rule(path=st.sampled_from(PATHS), link_to=st.sampled_from(LINK_TARGETS))
+    def symlink(self, path: str, link_to: str) -> None:
+        full = self.root / path
+        full.parent.mkdir(parents=True, exist_ok=True)
+        if full.is_symlink() or full.exists():
+            full.unlink()
+        full.symlink_to(link_to)
+        self.disk[path] = ("link", link_to)
+        self.pending.add(path)
+
+    @precondition(lambda self: any(e[0] == "file" for e in self.disk.values()))
+    @rule(data=st.data())
+    def chmod(self, data: st.DataObject) -> None:
+        path = data.draw(st.sampled_from(sorted(p for p, e in self.disk.items() if e[0] == "file")))
+        _, content, executable = self.disk[path]
+        (self.root / path).chmod(0o644 if executable else 0o755)
+        self.disk[path] = ("file", content, not executable)
+        self.pending.add(path)
+
+    @rule(folder=st.sampled_from(["d", "d/e", "node_modules", "empty", "d/empty"]))
+    def mkdir(self, folder: str) -> None:
+        (self.root / folder).mkdir(parents=True, exist_ok=True)  # git keeps no empty folder: no model change
+
+    # ---- rounds -----------------------------------------------------------------------------------------
+
+    def _next_ts(self) -> int:
+        self.ts += 1
+        return self.ts
+
+    @precondition(lambda self: bool(self.pending))
+    @rule(data=st.data())
+    def edit_round(self, data: st.DataObject) -> None:
+        reported = data.draw(st.sets(st.sampled_from(sorted(self.pending)), min_size=1))
+        ts = self._next_ts()
+        eng = self.engine
+        eng.begin_round("t")
+        eng.tool_began("t", "write_to_file", "edit", sorted(reported))
+        eng.tool_ended("t", "write_to_file", sorted(reported), "edit")
+        cp = eng.end_round("t", ts)
+        assert cp is not None
+        self.edited |= reported
+        if self.watcher:
+            # the watcher records every change: the unreported ones are staged, minus exclusions
+            self.tracked = self._rescan(self.tracked, reported)
+            self.pending.clear()
+        else:
+            for path in reported:
+                if path in self.disk:
+                    self.tracked[path] = self.disk[path]
+                else:
+                    self.tracked.pop(path, None)
+            self.pending -= reported
+        self._round_done(ts)
+
+    @rule()
+    def command_round(self) -> None:
+        ts = self._next_ts()
+        eng = self.engine
+        eng.begin_round("t")
+        eng.tool_began("t", "execute_command", "command", None)
+        eng.tool_ended("t", "execute_command", None, "command")
+        cp = eng.end_round("t", ts)
+        assert cp is not None
+        self.tracked = self._rescan(self.tracked, set())
+        self.pending.clear()
+        self._round_done(ts)
+
+    def _round_done(self, ts: int) -> None:
+        self.checkpoints.append((ts, dict(self.tracked)))
+        self.restored.clear()  # a new checkpoint clears every restored mark
+        self._check_checkpoint(ts, self.tracked)
+
+    def _check_checkpoint(self, ts: int, expected: dict[str, Entry]) -> None:
+        root = self.engine.roots[self.engine.first_root]
+        commit = next(c for c in self.engine.list_checkpoints("t")["checkpoints"] if c["ts"] == ts)["hash"]
+        with root.lock.held():
+            repo = root.open()
+            listing = repo.list_tree(repo.commit_tree(commit))
+            got: dict[str, Entry] = {}
+            for path, entry in listing.items():
+                blob = repo.read_blob(entry.oid)
+                if entry.mode == MODE_LINK:
+                    got[path] = ("link", os.fsdecode(blob))
+                else:
+                    assert entry.mode in (MODE_FILE, MODE_EXEC)
+                    got[path] = ("file", blob, entry.mode == MODE_EXEC)
+        assert got == expected, f"checkpoint ts={ts}: snapshot differs from the model"
+
+    # ---- restores ----------------------------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def restore(self, data: st.DataObject) -> None:
+        ts, target = data.draw(st.sampled_from(self.checkpoints))
+        if ts in self.restored:
+            with pytest.raises(AlreadyRestoredError):
+                self.engine.restore("t", ts, "files")
+            return
+        out = self.engine.restore("t", ts, "files")
+        # the safety checkpoint rescans, edited paths forced: it becomes the tracked set
+        current = self._rescan(self.tracked, self.edited)
+        if self.edited:
+            scope = {p for p in set(target) | set(current) if p in self.edited}
+        else:
+            scope = set(target) | set(current)
+        touched = sorted(p for p in scope if target.get(p) != current.get(p))
+        before = {p: self.disk.get(p) for p in touched}
+        for path in touched:
+            self._put(path, target.get(path))
+        self.tracked = {**current}
+        for path in touched:
+            self._track(path, target.get(path))
+        assert out["files"] is not None
+        assert sorted(out["files"]["restored"] + out["files"]["deleted"]) == touched
+        self.restored.add(ts)
+        self.undo = before
+        self.pending.clear()
+
+    @rule()
+    def undo_restore(self) -> None:
+        if self.undo is None:
+            with pytest.raises(NothingToUndoError):
+                self.engine.undo_restore("t")
+            return
+        self.engine.undo_restore("t")
+        paths = set(self.undo)
+        self.tracked = self._rescan(self.tracked, paths)
+        for path, entry in self.undo.items():
+            self._put(path, entry)
+            self._track(path, entry)
+        self.undo = None
+        self.pending.clear()
+
+    def _put(self, path: str, entry: Entry | None) -> None:
+        if entry is None:
+            self.disk.pop(path, None)
+        else:
+            self.disk[path] = entry
+
+    def _track(self, path: str, entry: Entry | None) -> None:
+        if entry is None:
+            self.tracked.pop(path, None)
+        else:
+            self.tracked[path] = entry
+
+    # ---- invariants -------------------------------------------------------------------------------------
+
+    @invariant()
+    def disk_matches_the_model(self) -> None:
+        actual = read_tree(self.root)
+        assert actual == {p: wire(e) for p, e in self.disk.items()}
+        for path, entry in self.disk.items():
+            if entry[0] == "file":
+                mode = os.lstat(self.root / path).st_mode
+                assert bool(mode & stat.S_IXUSR) == entry[2] and not mode & (stat.S_ISUID | stat.S_ISGID)
+
+
+class WatchedWorkspaceModel(WorkspaceModel):
+    watcher = True
+
+
+def _settings(examples: int, steps: int) -> settings:
+    return settings(max_examples=examples * SOAK, stateful_step_count=steps * min(SOAK, 4), deadline=None,
+                    database=None, derandomize=SOAK == 1, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def test_model_without_watcher() -> None:
+    run_state_machine_as_test(WorkspaceModel, settings=_settings(120, 40))
+
+
+def test_model_with_watcher() -> None:
+    run_state_machine_as_test(WatchedWorkspaceModel, settings=_settings(30, 25))
