@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -132,7 +132,21 @@ class TaskRecord:
     # ---------------------------------------------------------------- (de)serialisation
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # by hand: dataclasses.asdict deep-copies recursively and dominated a round's cost
+        return {
+            "task_id": self.task_id,
+            "roots": dict(self.roots),
+            "checkpoints": [
+                {"ts": c.ts, "kind": c.kind, "hashes": c.hashes, "reused": c.reused, "restored": c.restored,
+                 "created_at": c.created_at, "warnings": c.warnings}
+                for c in self.checkpoints
+            ],
+            "messages": [{"ts": m.ts, "role": m.role, "text": m.text} for m in self.messages],
+            "edited": self.edited,
+            "last_restore": self.last_restore,
+            "disabled": self.disabled,
+            "created_at": self.created_at,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskRecord:
@@ -157,7 +171,9 @@ def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as fh:
-            json.dump(data, fh, ensure_ascii=True, indent=1)
+            # compact: with `indent` json falls back to its pure-Python encoder (measured: 5 ms
+            # of a 15 ms round on a 130-checkpoint task)
+            fh.write(json.dumps(data, ensure_ascii=True, separators=(",", ":")))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
