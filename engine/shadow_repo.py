@@ -138,14 +138,19 @@ class BlobBatch:
     so no tree is written before its blobs exist.
     """
 
-    def __init__(self, git_dir: Path, threads: int = BLOB_WRITER_THREADS, max_pending: int = 512) -> None:
+    def __init__(self, git_dir: Path, threads: int = BLOB_WRITER_THREADS, max_pending: int = 512,
+                 max_pending_bytes: int = 16 * 1024 * 1024) -> None:
         import concurrent.futures
 
         self._git_dir = git_dir
         self._local = threading.local()
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shadowpoint-blobs")
-        self._pending: collections.deque[concurrent.futures.Future[None]] = collections.deque()
+        # (future, size): queued data is bounded in count and in bytes, so a tree of large
+        # files does not pile up in memory (the sidecar's peak RSS)
+        self._pending: collections.deque[tuple[concurrent.futures.Future[None], int]] = collections.deque()
+        self._pending_bytes = 0
         self._max_pending = max_pending
+        self._max_pending_bytes = max_pending_bytes
 
     def _write(self, data: bytes) -> None:
         repo = getattr(self._local, "repo", None)
@@ -158,17 +163,25 @@ class BlobBatch:
         """Queue `data` for writing; returns its blob id."""
         with translated("hash a blob"):
             oid = str(pygit2.hash(data))
-        while len(self._pending) >= self._max_pending:
-            self._pending.popleft().result()
-        self._pending.append(self._pool.submit(self._write, data))
+        with translated("write blobs"):
+            while self._pending and (len(self._pending) >= self._max_pending
+                                     or self._pending_bytes + len(data) > self._max_pending_bytes):
+                self._wait_oldest()
+        self._pending.append((self._pool.submit(self._write, data), len(data)))
+        self._pending_bytes += len(data)
         return oid
+
+    def _wait_oldest(self) -> None:
+        fut, size = self._pending.popleft()
+        self._pending_bytes -= size
+        fut.result()
 
     def close(self) -> None:
         """Wait for every queued write. Raises RepoError if one failed."""
         try:
             with translated("write blobs"):
                 while self._pending:
-                    self._pending.popleft().result()
+                    self._wait_oldest()
         finally:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
