@@ -117,6 +117,46 @@ def finish_calls() -> list[Call]:
     return [Call("round/end", needs_ts=True), Call("task/complete", needs_ts=True)]
 
 
+@dataclass(frozen=True, slots=True)
+class EventNames:
+    """How one agent names the round-boundary events (None: the agent has no such event)."""
+
+    prompt: str
+    tool_begin: str
+    tool_ends: tuple[str, ...]
+    finish: str
+    compact: str
+    round_end: str | None = None
+    start: str = "SessionStart"
+
+
+def plan_events(payload: Mapping[str, Any], names: EventNames, classify: Classifier,
+                tool_ok: Callable[[str, Mapping[str, Any]], bool]) -> HookPlan:
+    """Map one hook payload to protocol calls through the agent's event names.
+
+    start → task/start; prompt → message/add (user); tool_begin → tool/begin (a barrier for
+    mutating tools); tool_ends → tool/end (`tool_ok(event, payload)` says whether it
+    succeeded); round_end → round/end; finish → round/end + task/complete; compact →
+    task/compacted.
+    """
+    event = payload_str(payload, "hook_event_name") or ""
+    calls: list[Call] = []
+    if event == names.start:
+        calls = [Call("task/start", needs_ts=True)]
+    elif event == names.prompt:
+        calls = prompt_calls(payload)
+    elif event == names.tool_begin or event in names.tool_ends:
+        ended = event != names.tool_begin
+        calls = tool_event_calls(payload, classify, ended=ended, ok=not ended or tool_ok(event, payload))
+    elif event == names.round_end:
+        calls = [Call("round/end", needs_ts=True)]
+    elif event == names.finish:
+        calls = finish_calls()
+    elif event == names.compact:
+        calls = [Call("task/compacted", needs_ts=True)]
+    return HookPlan(event, payload_str(payload, "session_id"), payload_str(payload, "cwd"), calls)
+
+
 def payload_str(payload: Mapping[str, Any], key: str) -> str | None:
     """`payload[key]` if it is a non-empty string, else None."""
     value = payload.get(key)

@@ -12,15 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shadowpoint.adapters.base import (
-    Call,
-    HookPlan,
-    absolute,
-    finish_calls,
-    payload_str,
-    prompt_calls,
-    tool_event_calls,
-)
+from shadowpoint.adapters.base import EventNames, HookPlan, absolute, plan_events
 
 AGENT = "claude"
 PROJECT_VARS = ("CLAUDE_PROJECT_DIR",)
@@ -64,27 +56,17 @@ def classify(tool: str, tool_input: Mapping[str, Any], cwd: str | None) -> tuple
     return None, []
 
 
-def plan(payload: Mapping[str, Any]) -> HookPlan:
-    """Map one Claude Code hook payload to protocol calls.
+# PostToolBatch ends a round; Stop also sends round/end first, closing a round whose
+# PostToolBatch never came (older versions).
+NAMES = EventNames(prompt="UserPromptSubmit", tool_begin="PreToolUse",
+                   tool_ends=("PostToolUse", "PostToolUseFailure"), round_end="PostToolBatch",
+                   finish="Stop", compact="PreCompact")
 
-    SessionStart → task/start; UserPromptSubmit → message/add (user); PreToolUse → tool/begin
-    (a barrier for mutating tools); PostToolUse/PostToolUseFailure → tool/end; PostToolBatch →
-    round/end; Stop → round/end + task/complete; PreCompact → task/compacted.
-    """
-    event = payload_str(payload, "hook_event_name") or ""
-    cwd = payload_str(payload, "cwd")
-    calls: list[Call] = []
-    if event == "SessionStart":
-        calls = [Call("task/start", needs_ts=True)]
-    elif event == "UserPromptSubmit":
-        calls = prompt_calls(payload)
-    elif event in ("PreToolUse", "PostToolUse", "PostToolUseFailure"):
-        calls = tool_event_calls(payload, classify, ended=event != "PreToolUse", ok=event == "PostToolUse")
-    elif event == "PostToolBatch":
-        calls = [Call("round/end", needs_ts=True)]
-    elif event == "Stop":
-        # round/end first: it closes a round whose PostToolBatch never came (older versions).
-        calls = finish_calls()
-    elif event == "PreCompact":
-        calls = [Call("task/compacted", needs_ts=True)]
-    return HookPlan(event, payload_str(payload, "session_id"), cwd, calls)
+
+def _tool_ok(event: str, payload: Mapping[str, Any]) -> bool:
+    return event == "PostToolUse"
+
+
+def plan(payload: Mapping[str, Any]) -> HookPlan:
+    """Map one hook payload of this agent to protocol calls (see `NAMES`)."""
+    return plan_events(payload, NAMES, classify, _tool_ok)

@@ -13,15 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from shadowpoint.adapters.base import (
-    Call,
-    HookPlan,
-    absolute,
-    finish_calls,
-    payload_str,
-    prompt_calls,
-    tool_event_calls,
-)
+from shadowpoint.adapters.base import EventNames, HookPlan, absolute, plan_events
 
 AGENT = "codex"
 PROJECT_VARS = ("CODEX_PROJECT_DIR",)
@@ -76,25 +68,16 @@ def classify(tool: str, tool_input: Mapping[str, Any], cwd: str | None) -> tuple
     return None, []
 
 
-def plan(payload: Mapping[str, Any]) -> HookPlan:
-    """Map one Codex hook payload to protocol calls.
+# No per-batch event: a turn (Stop) is the round.
+NAMES = EventNames(prompt="UserPromptSubmit", tool_begin="PreToolUse", tool_ends=("PostToolUse",),
+                   finish="Stop", compact="PreCompact")
 
-    SessionStart → task/start; UserPromptSubmit → message/add (user); PreToolUse → tool/begin;
-    PostToolUse → tool/end; Stop → round/end + task/complete; PreCompact → task/compacted.
-    """
-    event = payload_str(payload, "hook_event_name") or ""
-    cwd = payload_str(payload, "cwd")
-    calls: list[Call] = []
-    if event == "SessionStart":
-        calls = [Call("task/start", needs_ts=True)]
-    elif event == "UserPromptSubmit":
-        calls = prompt_calls(payload)
-    elif event in ("PreToolUse", "PostToolUse"):
-        response = payload.get("tool_response")
-        ok = not (isinstance(response, Mapping) and response.get("success") is False)
-        calls = tool_event_calls(payload, classify, ended=event == "PostToolUse", ok=ok)
-    elif event == "Stop":
-        calls = finish_calls()
-    elif event == "PreCompact":
-        calls = [Call("task/compacted", needs_ts=True)]
-    return HookPlan(event, payload_str(payload, "session_id"), cwd, calls)
+
+def _tool_ok(event: str, payload: Mapping[str, Any]) -> bool:
+    response = payload.get("tool_response")
+    return not (isinstance(response, Mapping) and response.get("success") is False)
+
+
+def plan(payload: Mapping[str, Any]) -> HookPlan:
+    """Map one hook payload of this agent to protocol calls (see `NAMES`)."""
+    return plan_events(payload, NAMES, classify, _tool_ok)

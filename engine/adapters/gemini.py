@@ -12,15 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shadowpoint.adapters.base import (
-    Call,
-    HookPlan,
-    absolute,
-    finish_calls,
-    payload_str,
-    prompt_calls,
-    tool_event_calls,
-)
+from shadowpoint.adapters.base import EventNames, HookPlan, absolute, plan_events
 
 AGENT = "gemini"
 PROJECT_VARS = ("GEMINI_PROJECT_DIR",)
@@ -52,25 +44,16 @@ def classify(tool: str, tool_input: Mapping[str, Any], cwd: str | None) -> tuple
     return None, []
 
 
-def plan(payload: Mapping[str, Any]) -> HookPlan:
-    """Map one Gemini CLI hook payload to protocol calls.
+# BeforeAgent/AfterAgent bound a turn, which is the round.
+NAMES = EventNames(prompt="BeforeAgent", tool_begin="BeforeTool", tool_ends=("AfterTool",),
+                   finish="AfterAgent", compact="PreCompress")
 
-    SessionStart → task/start; BeforeAgent → message/add (user); BeforeTool → tool/begin;
-    AfterTool → tool/end; AfterAgent → round/end + task/complete; PreCompress → task/compacted.
-    """
-    event = payload_str(payload, "hook_event_name") or ""
-    cwd = payload_str(payload, "cwd")
-    calls: list[Call] = []
-    if event == "SessionStart":
-        calls = [Call("task/start", needs_ts=True)]
-    elif event == "BeforeAgent":
-        calls = prompt_calls(payload)
-    elif event in ("BeforeTool", "AfterTool"):
-        response = payload.get("tool_response")
-        ok = not (isinstance(response, Mapping) and response.get("error"))
-        calls = tool_event_calls(payload, classify, ended=event == "AfterTool", ok=ok)
-    elif event == "AfterAgent":
-        calls = finish_calls()
-    elif event == "PreCompress":
-        calls = [Call("task/compacted", needs_ts=True)]
-    return HookPlan(event, payload_str(payload, "session_id"), cwd, calls)
+
+def _tool_ok(event: str, payload: Mapping[str, Any]) -> bool:
+    response = payload.get("tool_response")
+    return not (isinstance(response, Mapping) and response.get("error"))
+
+
+def plan(payload: Mapping[str, Any]) -> HookPlan:
+    """Map one hook payload of this agent to protocol calls (see `NAMES`)."""
+    return plan_events(payload, NAMES, classify, _tool_ok)
