@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -38,6 +39,12 @@ RULE_FILES: Final = frozenset({GITIGNORE, GITATTRIBUTES, GITMODULES})
 """Files whose change calls for `ExclusionRules.invalidate` (and any `.git`, in any case)."""
 
 _WORKSPACE_ROOT: Final = RepoPath("")
+# A folder listing is reused only if the folder's ctime is older than the listing by more than
+# the kernel's coarse file clock (a jiffy) and small clock steps: an entry added in the same
+# clock tick as the listing would otherwise leave the times unchanged (git's racy-clean rule).
+_RACY_MARGIN_NS: Final = 1_000_000_000
+
+
 # ---------------------------------------------------------------- the rules
 
 
@@ -48,6 +55,24 @@ class _DirInfo:
     reason: str | None  # set when the folder itself, or an ancestor, is excluded
     chain: tuple[tuple[PatternSet, str], ...] = ()  # (.gitignore, path prefix), deepest first
     is_link: bool = False  # a symlink: nothing lies "under" it
+
+
+@dataclass(frozen=True, slots=True)
+class _Listing:
+    """The included entries of one folder as a whole-workspace walk found them.
+
+    Valid while the folder's (mtime, ctime, inode) is `stamp` (entries added, removed or
+    renamed change mtime and ctime; no tool can set a ctime back) and its entries are decided
+    by the same `chain` of rule files.
+    """
+
+    stamp: tuple[int, int, int] | None  # None: listed too soon after a change to be trusted
+    parent_chain: tuple[tuple[PatternSet, str], ...]  # the parent's rules when it was listed
+    chain: tuple[tuple[PatternSet, str], ...]
+    reason: str | None  # the folder itself is excluded (a nested repository)
+    has_gitignore: bool
+    files: tuple[str, ...]  # included entries that are not folders
+    dirs: tuple[str, ...]  # included sub-folders
 
 
 class ExclusionRules:
@@ -96,6 +121,14 @@ class ExclusionRules:
         self._submodules: frozenset[str] = frozenset()
         self._dirs: dict[str, _DirInfo] = {}
         self._dirs_lock = threading.Lock()  # guards iteration and writes of _dirs, never I/O
+        # `walk_paths` state, kept from one whole-workspace walk to the next (its caller's thread)
+        self._listings: dict[str, _Listing] = {}
+        self._root_files: tuple[str | None, str | None] | None = None  # .gitattributes, .gitmodules
+        self._lfs_text: str | None = None
+        self._modules_text: str | None = None
+        # .gitignore text and its compiled set per folder: unchanged text keeps the same set, so
+        # a listing's `chain` still compares equal
+        self._ignore_files: dict[str, tuple[str, PatternSet | None]] = {}
 
     # ------------------------------------------------------------ public API
 
@@ -164,6 +197,108 @@ class ExclusionRules:
                     pending.append((child, entry_name, info))
                 else:
                     yield RepoPath(child), entry
+
+    def walk_folders(self) -> Iterator[tuple[str, tuple[str, ...]]]:
+        """Every included non-folder entry of the workspace, like `walk()` from the root, as
+        (folder path with a trailing "/", or "" for the root; the names of its included entries).
+
+        Reuses the listing of each folder whose times and rules are unchanged since the
+        previous `walk_folders` (no directory read, no pattern matching there): a rescan of an
+        unchanged tree then costs one lstat per folder. Folders changed less than a second
+        before they were listed are listed again next time.
+
+        Returns:
+            An iterator of (folder prefix, entry names); their stat is the caller's.
+        """
+        with self._dirs_lock:
+            self._dirs.clear()
+        root_info = self._load_root()
+        root_files = (self._lfs_text, self._modules_text)
+        if root_files != self._root_files:
+            self._listings.clear()  # LFS patterns or submodules changed: every decision may have
+            self._root_files = root_files
+        old = self._listings
+        new: dict[str, _Listing] = {}
+        infos: dict[str, _DirInfo] = {}
+        pending: list[tuple[str, str, _DirInfo]] = [("", "", root_info)]
+        while pending:
+            rel, name, parent_info = pending.pop()
+            folder = f"{self._root}/{rel}" if rel else self._root
+            listing = self._reused_listing(rel, name, parent_info, folder, old.get(rel))
+            if listing is None:
+                listing = self._list_folder(rel, name, parent_info, folder)
+                if listing is None:
+                    continue
+            new[rel] = listing
+            if listing.reason is not None:
+                infos[rel] = _DirInfo(listing.reason)
+                continue
+            info = _DirInfo(None, listing.chain)
+            infos[rel] = info
+            prefix = f"{rel}/" if rel else ""
+            if listing.files:
+                yield prefix, listing.files
+            for dir_name in listing.dirs:
+                pending.append((prefix + dir_name, dir_name, info))
+        self._listings = new
+        infos.pop("", None)
+        with self._dirs_lock:
+            self._dirs.update(infos)  # later single-path checks start from these
+
+    def _reused_listing(self, rel: str, name: str, parent_info: _DirInfo, folder: str,
+                        listing: _Listing | None) -> _Listing | None:
+        """`listing` if it still holds for the folder, else None."""
+        if listing is None or listing.stamp is None:
+            return None
+        try:
+            st = os.lstat(folder)
+        except OSError:
+            return None
+        if (st.st_mtime_ns, st.st_ctime_ns, st.st_ino) != listing.stamp:
+            return None
+        if listing.reason is not None:
+            return listing
+        if not rel:
+            return listing if parent_info.chain == listing.chain else None
+        if not listing.has_gitignore and parent_info.chain is listing.parent_chain:
+            return listing  # the same rules reached it (the common case: an unchanged tree)
+        own = self._load_gitignore(rel) if listing.has_gitignore else None
+        if self._child_chain(parent_info, name, own) != listing.chain:
+            return None
+        # keep the tuple the sub-folders' listings were made with (their identity check)
+        return replace(listing, parent_chain=parent_info.chain)
+
+    def _list_folder(self, rel: str, name: str, parent_info: _DirInfo, folder: str) -> _Listing | None:
+        """Read the folder and decide each entry; None if it cannot be read."""
+        listed_ns = time.time_ns()
+        try:
+            st = os.lstat(folder)
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError as exc:
+            log.debug("exclusions.folder_skipped", path=rel, error=str(exc))
+            return None
+        if not stat.S_ISDIR(st.st_mode):
+            return None
+        newest = max(st.st_mtime_ns, st.st_ctime_ns)
+        stamp = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino) if newest < listed_ns - _RACY_MARGIN_NS else None
+        has_gitignore = any(e.name == GITIGNORE for e in entries)
+        info = self._listed_dir_info(rel, name, parent_info, folder, entries) if rel else parent_info
+        if info.reason is not None:
+            return _Listing(stamp, parent_info.chain, (), info.reason, has_gitignore, (), ())
+        prefix = f"{rel}/" if rel else ""
+        files: list[str] = []
+        dirs: list[str] = []
+        entry_reason = self._entry_reason
+        for entry in entries:
+            entry_name = entry.name
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            if entry_reason(info, prefix + entry_name, entry_name, is_dir) is None:
+                (dirs if is_dir else files).append(entry_name)
+        return _Listing(stamp, parent_info.chain, info.chain, None, has_gitignore, tuple(files), tuple(dirs))
 
     def is_excluded(self, path: RepoPath, *, is_dir: bool) -> bool:
         """Whether a scan leaves `path` out, its ancestors' rules included.
@@ -244,10 +379,13 @@ class ExclusionRules:
         with self._dirs_lock:
             if not target:
                 self._dirs.clear()
+                self._listings.clear()
                 return
             prefix = f"{target}/"
             for key in [k for k in self._dirs if k == target or k.startswith(prefix)]:
                 del self._dirs[key]
+            for key in [k for k in self._listings if k == target or k.startswith(prefix)]:
+                del self._listings[key]
 
     # ------------------------------------------------------------ internals
 
@@ -283,6 +421,7 @@ class ExclusionRules:
         lfs = PatternSet(lfs_patterns(attributes)) if attributes is not None else None
         self._lfs = None if lfs is None or lfs.is_empty else lfs
         modules = read_rule_file(os.path.join(self._root, GITMODULES))
+        self._lfs_text, self._modules_text = attributes, modules
         self._submodules = submodule_paths(modules) if modules is not None else frozenset()
         own = self._load_gitignore("")
         info = _DirInfo(None, ((own, ""),) if own is not None else ())
@@ -295,11 +434,17 @@ class ExclusionRules:
         text = read_rule_file(os.path.join(self._root, file_rel))
         if text is None:
             return None
+        known = self._ignore_files.get(rel)
+        if known is not None and known[0] == text:
+            return known[1]
         label = f"gitignore:{file_rel}"
-        rules = PatternSet(
+        rules: PatternSet | None = PatternSet(
             (pattern, label) for line in rule_lines(text) if (pattern := parse_ignore_line(line)) is not None
         )
-        return None if rules.is_empty else rules
+        if rules is not None and rules.is_empty:
+            rules = None
+        self._ignore_files[rel] = (text, rules)
+        return rules
 
     @staticmethod
     def _child_chain(parent: _DirInfo, name: str, own: PatternSet | None) -> tuple[tuple[PatternSet, str], ...]:

@@ -146,18 +146,37 @@ class Scanner:
                 self.rules.invalidate(parent)
 
     def _rescan(self, run: _Staging) -> None:
-        seen: set[RepoPath] = set()
-        for path, dirent in self.rules.walk():
-            seen.add(path)
-            try:
-                st = dirent.stat(follow_symlinks=False)
-            except OSError:
-                self._record(run, path, None)
-                continue
-            self._stage_stat(run, path, st)
+        entries = run.cache.entries
+        tracked_before = len(entries)
+        walked: list[tuple[str, tuple[str, ...]]] = []
+        reached = clean = 0
+        root = os.path.join(self.root, "")
+        lstat = os.lstat
+        # The hot loop of a rescan (100k files): one lstat and one stat comparison per file.
+        for prefix, names in self.rules.walk_folders():
+            walked.append((prefix, names))
+            folder = root + prefix
+            for name in names:
+                path = RepoPath(prefix + name)
+                try:
+                    st = lstat(folder + name)
+                except OSError:
+                    self._record(run, path, None)  # gone since its folder was listed
+                    continue
+                known = entries.get(path)
+                if known is not None:
+                    reached += 1
+                    if known.is_clean(st):
+                        clean += 1
+                        continue
+                self._stage_stat(run, path, st)
+        run.stats.examined += clean
+        if reached == tracked_before:
+            return  # every tracked path was walked
         # Tracked paths the walk did not reach: deleted, or tracked despite an exclusion
         # (force-added earlier); git semantics: exclusions apply to untracked files only.
-        for path in [p for p in run.cache.entries if p not in seen]:
+        seen = {prefix + name for prefix, names in walked for name in names}
+        for path in [p for p in entries if p not in seen]:
             run.stats.outside_walk.append(path)
             self._stage_path(run, path, forced=True, expand_dirs=False)
 

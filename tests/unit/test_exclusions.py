@@ -12,6 +12,7 @@ import random
 import shutil
 import stat
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from shadowpoint.config.exclusion_data import BUILTIN_EXCLUSIONS
+from shadowpoint import exclusions
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.workspace import RepoPath
 
@@ -594,3 +596,79 @@ def test_walk_and_checks_never_modify_the_tree(tmp_path: Path) -> None:
     list(rules.walk())
     assert tree_digest(root) == before
     assert (root / "nested/.git/HEAD").is_file()
+
+
+# ---------------------------------------------------------------- walk_folders: listings reused
+
+
+def folders_walked(rules: ExclusionRules) -> set[str]:
+    return {prefix + name for prefix, names in rules.walk_folders() for name in names}
+
+
+def _settle() -> None:
+    """Let the coarse file clock move on, so a later change gives a folder new times."""
+    time.sleep(0.03)
+
+
+@pytest.fixture
+def trusting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trust listings at once (no 1 s racy margin), so a test can reach the reuse path."""
+    monkeypatch.setattr(exclusions, "_RACY_MARGIN_NS", 0)
+
+
+@pytest.mark.usefixtures("trusting")
+def test_walk_folders_reuses_listings_and_sees_every_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_tree(tmp_path / "ws", _rich_random_tree(11))
+    make_tree(root, {"src/a.py": "a", "src/deep/b.py": "b", "docs/x.md": "x", ".gitignore": "*.log\n"})
+    rules = ExclusionRules(root)
+    assert folders_walked(rules) == walked(root)
+    _settle()
+    assert _count_scandirs(rules, monkeypatch) == 0  # an unchanged tree: no folder read again
+
+    changes: list[tuple[str, object]] = [
+        ("new file", lambda: (root / "src/deep/c.py").write_text("c")),
+        ("deleted file", lambda: (root / "src/a.py").unlink()),
+        ("nested .gitignore added", lambda: (root / "src/.gitignore").write_text("deep/\n")),
+        ("nested .gitignore edited in place", lambda: (root / "src/.gitignore").write_text("*.py\n")),
+        ("root .gitignore edited in place", lambda: (root / ".gitignore").write_text("docs/\n")),
+        ("LFS pattern added", lambda: (root / ".gitattributes").write_text("*.md filter=lfs diff=lfs merge=lfs -text\n")),
+        ("nested repository appears", lambda: (root / "src/deep/.git").mkdir()),
+        ("folder renamed", lambda: (root / "docs").rename(root / "manual")),
+        ("file then folder times set back", lambda: _add_and_reset_times(root / "manual", "hidden.txt")),
+    ]
+    for label, change in changes:
+        _settle()
+        change()  # type: ignore[operator]
+        _settle()
+        assert folders_walked(rules) == walked(root), label
+
+
+def _add_and_reset_times(folder: Path, name: str) -> None:
+    st = folder.stat()
+    (folder / name).write_text("new")
+    os.utime(folder, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime back; the ctime still moves
+
+
+def _count_scandirs(rules: ExclusionRules, monkeypatch: pytest.MonkeyPatch) -> int:
+    """How many folders one `rules.walk_folders()` reads from disk."""
+    calls = 0
+    real = os.scandir
+
+    def counting(path: str) -> object:
+        nonlocal calls
+        calls += 1
+        return real(path)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "scandir", counting)
+        list(rules.walk_folders())
+    return calls
+
+
+def test_walk_folders_lists_again_what_changed_within_the_racy_margin(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "ws", {"a/x.txt": "x", "b/y.txt": "y"})
+    rules = ExclusionRules(root)
+    assert folders_walked(rules) == {"a/x.txt", "b/y.txt"}
+    # listed right after they were made: not trusted, so a same-tick addition is still seen
+    (root / "a/z.txt").write_text("z")
+    assert folders_walked(rules) == {"a/x.txt", "a/z.txt", "b/y.txt"}
