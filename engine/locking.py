@@ -70,9 +70,13 @@ class WorkspaceLock:
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
+        # the holder's pid, for people and `doctor`; rewritten only when another process held
+        # it last (a truncate and write cost a metadata update on every round)
+        mine = f"{os.getpid()}\n".encode()
         with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
+            if os.pread(fd, 32, 0) != mine:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, mine, 0)
         self._fd = fd
 
     def _release_file(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,13 +187,16 @@ class PathResolver:
         if any(is_git_lookalike(p) for p in parts):
             raise PathOutsideWorkspaceError(f"{raw} is inside a .git folder, which checkpoints never touch.")
         # A path through a symlinked folder that leads outside is refused (PROTOCOL.md).
-        current = ws.root
+        root = str(ws.root)
+        current = root
         for part in parts[:-1]:
-            current = current / part
-            if current.is_symlink():
+            current = f"{current}/{part}"
+            try:
+                mode = os.lstat(current).st_mode
+            except OSError:
+                break  # the rest does not exist yet
+            if stat.S_ISLNK(mode):
                 target = os.path.realpath(current)
-                if target != str(ws.root) and not target.startswith(str(ws.root) + os.sep):
+                if target != root and not target.startswith(root + os.sep):
                     raise PathOutsideWorkspaceError(f"{raw} goes through a symlink that leads outside.")
-            elif not current.exists():
-                break
         return RepoPath(rel)
