@@ -245,9 +245,8 @@ class Engine:
             out["error"] = dict(rt.error)
         return out
 
-    def _save(self, rt: TaskRuntime, *, durable: bool = True) -> None:
-        """Write the task record; rounds pass `durable=False` (no fsync: see `write_json_atomic`)."""
-        self.store.save(rt.record, durable=durable)
+    def _save(self, rt: TaskRuntime) -> None:
+        self.store.save(rt.record)
 
     # ------------------------------------------------------------------ baseline
 
@@ -408,7 +407,7 @@ class Engine:
             rt.recorder = None
             self._touch_message(rt, ts)
             if rec is None or not rec.mutating:
-                self._save(rt, durable=False)
+                self._save(rt)
                 return None
             for root_name, path in rec.edited:
                 bucket = rt.record.edited.setdefault(root_name, [])
@@ -416,7 +415,7 @@ class Engine:
                     bucket.append(path)
         if not self._wait_ready(rt):
             with rt.lock:
-                self._save(rt, durable=False)
+                self._save(rt)
             return None
         with rt.lock:
             return self._checkpoint(rt, "round", ts, self._plans(rec))
@@ -528,7 +527,7 @@ class Engine:
                     return cp
         cp = CheckpointRecord(ts=ts, kind=kind, hashes=hashes, reused=reused_all, warnings=warnings)
         rt.record.add_checkpoint(cp)
-        self._save(rt, durable=False)
+        self._save(rt)
         self._checkpoints_made += 1
         if self._checkpoints_made % AUTO_PACK_EVERY == 0 and any(
             loose_object_estimate(r.ws.git_dir) > AUTO_PACK_LOOSE for r in self.roots.values()
