@@ -14,9 +14,10 @@ import json
 import os
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import structlog
 
@@ -131,11 +132,13 @@ class StatCache:
                                  "count": len(paths)}).encode() + b"\n"
             with open(tmp, "wb") as fh:
                 fh.write(header)
-                _write_section(fh, b"\0".join(os.fsencode(p) for p in paths))
+                # paths and ids are streamed in slices: joined whole, their bytes copies added
+                # ~15 MB to the peak memory of a 100k-file baseline (saved right after it)
+                _write_chunked(fh, (b"\0".join(os.fsencode(p) for p in part) for part in _slices(paths)), b"\0")
                 for name in _INT_FIELDS:
                     _write_section(fh, array.array("q", (getattr(st, name) for st in states)).tobytes())
                 _write_section(fh, array.array("q", (int(st.entry.mode) for st in states)).tobytes())
-                _write_section(fh, b"".join(bytes.fromhex(st.entry.oid) for st in states))
+                _write_chunked(fh, (bytes.fromhex("".join(st.entry.oid for st in part)) for part in _slices(states)))
             os.replace(tmp, path)
         except (OSError, ValueError) as exc:
             log.warning("stat_cache.save_failed", path=str(path), reason=str(exc))
@@ -173,12 +176,37 @@ class StatCache:
         return cls(tree=header.get("tree"), base_commit=header.get("base"), entries=entries)
 
 
+_T = TypeVar("_T")
+
 _INT_FIELDS = ("size", "mtime_ns", "ctime_ns", "st_mode", "ino", "checked_ns")
 
 
 def _write_section(fh: BinaryIO, data: bytes) -> None:
     fh.write(struct.pack("<Q", len(data)))
     fh.write(data)
+
+
+def _slices(items: list[_T], size: int = 4096) -> Iterator[list[_T]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def _write_chunked(fh: BinaryIO, chunks: Iterator[bytes], separator: bytes = b"") -> None:
+    """One section written piece by piece (`separator` between pieces); the length is filled in
+    at the end."""
+    start = fh.tell()
+    fh.write(struct.pack("<Q", 0))
+    size = 0
+    for i, chunk in enumerate(chunks):
+        if i and separator:
+            fh.write(separator)
+            size += len(separator)
+        fh.write(chunk)
+        size += len(chunk)
+    end = fh.tell()
+    fh.seek(start)
+    fh.write(struct.pack("<Q", size))
+    fh.seek(end)
 
 
 def _read_section(fh: BinaryIO) -> bytes:

@@ -130,3 +130,20 @@ def test_save_failure_is_not_raised(tmp_path: Path) -> None:
     blocker.write_text("x")
     StatCache().save(blocker / "sub" / "cache.pickle")  # parent is a file: logged, not raised
     assert blocker.read_text() == "x"
+
+
+def test_save_load_round_trip_of_many_entries_written_in_slices(tmp_path: Path) -> None:
+    """Paths and blob ids are streamed in slices of 4096: a cache spanning several slices
+    (odd names included) reads back entry for entry."""
+    cache = StatCache(tree="a" * 40, base_commit="b" * 40)
+    odd = ["new\nline.txt", "caf\u00e9.md", os.fsdecode(b"bad\xff.bin"), "sp ace/x"]
+    for i in range(10_001):
+        name = odd[i % len(odd)] if i % 997 == 0 else f"dir{i % 37}/file{i}.py"
+        entry = TreeEntry(f"{i:040x}", MODE_EXEC if i % 5 == 0 else MODE_FILE)
+        cache.set(RepoPath(f"{i}-{name}"), FileState(i, i * 3, i * 7, 0o100644, i + 11, i * 13, entry))
+    path = tmp_path / "statcache.bin"
+    cache.save(path)
+    loaded = StatCache.load(path, "b" * 40)
+    assert loaded is not None
+    assert loaded.tree == cache.tree
+    assert loaded.entries == cache.entries
