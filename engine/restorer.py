@@ -65,15 +65,15 @@ class Restorer:
                     if not cp.has_snapshot:
                         raise NoFileSnapshotError(f"The checkpoint at ts={ts} has no file snapshot.")
                     self.engine._wait_ready(rt)
-                    out["files"] = self._restore_files(rt, cp)
-                    cp.restored = True
+                    out["files"] = self._restore_files(rt, cp, mark=cp)
                 except ShadowpointError as exc:
                     if mode == "files":
                         raise
                     out["error"] = {"kind": exc.kind, "message": str(exc)}
             if mode in ("task", "both"):
                 out["task"] = {"keepThrough": self._cut(rt, cp.ts)}
-            self.engine._save(rt)
+            if mode != "files":
+                self.engine._save(rt)  # a files restore saved its record (and mark) already
             return out
 
     def _cut(self, rt: TaskRuntime, keep_through: int) -> int:
@@ -91,8 +91,9 @@ class Restorer:
     def _restore_files(self, rt: TaskRuntime, cp: CheckpointRecord,
                        scope_override: dict[str, list[str]] | None = None,
                        target_override: dict[str, str | None] | None = None,
-                       keep_undo: bool = True) -> dict[str, Any]:
-        """Safety checkpoint, journal, then the safe writer; marks nothing itself."""
+                       keep_undo: bool = True, mark: CheckpointRecord | None = None) -> dict[str, Any]:
+        """Safety checkpoint, journal, then the safe writer; marks `mark` restored in the same
+        record write as the undo record."""
         task_id = rt.record.task_id
         restored: list[str] = []
         deleted: list[str] = []
@@ -170,6 +171,8 @@ class Restorer:
             # The undo record is saved before the journal goes: a kill between the two left a
             # finished restore that could not be undone (tests/faults/test_crashes.py).
             rt.record.last_restore = undo if keep_undo else None
+            if mark is not None:
+                mark.restored = True
             self.engine._save(rt)
             self.engine.store.clear_journal(task_id)
         log.info("restore.applied", task_id=task_id, ts=cp.ts, restored=len(restored), deleted=len(deleted),
