@@ -2,8 +2,9 @@
 
 Stages explicit paths in O(paths) (edit-tool paths forced past every exclusion, watcher
 paths filtered), or walks the whole root for the baseline and the rescan fallback, using
-the `StatCache` so unchanged files are not re-hashed. Runs on whichever thread holds the
-root's lock (task worker or baseline builder); never writes to the workspace.
+the `StatCache` so unchanged files are not re-hashed (a big walk hands its files to the
+processes of `blob_workers.py`). Runs on whichever thread holds the root's lock (task
+worker or baseline builder); never writes to the workspace.
 """
 
 from __future__ import annotations
@@ -19,8 +20,17 @@ from pathlib import Path
 
 import structlog
 
+from shadowpoint.blob_workers import (
+    BlobWorkerOptions,
+    BlobWorkers,
+    FailureKind,
+    HashedFile,
+    Result,
+    read_file,
+    too_large_detail,
+)
 from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, BlobBatch, ShadowRepo, TreeEntry
+from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
 from shadowpoint.stat_cache import FileState, StatCache
 from shadowpoint.workspace import RepoPath, is_git_component
 
@@ -36,6 +46,10 @@ class SkipReason(enum.Enum):
     NOT_REGULAR = "not a regular file"
 
 
+_SKIP_REASONS = {FailureKind.VANISHED: SkipReason.VANISHED, FailureKind.UNREADABLE: SkipReason.UNREADABLE,
+                 FailureKind.TOO_LARGE: SkipReason.TOO_LARGE}
+
+
 @dataclass(frozen=True, slots=True)
 class Skipped:
     path: RepoPath
@@ -48,6 +62,7 @@ class StageOptions:
     """Per-root staging settings derived from `Settings`."""
 
     max_file_bytes: int = 100 * 1024 * 1024
+    workers: BlobWorkerOptions = field(default_factory=BlobWorkerOptions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +101,8 @@ class _Staging:
     now_ns: int
     changes: dict[RepoPath, TreeEntry | None] = field(default_factory=dict)
     originals: dict[RepoPath, TreeEntry | None] = field(default_factory=dict)
-    batch: BlobBatch | None = None
+    # rescans only: files queued for the blob worker processes, recorded when they answer
+    batch: BlobWorkers | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +129,10 @@ class Scanner:
         run = _Staging(cache, StageStats(rescan=plan.rescan), time.time_ns())
         self._invalidate_rules(plan.forced | plan.watched)
         if plan.rescan:
-            run.batch = self.repo.blob_batch()
+            run.batch = BlobWorkers(self.repo.git_dir, self.root, self.options.max_file_bytes, self.options.workers)
             try:
                 self._rescan(run)
+                self._finish(run, run.batch.flush())
             finally:
                 run.batch.close()
                 run.batch = None
@@ -181,6 +198,9 @@ class Scanner:
             self._stage_path(run, path, forced=True, expand_dirs=False)
 
     def _stage_path(self, run: _Staging, path: RepoPath, *, forced: bool, expand_dirs: bool = True) -> None:
+        if run.batch is not None:
+            # files still with the workers are recorded first, as if hashed when submitted
+            self._finish(run, run.batch.flush())
         cache = run.cache
         link_parent = self._symlink_ancestor(path)
         if link_parent is not None:
@@ -293,45 +313,50 @@ class Scanner:
                 self._skip(run, path, reason, str(exc))
                 return
             entry = TreeEntry(self.repo.write_blob(os.fsencode(target)), MODE_LINK)
+            run.stats.hashed += 1
+            self._record(run, path, entry, FileState.of(st, entry, run.now_ns))
         elif stat.S_ISREG(mode):
             if st.st_size > self.options.max_file_bytes:
                 self._skip(run, path, SkipReason.TOO_LARGE, f"{st.st_size} bytes")
-                return
-            try:
-                data, st = self._read_file(path)
-            except FileNotFoundError as exc:
-                self._skip(run, path, SkipReason.VANISHED, str(exc))
-                return
-            except OSError as exc:
-                self._skip(run, path, SkipReason.UNREADABLE, str(exc))
-                return
-            if len(data) > self.options.max_file_bytes:
-                self._skip(run, path, SkipReason.TOO_LARGE, f"{len(data)} bytes")
-                return
-            oid = run.batch.add(data) if run.batch is not None else self.repo.write_blob(data)
-            entry = TreeEntry(oid, MODE_EXEC if st.st_mode & 0o100 else MODE_FILE)
+            elif run.batch is not None:
+                self._finish(run, run.batch.submit(path, st.st_size))
+            else:
+                self._hash_file(run, path)
         else:
             self._skip(run, path, SkipReason.NOT_REGULAR, "")
+
+    def _hash_file(self, run: _Staging, path: RepoPath) -> None:
+        """Read and write one regular file on this thread."""
+        try:
+            data, st = self._read_file(path)
+        except FileNotFoundError as exc:
+            self._skip(run, path, SkipReason.VANISHED, str(exc))
             return
+        except OSError as exc:
+            self._skip(run, path, SkipReason.UNREADABLE, str(exc))
+            return
+        if len(data) > self.options.max_file_bytes:
+            self._skip(run, path, SkipReason.TOO_LARGE, too_large_detail(data, st))
+            return
+        self._record_file(run, path, self.repo.write_blob(data), st)
+
+    def _finish(self, run: _Staging, results: list[Result]) -> None:
+        """Record what the blob workers made of their files; hash the ones they gave back here."""
+        for path, outcome in results:
+            if outcome is None:
+                self._hash_file(run, path)
+            elif isinstance(outcome, HashedFile):
+                self._record_file(run, path, outcome.oid, outcome.stat)
+            else:
+                self._skip(run, path, _SKIP_REASONS[outcome.kind], outcome.detail)
+
+    def _record_file(self, run: _Staging, path: RepoPath, oid: str, st: os.stat_result) -> None:
+        entry = TreeEntry(oid, MODE_EXEC if st.st_mode & 0o100 else MODE_FILE)
         run.stats.hashed += 1
         self._record(run, path, entry, FileState.of(st, entry, run.now_ns))
 
     def _read_file(self, path: RepoPath) -> tuple[bytes, os.stat_result]:
-        # O_NOFOLLOW: a file swapped for a symlink after the walk is never read through.
-        fd = os.open(self.root / path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, "not a regular file")
-            chunks = []
-            while True:
-                chunk = os.read(fd, 1 << 20)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-            return b"".join(chunks), st
-        finally:
-            os.close(fd)
+        return read_file(self.root / path, self.options.max_file_bytes)
 
     def _skip(self, run: _Staging, path: RepoPath, reason: SkipReason, detail: str) -> None:
         run.stats.skipped.append(Skipped(path, reason, detail))

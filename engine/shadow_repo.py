@@ -8,14 +8,12 @@ serialise access per repository (`RootState.lock` in engine.py); no thread of it
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import fcntl
 import os
 import re
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -44,10 +42,6 @@ GC_STAGING_PREFIX = "gc-"  # objects/gc-*: where a collection writes its new pac
 GC_BUSY_FILE = ".busy"  # flocked inside a staging folder by the collection using it
 
 _configured = False
-
-# Parallel loose-object writers for baselines and rescans; measured on this 2-core machine:
-# 4,000 blobs took 3.5 s on 1 thread, 1.6 s on 4, 1.5 s on 8 (I/O-bound, GIL released).
-BLOB_WRITER_THREADS = 4
 
 
 def isolate_libgit2() -> None:
@@ -129,61 +123,24 @@ def safety_ref(task_id: str) -> str:
     return f"refs/shadowpoint/safety/{ref_component(task_id)}"
 
 
-class BlobBatch:
-    """Writes many blobs on worker threads; ids are computed at once on the caller's thread.
+def open_blob_writer(git_dir: Path) -> Callable[[bytes], bytes]:
+    """For a blob worker process (blob_workers.py): open `git_dir`, return a blob writer.
 
-    Writing a loose object is a small-file create and rename, I/O-bound, and libgit2
-    releases the GIL for it: several writers in parallel (each with its own Repository,
-    as libgit2 requires) roughly halve a baseline here. `close()` waits for every write,
-    so no tree is written before its blobs exist.
+    The writer returns the blob's raw id. libgit2 writes a loose object to a temporary file
+    renamed into place, so several processes may write into one repository at once.
+
+    Raises:
+        RepoError: the repository cannot be opened (the writer raises it when a write fails).
     """
+    isolate_libgit2()
+    with translated(f"open {git_dir}"):
+        repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
 
-    def __init__(self, git_dir: Path, threads: int = BLOB_WRITER_THREADS, max_pending: int = 512,
-                 max_pending_bytes: int = 16 * 1024 * 1024) -> None:
-        import concurrent.futures
+    def write(data: bytes) -> bytes:
+        with translated("write a blob"):
+            return bytes(repo.create_blob(data).raw)
 
-        self._git_dir = git_dir
-        self._local = threading.local()
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shadowpoint-blobs")
-        # (future, size): queued data is bounded in count and in bytes, so a tree of large
-        # files does not pile up in memory (the sidecar's peak RSS)
-        self._pending: collections.deque[tuple[concurrent.futures.Future[None], int]] = collections.deque()
-        self._pending_bytes = 0
-        self._max_pending = max_pending
-        self._max_pending_bytes = max_pending_bytes
-
-    def _write(self, data: bytes) -> None:
-        repo = getattr(self._local, "repo", None)
-        if repo is None:
-            repo = self._local.repo = pygit2.Repository(str(self._git_dir),
-                                                        pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
-        repo.create_blob(data)
-
-    def add(self, data: bytes) -> str:
-        """Queue `data` for writing; returns its blob id."""
-        with translated("hash a blob"):
-            oid = str(pygit2.hash(data))
-        with translated("write blobs"):
-            while self._pending and (len(self._pending) >= self._max_pending
-                                     or self._pending_bytes + len(data) > self._max_pending_bytes):
-                self._wait_oldest()
-        self._pending.append((self._pool.submit(self._write, data), len(data)))
-        self._pending_bytes += len(data)
-        return oid
-
-    def _wait_oldest(self) -> None:
-        fut, size = self._pending.popleft()
-        self._pending_bytes -= size
-        fut.result()
-
-    def close(self) -> None:
-        """Wait for every queued write. Raises RepoError if one failed."""
-        try:
-            with translated("write blobs"):
-                while self._pending:
-                    self._wait_oldest()
-        finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+    return write
 
 
 class ShadowRepo:
@@ -346,9 +303,6 @@ class ShadowRepo:
     def write_blob(self, data: bytes) -> str:
         with translated("write a blob"):
             return str(self._repo.create_blob(data))
-
-    def blob_batch(self) -> BlobBatch:
-        return BlobBatch(self.git_dir)
 
     def read_blob(self, oid: str) -> bytes:
         with translated(f"read blob {oid}"):
