@@ -171,8 +171,8 @@ class Restorer:
             # The undo record is saved before the journal goes: a kill between the two left a
             # finished restore that could not be undone (tests/faults/test_crashes.py).
             rt.record.last_restore = undo if keep_undo else None
-            if mark is not None:
-                mark.restored = True
+            if mark is not None and not errors:
+                mark.restored = True  # a partly failed restore may be tried again
             self.engine._save(rt)
             self.engine.store.clear_journal(task_id)
         log.info("restore.applied", task_id=task_id, ts=cp.ts, restored=len(restored), deleted=len(deleted),

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from shadowpoint.config.exclusion_data import BUILTIN_EXCLUSIONS
 from shadowpoint import exclusions
+from shadowpoint.config.exclusion_data import BUILTIN_EXCLUSIONS
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.workspace import RepoPath
 
@@ -631,7 +631,7 @@ def test_walk_folders_reuses_listings_and_sees_every_change(tmp_path: Path, monk
         ("nested .gitignore added", lambda: (root / "src/.gitignore").write_text("deep/\n")),
         ("nested .gitignore edited in place", lambda: (root / "src/.gitignore").write_text("*.py\n")),
         ("root .gitignore edited in place", lambda: (root / ".gitignore").write_text("docs/\n")),
-        ("LFS pattern added", lambda: (root / ".gitattributes").write_text("*.md filter=lfs diff=lfs merge=lfs -text\n")),
+        ("LFS pattern added", lambda: (root / ".gitattributes").write_text("*.md filter=lfs -text\n")),
         ("nested repository appears", lambda: (root / "src/deep/.git").mkdir()),
         ("folder renamed", lambda: (root / "docs").rename(root / "manual")),
         ("file then folder times set back", lambda: _add_and_reset_times(root / "manual", "hidden.txt")),
