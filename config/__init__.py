@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     read_only_tools: list[str] = Field(default_factory=lambda: list(DEFAULT_READ_ONLY_TOOLS))
     extra_exclusions: list[str] = Field(default_factory=list, description="gitignore patterns")
     max_file_bytes: int = Field(default=100 * 1024 * 1024, gt=0, description="larger files are skipped")
+    hash_workers: int | None = Field(
+        default=None, ge=0, le=16,
+        description="processes that hash big scans (our own interpreter); 0: none; default: one per core, up to 4")
     watcher: bool = True
     watch_debounce_s: float = Field(default=2.0, gt=0, description="quiet period of `shadowpoint watch`")
     lock_timeout_s: float = Field(default=30.0, gt=0)

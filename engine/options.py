@@ -21,6 +21,7 @@ class EngineOptions:
     read_only_tools: frozenset[str]
     extra_exclusions: tuple[str, ...] = ()
     max_file_bytes: int = 100 * 1024 * 1024
+    hash_workers: int | None = None  # None: blob_workers.default_worker_count()
     init_warn_s: float = 15.0
     init_timeout_s: float = 600.0
     watcher: bool = True
@@ -35,6 +36,7 @@ class EngineOptions:
             read_only_tools=frozenset(s.read_only_tools),
             extra_exclusions=tuple(s.extra_exclusions),
             max_file_bytes=s.max_file_bytes,
+            hash_workers=s.hash_workers,
             init_warn_s=s.init_warn_s,
             init_timeout_s=s.init_timeout_s,
             watcher=s.watcher,

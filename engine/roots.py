@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from shadowpoint.blob_workers import BlobWorkerOptions
 from shadowpoint.errors import RepoError
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.journal import PathJournal
@@ -97,8 +98,10 @@ class RootState:
             if self.repo is not None:
                 self.repo.close()
             self.repo = ShadowRepo.open_or_init(self.ws.git_dir, self.ws.root)
+            workers = BlobWorkerOptions() if self.options.hash_workers is None else BlobWorkerOptions(
+                workers=self.options.hash_workers)
             self.scanner = Scanner(self.ws.root, self.repo, self.rules,
-                                   StageOptions(max_file_bytes=self.options.max_file_bytes))
+                                   StageOptions(max_file_bytes=self.options.max_file_bytes, workers=workers))
             head = self.repo.read_ref(HEAD_REF)
             loaded = StatCache.load(self.cache_file, head)
             self.cache = loaded if loaded is not None else StatCache()

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from shadowpoint.blob_workers import BlobWorkerOptions
+from shadowpoint.blob_workers import BlobWorkerOptions, default_worker_count
 from shadowpoint.errors import RepoError
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.scanner import Scanner, SkipReason, StageOptions, StagePlan, StageResult
@@ -314,3 +314,31 @@ def test_workers_exit_when_the_scanning_process_is_killed(workspace: Path, tmp_p
     while not all(is_gone(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(is_gone(pid) for pid in pids), "orphaned blob workers kept running"
+
+
+# ---- the setting ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("setting", "expected"), [(0, 0), (1, 1), (None, None)])
+def test_the_hash_workers_setting_reaches_the_scanner(make_engine: Any, workspace: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      setting: int | None, expected: int | None) -> None:
+    """`hash_workers` (SHADOWPOINT_HASH_WORKERS) decides how many processes a big baseline
+    starts; 0 keeps every hash in process."""
+    from shadowpoint.config import Settings
+    from shadowpoint.options import EngineOptions
+
+    monkeypatch.setenv("SHADOWPOINT_HASH_WORKERS", "" if setting is None else str(setting))
+    if setting is None:
+        monkeypatch.delenv("SHADOWPOINT_HASH_WORKERS")
+    assert EngineOptions.from_settings(Settings()).hash_workers == setting
+    make_tree(workspace, {f"d{i % 9}/f{i}.txt": f"{i}\n" for i in range(700)})
+    pids = worker_pids_seen(monkeypatch)
+    eng = make_engine(workspace, hash_workers=setting, watcher=False)
+    eng.start_task("t", ts=1)
+    assert eng.list_checkpoints("t")["state"] in ("initializing", "ready")
+    deadline = time.monotonic() + 60
+    while eng.list_checkpoints("t")["state"] != "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert len(pids) == (default_worker_count() if expected is None else expected)
