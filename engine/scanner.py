@@ -36,6 +36,8 @@ from shadowpoint.workspace import RepoPath, is_git_component
 
 log = structlog.get_logger(__name__)
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
 
 class SkipReason(enum.Enum):
     """Why a file was left out of a snapshot (reported on the checkpoint, never silent)."""
@@ -173,20 +175,30 @@ class Scanner:
         for prefix, names in self.rules.walk_folders():
             walked.append((prefix, names))
             folder = root + prefix
-            for name in names:
-                path = RepoPath(prefix + name)
-                try:
-                    st = lstat(folder + name)
-                except OSError:
-                    self._record(run, path, None)  # gone since its folder was listed
-                    continue
-                known = entries.get(path)
-                if known is not None:
-                    reached += 1
-                    if known.is_clean(st):
-                        clean += 1
+            try:
+                # names looked up from the folder itself: shorter lookups, and never through
+                # a symlink that replaced one of its parents since the listing
+                fd = os.open(folder, _DIR_FLAGS)
+            except OSError:
+                fd = -1
+            try:
+                for name in names:
+                    path = RepoPath(prefix + name)
+                    try:
+                        st = lstat(name, dir_fd=fd) if fd >= 0 else lstat(folder + name)
+                    except OSError:
+                        self._record(run, path, None)  # gone since its folder was listed
                         continue
-                self._stage_stat(run, path, st)
+                    known = entries.get(path)
+                    if known is not None:
+                        reached += 1
+                        if known.is_clean(st):
+                            clean += 1
+                            continue
+                    self._stage_stat(run, path, st)
+            finally:
+                if fd >= 0:
+                    os.close(fd)
         run.stats.examined += clean
         if reached == tracked_before:
             return  # every tracked path was walked
