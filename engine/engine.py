@@ -569,7 +569,9 @@ class Engine:
             with root.lock.held():
                 repo = root.open()
                 if new is None:
-                    new_tree = root.stage(StagePlan(rescan=True, forced=self._edited(rt, name))).tree
+                    # the workspace as it is: what the watcher recorded since the last round
+                    # (O(changes)), or a rescan when it has no healthy record
+                    new_tree = root.stage(root.safety_plan(self._edited(rt, name), keep=True)).tree
                     root.set_head(new_tree)
                 with damaged_checkpoint(from_ts if to_ts is None else f"{from_ts} or {to_ts}", root):
                     old_tree = self._tree(root, old.hashes.get(name))

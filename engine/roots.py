@@ -236,12 +236,22 @@ class RootState:
             self.repo.set_ref(HEAD_REF, target)
             self.cache.base_commit = target
 
-    def safety_plan(self, forced: frozenset[RepoPath]) -> StagePlan:
+    def safety_plan(self, forced: frozenset[RepoPath], *, keep: bool = False) -> StagePlan:
         """What a safety checkpoint stages: with a healthy watcher only what it recorded since
-        the last round (O(changes)), else a rescan. Lock held."""
+        the last round (O(changes)), else a rescan. Lock held.
+
+        `keep` leaves the recorded paths and health to the next round too (a compare with the
+        workspace: without it, a following command round found nothing recorded and rescanned).
+        """
         if self.watcher is not None and self.scanned:
             flushed = self.watcher.flush()
             snap = self.watcher.swap()
+            if keep:
+                journal = self.watcher.journal
+                for path in snap.paths:
+                    journal.add(path)
+                for reason in snap.reasons:
+                    journal.mark_unhealthy(reason)
             if flushed and snap.healthy and not any(is_rules_file(p) for p in snap.paths):
                 return StagePlan(forced=forced, watched=snap.paths)
         return StagePlan(forced=forced, rescan=True)

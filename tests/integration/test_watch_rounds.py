@@ -130,3 +130,25 @@ def test_a_killed_observer_degrades_to_rescan_with_nothing_missed(workspace: Pat
     assert rounds and rounds[0]["rescan"] is True, rounds
     assert {f["path"] for f in eng.diff("t", 1, 2)["files"]} == {"b.txt"}
     assert any(m == "watcher/degraded" for m, _ in notes), notes
+
+
+def test_a_compare_with_the_workspace_uses_the_watcher_and_leaves_its_paths_to_the_round(
+        workspace: Path, make_engine: Any) -> None:
+    make_tree(workspace, {f"pkg{i % 40:02d}/mod{i:04d}.py": f"x = {i}\n" for i in range(2_000)})
+    eng = make_engine(workspace, watcher=True)
+    eng.start_task("t", ts=1)
+    _wait_ready(eng, "t")
+    eng.end_round("t", 2)
+    (workspace / "pkg03/mod0003.py").write_text("x = 'by a command'\n")  # nobody reported it
+    with capture_logs() as logs:
+        files = eng.diff("t", 1)["files"]
+    assert [(f["path"], f["after"]) for f in files] == [("pkg03/mod0003.py", "x = 'by a command'\n")]
+    staged = [e for e in logs if e["event"] == "scanner.staged"]
+    assert staged and not any(e["rescan"] for e in staged), f"the watcher knew the change: no rescan; got {staged}"
+    # the compare looked, it did not consume: the next command round still finds the path recorded
+    with capture_logs() as logs:
+        cp = _command_round(eng, "t", 3, lambda: None)
+    rounds = [e for e in logs if e["event"] == "round.checkpointed"]
+    assert cp is not None and rounds[0]["rescan"] is False and rounds[0]["watched"] >= 1, rounds
+    changed = {f["path"]: f for f in eng.diff("t", 1, 3)["files"]}
+    assert set(changed) == {"pkg03/mod0003.py"}
