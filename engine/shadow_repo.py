@@ -571,7 +571,18 @@ class ShadowRepo:
     def diff_trees(self, old: str | None, new: str | None, *, renames: bool = True) -> list[DeltaRecord]:
         """Changes from tree `old` to tree `new` (identical subtrees are skipped, so this
         costs O(changes)); exact and similar renames detected unless `renames` is False."""
+        if old == new:
+            return []
         with translated("compare trees"):
+            changed = self._changed_entries(old, new)
+            gone = any(o is not None and n is None for _, o, n in changed)
+            came = any(o is None and n is not None for _, o, n in changed)
+            if not (renames and gone and came):
+                # no rename to find: the pruned walk is the answer (libgit2's tree diff reads
+                # every tree of both sides, 140 ms and 12 MB of peak memory at 100k files)
+                return [DeltaRecord("added" if o is None else "deleted" if n is None else "modified", path, None,
+                                    o[0] if o else None, n[0] if n else None, o[1] if o else None, n[1] if n else None)
+                        for path, o, n in changed]
             a = self._obj(old) if old else self._obj(self.empty_tree())
             b = self._obj(new) if new else self._obj(self.empty_tree())
             diff = a.diff_to_tree(b)
@@ -603,6 +614,32 @@ class ShadowRepo:
                     )
                 )
             return out
+
+    def _changed_entries(self, old: str | None, new: str | None
+                         ) -> list[tuple[RepoPath, tuple[str, int] | None, tuple[str, int] | None]]:
+        """(path, old (blob id, mode), new) of every file that differs, in git's path order;
+        subtrees with the same id on both sides are never read."""
+        out: list[tuple[RepoPath, tuple[str, int] | None, tuple[str, int] | None]] = []
+        stack: list[tuple[str, Any, Any]] = [("", self._obj(old) if old else None, self._obj(new) if new else None)]
+        while stack:
+            prefix, a, b = stack.pop()
+            a_entries = {e.name: e for e in a} if a is not None else {}
+            b_entries = {e.name: e for e in b} if b is not None else {}
+            for name in a_entries.keys() | b_entries.keys():
+                ea, eb = a_entries.get(name), b_entries.get(name)
+                if ea is not None and eb is not None and ea.id == eb.id and ea.filemode == eb.filemode:
+                    continue
+                path = prefix + name
+                a_sub = self._obj(str(ea.id)) if ea is not None and ea.filemode == MODE_TREE else None
+                b_sub = self._obj(str(eb.id)) if eb is not None and eb.filemode == MODE_TREE else None
+                if a_sub is not None or b_sub is not None:
+                    stack.append((path + "/", a_sub, b_sub))
+                was = (str(ea.id), int(ea.filemode)) if ea is not None and a_sub is None else None
+                now = (str(eb.id), int(eb.filemode)) if eb is not None and b_sub is None else None
+                if was is not None or now is not None:
+                    out.append((RepoPath(path), was, now))
+        out.sort(key=lambda item: os.fsencode(item[0]))
+        return out
 
     # ------------------------------------------------------------------ storage
 

@@ -482,3 +482,42 @@ def test_diff_trees_reports_statuses_and_renames(repo: ShadowRepo) -> None:
     assert deltas["gone.txt"].status == "deleted" and deltas["gone.txt"].new_oid is None
     assert repo.diff_trees(new, new) == []
     assert {d.status for d in repo.diff_trees(None, new)} == {"added"}
+
+
+_GIT_STATUS = {"A": "added", "D": "deleted", "M": "modified", "T": "modified"}
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_diff_trees_without_renames_equals_git_diff_tree(repo: ShadowRepo, seed: int) -> None:
+    """The pruned walk (no libgit2 diff when no rename can be found) against `git diff-tree -r`:
+    adds, deletes, content and mode changes, file <-> folder and file <-> link swaps."""
+    rng = random.Random(1000 + seed)
+    entries = [blob(repo, f"content {i}", rng.choice([MODE_FILE, MODE_EXEC, MODE_LINK])) for i in range(8)]
+    model: dict[str, TreeEntry] = {}
+    tree: str | None = None
+    for _ in range(12):
+        before = tree
+        changes: dict[str, TreeEntry | None] = {}
+        for _ in range(rng.randint(1, 8)):
+            if model and rng.random() < 0.3:
+                path, entry = rng.choice(sorted(model)), None
+            elif model and rng.random() < 0.3:
+                path, entry = rng.choice(sorted(model)), rng.choice(entries)
+            else:
+                path, entry = _random_path(rng), rng.choice(entries)
+            changes.update(_apply_model(model, path, entry))
+        tree = repo.patch_tree(tree, {RepoPath(p): e for p, e in changes.items()})
+        ours = [(d.status, d.path, d.old_oid, d.new_oid, d.old_mode, d.new_mode)
+                for d in repo.diff_trees(before, tree, renames=False)]
+        empty = repo.empty_tree()
+        out = git(repo, "diff-tree", "-r", "--no-renames", "-z", before or empty, tree or empty).stdout
+        fields = out.split("\0")
+        theirs = []
+        for meta, path in zip(fields[0:-1:2], fields[1::2], strict=True):
+            old_mode, new_mode, old_oid, new_oid, status = meta.lstrip(":").split(" ")
+            zero = "0" * 40
+            theirs.append((_GIT_STATUS[status], path, None if old_oid == zero else old_oid,
+                           None if new_oid == zero else new_oid,
+                           None if old_mode == "000000" else int(old_mode, 8),
+                           None if new_mode == "000000" else int(new_mode, 8)))
+        assert ours == theirs
