@@ -59,7 +59,7 @@ class FileState:
 
     @classmethod
     def of(cls, st: os.stat_result, entry: TreeEntry, checked_ns: int) -> FileState:
-        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino, checked_ns, entry)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, _shared(st.st_mode), st.st_ino, checked_ns, entry)
 
     @classmethod
     def unknown(cls, entry: TreeEntry) -> FileState:
@@ -171,12 +171,20 @@ class StatCache:
         size, mtime, ctime, st_mode, ino, checked = columns
         for i, p in enumerate(paths):
             entry = TreeEntry(oids[20 * i: 20 * i + 20].hex(), modes[i])
-            entries[p] = FileState(size[i], mtime[i], ctime[i], st_mode[i], ino[i], checked[i], entry)
+            entries[p] = FileState(size[i], mtime[i], ctime[i], _shared(st_mode[i]), ino[i], checked[i], entry)
         log.debug("stat_cache.loaded", entries=len(entries), duration_ms=(time.perf_counter() - start) * 1e3)
         return cls(tree=header.get("tree"), base_commit=header.get("base"), entries=entries)
 
 
 _T = TypeVar("_T")
+
+_MODES: dict[int, int] = {}
+
+
+def _shared(mode: int) -> int:
+    """The one int object kept for this st_mode: a tree has a handful of distinct modes, and an
+    int per file cost 28 bytes x 100k files of the sidecar's peak memory."""
+    return _MODES.setdefault(mode, mode)
 
 _INT_FIELDS = ("size", "mtime_ns", "ctime_ns", "st_mode", "ino", "checked_ns")
 
