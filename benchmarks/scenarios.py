@@ -397,6 +397,7 @@ class TreeBench:
         probe = Probe(ours.shadow_git_dir)
         try:
             for i in range(self.repeat + 1):  # the first one warms the object database up
+                self.background.settle()  # as before every timed operation of ours and the rival's
                 seconds = probe.commit(parent, path, data + f"probe {i}\n".encode())
                 if i:
                     res.ours.add(seconds)
