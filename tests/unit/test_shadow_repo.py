@@ -154,6 +154,21 @@ def _apply_model(model: dict[str, TreeEntry], path: str, entry: TreeEntry | None
     return changes
 
 
+def _random_changes(rng: random.Random, model: dict[str, TreeEntry], entries: list[TreeEntry], *,
+                    most: int, p_delete: float) -> dict[str, TreeEntry | None]:
+    """A few random deletes, rewrites and new paths applied to `model`; the explicit changes."""
+    changes: dict[str, TreeEntry | None] = {}
+    for _ in range(rng.randint(1, most)):
+        if model and rng.random() < p_delete:
+            path, entry = rng.choice(sorted(model)), None
+        elif model and rng.random() < 0.3:
+            path, entry = rng.choice(sorted(model)), rng.choice(entries)
+        else:
+            path, entry = _random_path(rng), rng.choice(entries)
+        changes.update(_apply_model(model, path, entry))
+    return changes
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_patch_equals_tree_built_from_scratch(repo: ShadowRepo, seed: int) -> None:
     rng = random.Random(seed)
@@ -161,15 +176,7 @@ def test_patch_equals_tree_built_from_scratch(repo: ShadowRepo, seed: int) -> No
     model: dict[str, TreeEntry] = {}
     tree: str | None = None
     for _ in range(25):
-        changes: dict[str, TreeEntry | None] = {}
-        for _ in range(rng.randint(1, 6)):
-            if model and rng.random() < 0.35:
-                path, entry = rng.choice(sorted(model)), None
-            elif model and rng.random() < 0.3:
-                path, entry = rng.choice(sorted(model)), rng.choice(entries)
-            else:
-                path, entry = _random_path(rng), rng.choice(entries)
-            changes.update(_apply_model(model, path, entry))
+        changes = _random_changes(rng, model, entries, most=6, p_delete=0.35)
         items = list(changes.items())
         rng.shuffle(items)
         tree = repo.patch_tree(tree, {RepoPath(p): e for p, e in items})
@@ -497,15 +504,7 @@ def test_diff_trees_without_renames_equals_git_diff_tree(repo: ShadowRepo, seed:
     tree: str | None = None
     for _ in range(12):
         before = tree
-        changes: dict[str, TreeEntry | None] = {}
-        for _ in range(rng.randint(1, 8)):
-            if model and rng.random() < 0.3:
-                path, entry = rng.choice(sorted(model)), None
-            elif model and rng.random() < 0.3:
-                path, entry = rng.choice(sorted(model)), rng.choice(entries)
-            else:
-                path, entry = _random_path(rng), rng.choice(entries)
-            changes.update(_apply_model(model, path, entry))
+        changes = _random_changes(rng, model, entries, most=8, p_delete=0.3)
         tree = repo.patch_tree(tree, {RepoPath(p): e for p, e in changes.items()})
         ours = [(d.status, d.path, d.old_oid, d.new_oid, d.old_mode, d.new_mode)
                 for d in repo.diff_trees(before, tree, renames=False)]
