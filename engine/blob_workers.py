@@ -136,8 +136,26 @@ def read_file(path: str | Path, max_bytes: int) -> tuple[bytes, os.stat_result]:
         os.close(fd)
 
 
-def too_large_detail(data: bytes, st: os.stat_result) -> str:
-    return f"{max(len(data), st.st_size)} bytes"
+def snapshot_file(read: Callable[[], tuple[bytes, os.stat_result]], max_bytes: int,
+                  write_blob: Callable[[bytes], str]) -> HashedFile | ReadFailure:
+    """What one regular file makes in a snapshot, the same in a worker and on the scanner's
+    thread: its blob (written) and fstat, or why it was left out.
+
+    Args:
+        read: `read_file` of the file (or the scanner's seam around it).
+
+    Raises:
+        RepoError: `write_blob` failed.
+    """
+    try:
+        data, st = read()
+    except FileNotFoundError as exc:
+        return ReadFailure(FailureKind.VANISHED, str(exc))
+    except OSError as exc:
+        return ReadFailure(FailureKind.UNREADABLE, str(exc))
+    if len(data) > max_bytes:
+        return ReadFailure(FailureKind.TOO_LARGE, f"{max(len(data), st.st_size)} bytes")
+    return HashedFile(write_blob(data), st)
 
 
 # ---------------------------------------------------------------------- the scanner's side
@@ -421,6 +439,7 @@ def _failure_record(kind: bytes, detail: str) -> bytes:
 
 _FAILURE_KINDS = {_VANISHED: FailureKind.VANISHED, _UNREADABLE: FailureKind.UNREADABLE,
                   _TOO_LARGE: FailureKind.TOO_LARGE}
+_FAILURE_CODES = {kind: code for code, kind in _FAILURE_KINDS.items()}
 
 
 def _parse_reply(payload: bytes) -> list[Outcome | _RepoFailed]:
@@ -463,20 +482,15 @@ def _parse_reply(payload: bytes) -> list[Outcome | _RepoFailed]:
 def _hash_one(path: Path, max_bytes: int, write_blob: Callable[[bytes], bytes]) -> bytes:
     """One answer record: what the scanner's own read would have made of `path`."""
     try:
-        data, st = read_file(path, max_bytes)
-    except FileNotFoundError as exc:
-        return _failure_record(_VANISHED, str(exc))
-    except OSError as exc:
-        return _failure_record(_UNREADABLE, str(exc))
-    if len(data) > max_bytes:
-        return _failure_record(_TOO_LARGE, too_large_detail(data, st))
-    try:
-        oid = write_blob(data)
+        outcome = snapshot_file(lambda: read_file(path, max_bytes), max_bytes, lambda data: write_blob(data).hex())
     except RepoError as exc:
         return _failure_record(_REPO_FAILED, str(exc))
+    if isinstance(outcome, ReadFailure):
+        return _failure_record(_FAILURE_CODES[outcome.kind], outcome.detail)
+    st = outcome.stat
     m_s, m_ns = divmod(st.st_mtime_ns, 1_000_000_000)
     c_s, c_ns = divmod(st.st_ctime_ns, 1_000_000_000)
-    return _OK + oid + _STAT.pack(st.st_size, m_s, m_ns, c_s, c_ns, st.st_mode, st.st_ino)
+    return _OK + bytes.fromhex(outcome.oid) + _STAT.pack(st.st_size, m_s, m_ns, c_s, c_ns, st.st_mode, st.st_ino)
 
 
 def serve(git_dir: Path, root: Path, max_bytes: int, parent_pid: int, inp: IO[bytes], out: IO[bytes]) -> int:

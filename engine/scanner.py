@@ -27,7 +27,7 @@ from shadowpoint.blob_workers import (
     HashedFile,
     Result,
     read_file,
-    too_large_detail,
+    snapshot_file,
 )
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
@@ -339,21 +339,11 @@ class Scanner:
 
     def _hash_file(self, run: _Staging, path: RepoPath) -> None:
         """Read and write one regular file on this thread."""
-        try:
-            data, st = self._read_file(path)
-        except FileNotFoundError as exc:
-            self._skip(run, path, SkipReason.VANISHED, str(exc))
-            return
-        except OSError as exc:
-            self._skip(run, path, SkipReason.UNREADABLE, str(exc))
-            return
-        if len(data) > self.options.max_file_bytes:
-            self._skip(run, path, SkipReason.TOO_LARGE, too_large_detail(data, st))
-            return
-        self._record_file(run, path, self.repo.write_blob(data), st)
+        self._finish(run, [(path, snapshot_file(lambda: self._read_file(path), self.options.max_file_bytes,
+                                                self.repo.write_blob))])
 
     def _finish(self, run: _Staging, results: list[Result]) -> None:
-        """Record what the blob workers made of their files; hash the ones they gave back here."""
+        """Record what became of files (on the workers or here); hash the ones given back."""
         for path, outcome in results:
             if outcome is None:
                 self._hash_file(run, path)
