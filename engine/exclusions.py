@@ -165,7 +165,6 @@ class ExclusionRules:
             if self._entry_reason(parent_info, start, name, True) is not None:
                 return
             pending = [(start, name, parent_info)]
-        entry_reason = self._entry_reason
         while pending:
             rel, name, parent_info = pending.pop()
             folder = os.path.join(self._root, rel) if rel else self._root
@@ -184,19 +183,11 @@ class ExclusionRules:
             else:
                 info = parent_info
             prefix = f"{rel}/" if rel else ""
-            for entry in entries:
-                entry_name = entry.name
-                child = prefix + entry_name
-                try:
-                    is_dir = entry.is_dir(follow_symlinks=False)
-                except OSError:
-                    is_dir = False
-                if entry_reason(info, child, entry_name, is_dir) is not None:
-                    continue
-                if is_dir:
-                    pending.append((child, entry_name, info))
-                else:
-                    yield RepoPath(child), entry
+            files, dirs = self._included(info, prefix, entries)
+            for entry in dirs:
+                pending.append((prefix + entry.name, entry.name, info))
+            for entry in files:
+                yield RepoPath(prefix + entry.name), entry
 
     def walk_folders(self) -> Iterator[tuple[str, tuple[str, ...]]]:
         """Every included non-folder entry of the workspace, like `walk()` from the root, as
@@ -286,9 +277,16 @@ class ExclusionRules:
         info = self._listed_dir_info(rel, name, parent_info, folder, entries) if rel else parent_info
         if info.reason is not None:
             return _Listing(stamp, parent_info.chain, (), info.reason, has_gitignore, (), ())
-        prefix = f"{rel}/" if rel else ""
-        files: list[str] = []
-        dirs: list[str] = []
+        files, dirs = self._included(info, f"{rel}/" if rel else "", entries)
+        return _Listing(stamp, parent_info.chain, info.chain, None, has_gitignore,
+                        tuple(e.name for e in files), tuple(e.name for e in dirs))
+
+    def _included(self, info: _DirInfo, prefix: str, entries: Sequence[os.DirEntry[str]]
+                  ) -> tuple[list[os.DirEntry[str]], list[os.DirEntry[str]]]:
+        """The entries of a folder that is not excluded itself that the rules keep: (non-folders,
+        folders)."""
+        files: list[os.DirEntry[str]] = []
+        dirs: list[os.DirEntry[str]] = []
         entry_reason = self._entry_reason
         for entry in entries:
             entry_name = entry.name
@@ -297,8 +295,8 @@ class ExclusionRules:
             except OSError:
                 is_dir = False
             if entry_reason(info, prefix + entry_name, entry_name, is_dir) is None:
-                (dirs if is_dir else files).append(entry_name)
-        return _Listing(stamp, parent_info.chain, info.chain, None, has_gitignore, tuple(files), tuple(dirs))
+                (dirs if is_dir else files).append(entry)
+        return files, dirs
 
     def is_excluded(self, path: RepoPath, *, is_dir: bool) -> bool:
         """Whether a scan leaves `path` out, its ancestors' rules included.
