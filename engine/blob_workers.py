@@ -27,7 +27,7 @@ from typing import IO
 
 import structlog
 
-from shadowpoint.errors import RepoError
+from shadowpoint.errors import FileNotStorableError, RepoError, StorageFailedError
 from shadowpoint.shadow_repo import open_blob_writer
 from shadowpoint.workspace import RepoPath
 
@@ -46,7 +46,8 @@ _LEN = struct.Struct("<I")
 # time after 2262 overflows a signed 64-bit count of nanoseconds (ext4 stores up to 2446)
 _STAT = struct.Struct("<QqIqIIQ")
 _OID_BYTES = 20
-_OK, _VANISHED, _UNREADABLE, _TOO_LARGE, _REPO_FAILED = b"K", b"V", b"U", b"L", b"R"
+_OK, _VANISHED, _UNREADABLE, _TOO_LARGE, _UNSTORABLE = b"K", b"V", b"U", b"L", b"N"
+_REPO_FAILED, _STORAGE_FAILED = b"R", b"S"
 
 
 def default_worker_count() -> int:
@@ -79,6 +80,7 @@ class FailureKind(enum.Enum):
     VANISHED = "vanished"
     UNREADABLE = "unreadable"
     TOO_LARGE = "too large"
+    UNSTORABLE = "not storable"  # beyond a file-size limit of the docs root's file system or the process
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,7 @@ class ReadFailure:
 @dataclass(frozen=True, slots=True)
 class _RepoFailed:
     detail: str
+    storage: bool = False  # the docs root refused the write (StorageFailedError), else a RepoError
 
 
 Outcome = HashedFile | ReadFailure | None
@@ -146,6 +149,8 @@ def snapshot_file(read: Callable[[], tuple[bytes, os.stat_result]], max_bytes: i
 
     Raises:
         RepoError: `write_blob` failed.
+        StorageFailedError: the docs root refused the write (disk full, quota, I/O error); a
+            blob that alone is too large to store is a `ReadFailure` (UNSTORABLE) instead.
     """
     try:
         data, st = read()
@@ -155,7 +160,10 @@ def snapshot_file(read: Callable[[], tuple[bytes, os.stat_result]], max_bytes: i
         return ReadFailure(FailureKind.UNREADABLE, str(exc))
     if len(data) > max_bytes:
         return ReadFailure(FailureKind.TOO_LARGE, f"{max(len(data), st.st_size)} bytes")
-    return HashedFile(write_blob(data), st)
+    try:
+        return HashedFile(write_blob(data), st)
+    except FileNotStorableError as exc:
+        return ReadFailure(FailureKind.UNSTORABLE, str(exc))
 
 
 # ---------------------------------------------------------------------- the scanner's side
@@ -266,6 +274,7 @@ class BlobWorkers:
 
         Raises:
             RepoError: a worker failed to write a blob.
+            StorageFailedError: the docs root refused a worker's write.
         """
         if self._given_up:
             return [*self._give_back_waiting(), (path, None)]
@@ -287,6 +296,7 @@ class BlobWorkers:
 
         Raises:
             RepoError: a worker failed to write a blob.
+            StorageFailedError: the docs root refused a worker's write.
         """
         if not self._started:
             return self._give_back_waiting()
@@ -369,7 +379,7 @@ class BlobWorkers:
         done: list[Result] = []
         for path, outcome in zip(paths, reply, strict=True):
             if isinstance(outcome, _RepoFailed):
-                raise RepoError(outcome.detail)
+                raise (StorageFailedError if outcome.storage else RepoError)(outcome.detail)
             self._pending.discard(path)
             done.append((path, outcome))
         self.answered += len(done)
@@ -438,7 +448,7 @@ def _failure_record(kind: bytes, detail: str) -> bytes:
 
 
 _FAILURE_KINDS = {_VANISHED: FailureKind.VANISHED, _UNREADABLE: FailureKind.UNREADABLE,
-                  _TOO_LARGE: FailureKind.TOO_LARGE}
+                  _TOO_LARGE: FailureKind.TOO_LARGE, _UNSTORABLE: FailureKind.UNSTORABLE}
 _FAILURE_CODES = {kind: code for code, kind in _FAILURE_KINDS.items()}
 
 
@@ -467,8 +477,8 @@ def _parse_reply(payload: bytes) -> list[Outcome | _RepoFailed]:
             raise ValueError("a record is cut short")
         detail = payload[pos:pos + length].decode("utf-8", "surrogatepass")
         pos += length
-        if kind == _REPO_FAILED:
-            out.append(_RepoFailed(detail))
+        if kind in (_REPO_FAILED, _STORAGE_FAILED):
+            out.append(_RepoFailed(detail, storage=kind == _STORAGE_FAILED))
         elif kind in _FAILURE_KINDS:
             out.append(ReadFailure(_FAILURE_KINDS[kind], detail))
         else:
@@ -483,6 +493,8 @@ def _hash_one(path: Path, max_bytes: int, write_blob: Callable[[bytes], bytes]) 
     """One answer record: what the scanner's own read would have made of `path`."""
     try:
         outcome = snapshot_file(lambda: read_file(path, max_bytes), max_bytes, lambda data: write_blob(data).hex())
+    except StorageFailedError as exc:
+        return _failure_record(_STORAGE_FAILED, str(exc))
     except RepoError as exc:
         return _failure_record(_REPO_FAILED, str(exc))
     if isinstance(outcome, ReadFailure):

@@ -25,6 +25,7 @@ Exit codes (one per error kind; the README carries the same table):
     30  init_timeout            the baseline took too long
     31  init_failed             the baseline (or the shadow repo) failed
     32  checkpoints_disabled    checkpoints are off for the task
+    33  storage_failed          the docs root could not be written (disk full, quota, I/O error)
     40  lock_timeout            another process held the workspace lock too long
     41  sidecar_running         another sidecar or `watch` already serves the workspace
     42  sidecar_unavailable     the sidecar could not be reached or started
@@ -84,6 +85,7 @@ EXIT_CODES: dict[str, int] = {
     "init_timeout": 30,
     "init_failed": 31,
     "checkpoints_disabled": 32,
+    "storage_failed": 33,
     "lock_timeout": 40,
     "sidecar_running": 41,
     "sidecar_unavailable": 42,

@@ -35,6 +35,7 @@ from shadowpoint.errors import (
     PathOutsideWorkspaceError,
     RepoError,
     ShadowpointError,
+    StorageFailedError,
     TaskMetadataError,
     UnknownTaskError,
 )
@@ -64,6 +65,9 @@ __all__ = ["Engine", "EngineOptions", "TaskRuntime"]
 # git's gc.auto threshold; checked every AUTO_PACK_EVERY checkpoints (one listdir)
 AUTO_PACK_LOOSE = 6700
 AUTO_PACK_EVERY = 25
+
+# what a failed baseline reports as itself (any other error is reported as init_failed)
+_INIT_ERROR_KINDS = ("init_failed", "init_timeout", "lock_timeout", "storage_failed")
 
 log = structlog.get_logger(__name__)
 
@@ -290,8 +294,7 @@ class Engine:
             except ShadowpointError as exc:
                 with rt.lock:
                     if rt.generation == gen:
-                        self._fail(rt, exc if exc.kind in ("init_failed", "init_timeout", "lock_timeout")
-                                   else InitFailedError(str(exc)))
+                        self._fail(rt, exc if exc.kind in _INIT_ERROR_KINDS else InitFailedError(str(exc)))
             except Exception as exc:  # a bug or an OS error: the task reports it, never silently off
                 log.exception("task.init_failed", task_id=task_id)
                 with rt.lock:
@@ -307,7 +310,7 @@ class Engine:
 
     def _fail(self, rt: TaskRuntime, exc: ShadowpointError) -> None:
         rt.state = "failed"
-        kind = exc.kind if exc.kind in ("init_timeout", "init_failed", "lock_timeout") else "init_failed"
+        kind = exc.kind if exc.kind in _INIT_ERROR_KINDS else "init_failed"
         rt.error = {"kind": kind, "message": str(exc)}
         self.notify("task/initFailed", {"taskId": rt.record.task_id, "kind": kind, "message": str(exc)})
         log.error("task.init_failed", task_id=rt.record.task_id, kind=kind, reason=str(exc))
@@ -350,7 +353,7 @@ class Engine:
         return rt.state == "ready"
 
     def _warnings(self, root: str, result: StageResult) -> list[dict[str, str]]:
-        return [{"path": self.resolver.display(self.roots[root].ws, s.path), "reason": s.reason.value}
+        return [{"path": self.resolver.display(self.roots[root].ws, s.path), "reason": s.reason_text}
                 for s in result.stats.skipped]
 
     # ================================================================== rounds
@@ -526,8 +529,7 @@ class Engine:
                     log.info("checkpoint.deduplicated", task_id=rt.record.task_id, ts=cp.ts)
                     return cp
         cp = CheckpointRecord(ts=ts, kind=kind, hashes=hashes, reused=reused_all, warnings=warnings)
-        rt.record.add_checkpoint(cp)
-        self._save(rt)
+        self._add_checkpoint(rt, cp, prev, plans)
         self._checkpoints_made += 1
         if self._checkpoints_made % AUTO_PACK_EVERY == 0 and any(
             loose_object_estimate(r.ws.git_dir) > AUTO_PACK_LOOSE for r in self.roots.values()
@@ -540,6 +542,29 @@ class Engine:
                  watched=sum(len(p.watched) for p in plans.values()),
                  duration_ms=round((time.perf_counter() - start) * 1e3, 2))
         return cp
+
+    def _add_checkpoint(self, rt: TaskRuntime, cp: CheckpointRecord, prev: CheckpointRecord | None,
+                        plans: dict[str, StagePlan]) -> None:
+        """Add `cp` to the task and save the record. When the record cannot be written
+        (`storage_failed`) the task is left as before the round: the checkpoint and its refs
+        are taken back and the next round stages the round's paths again."""
+        before = [(c, c.restored) for c in rt.record.checkpoints]
+        rt.record.add_checkpoint(cp)
+        try:
+            self._save(rt)
+        except StorageFailedError:
+            rt.record.checkpoints = [c for c, _ in before]
+            for c, mark in before:
+                c.restored = mark
+            for name, root in self.roots.items():
+                old = prev.hashes.get(name) if prev else None
+                if old and old != cp.hashes.get(name):
+                    # best effort: a ref the full disk cannot move back names an orphan commit,
+                    # which the next checkpoint's ref move replaces
+                    with contextlib.suppress(ShadowpointError), root.lock.held():
+                        root.open().set_ref(task_ref(rt.record.task_id), old)
+                root.carry(plans[name])
+            raise
 
     # ================================================================== reading
 

@@ -22,6 +22,8 @@
     │   ├── NothingToUndoError            nothing_to_undo
     │   └── RestoreFailedError            restore_failed
     ├── LockTimeoutError                  lock_timeout
+    ├── StorageFailedError                storage_failed (disk full, quota, I/O error in the docs root)
+    │   └── FileNotStorableError          storage_failed (one file: caught per file, left out with a warning)
     └── RepoError                         init_failed (a libgit2 failure, translated in shadow_repo.py)
         └── ObjectMissingError            init_failed (an object the repo should hold is missing)
 
@@ -128,6 +130,20 @@ class RestoreFailedError(CheckpointError):
 
 class LockTimeoutError(ShadowpointError):
     kind = "lock_timeout"
+
+
+class StorageFailedError(ShadowpointError):
+    """The shadow repository or the task data could not be written (disk full, quota, I/O
+    error); the request changed nothing and the round's paths are kept for the next one."""
+
+    kind = "storage_failed"
+
+
+class FileNotStorableError(StorageFailedError):
+    """One file's blob cannot be stored (beyond the file system's or the process's file-size
+    limit); the scanner leaves the file out with a warning, the other files are committed."""
+
+    kind = "storage_failed"
 
 
 class RepoError(ShadowpointError):

@@ -46,10 +46,12 @@ class SkipReason(enum.Enum):
     UNREADABLE = "unreadable"
     VANISHED = "vanished while being read"
     NOT_REGULAR = "not a regular file"
+    # the docs root's file system or the process's file-size limit refused its blob (EFBIG)
+    UNSTORABLE = "could not be stored"
 
 
 _SKIP_REASONS = {FailureKind.VANISHED: SkipReason.VANISHED, FailureKind.UNREADABLE: SkipReason.UNREADABLE,
-                 FailureKind.TOO_LARGE: SkipReason.TOO_LARGE}
+                 FailureKind.TOO_LARGE: SkipReason.TOO_LARGE, FailureKind.UNSTORABLE: SkipReason.UNSTORABLE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,13 @@ class Skipped:
     path: RepoPath
     reason: SkipReason
     detail: str = ""
+
+    @property
+    def reason_text(self) -> str:
+        """The checkpoint warning's `reason`: a file that could not be stored names the cause."""
+        if self.reason is SkipReason.UNSTORABLE:
+            return f"{self.path} {self.reason.value} in the shadow repository ({self.detail})"
+        return self.reason.value
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,12 +9,15 @@ serialise access per repository (`RootState.lock` in engine.py); no thread of it
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
 import shutil
 import tempfile
+import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +26,13 @@ from typing import Any
 import pygit2
 import structlog
 
-from shadowpoint.errors import ObjectMissingError, RepoError, ShadowRepoMismatchError
+from shadowpoint.errors import (
+    FileNotStorableError,
+    ObjectMissingError,
+    RepoError,
+    ShadowRepoMismatchError,
+    StorageFailedError,
+)
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
@@ -75,6 +84,97 @@ def translated(action: str) -> Iterator[None]:
         yield
     except (pygit2.GitError, KeyError, ValueError) as exc:
         raise RepoError(f"Shadow repository failed to {action}: {exc}") from exc
+
+
+# The probe `written` writes when libgit2 failed: a docs root without this much room is full.
+STORAGE_PROBE_BYTES = 64 * 1024
+
+
+@contextlib.contextmanager
+def written(git_dir: Path, action: str) -> Iterator[None]:
+    """`translated` for writes: a failure the file system caused becomes `StorageFailedError`.
+
+    libgit2 reports a write the file system refused as "no error" (the errno is lost; seen
+    with a full tmpfs and under RLIMIT_FSIZE), so after a failure a probe file is written to
+    ask the file system directly (tests/faults/test_storage.py).
+    """
+    try:
+        yield
+    except (pygit2.GitError, KeyError, ValueError, OSError) as exc:
+        cause = _storage_cause(git_dir)
+        if cause is not None:
+            raise StorageFailedError(_storage_message(git_dir, action, cause)) from exc
+        raise RepoError(f"Shadow repository failed to {action}: {exc}") from exc
+
+
+def _storage_message(git_dir: Path, action: str, cause: OSError) -> str:
+    return (f"The shadow repository {git_dir} could not {action}: {cause.strerror or cause} "
+            f"(errno {errno.errorcode.get(cause.errno or 0, cause.errno)}). Nothing was half-written; "
+            "free space in the docs root (or fix the disk) and the next round checkpoints every change.")
+
+
+def _storage_cause(git_dir: Path) -> OSError | None:
+    """The file system's refusal to write into `git_dir/objects` (disk full, quota, read-only,
+    I/O error), or None when it accepts a probe or the folder is gone (damage, not storage)."""
+    probe = git_dir / "objects" / f"tmp_shadowpoint_probe_{os.getpid()}_{threading.get_ident()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, bytes(STORAGE_PROBE_BYTES))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return None if exc.errno in (errno.ENOENT, errno.ENOTDIR) else exc
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return None
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_loose_blob(git_dir: Path, data: bytes) -> str:
+    """Write `data` as a loose blob with Python's own I/O; returns its id.
+
+    The path taken when libgit2 failed to write it: libgit2 loses the errno, this write
+    keeps it. Like libgit2, a temporary file (swept as a stale `objects/tmp_*` if this
+    process dies) renamed into place, so a failure leaves no half-written object.
+
+    Raises:
+        FileNotStorableError: this one object is beyond a file-size limit (EFBIG: the file
+            system's, or the process's RLIMIT_FSIZE); other files can still be stored.
+        StorageFailedError: the docs root refused the write (disk full, quota, I/O error).
+    """
+    oid = str(pygit2.hash(data))
+    final = git_dir / "objects" / oid[:2] / oid[2:]
+    if final.exists():
+        return oid
+    tmp = git_dir / "objects" / f"tmp_shadowpoint_{os.getpid()}_{threading.get_ident()}"
+    try:
+        final.parent.mkdir(exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
+        try:
+            deflate = zlib.compressobj(1)
+            _write_all(fd, deflate.compress(b"blob %d\0" % len(data)))
+            for start in range(0, len(data), 1 << 20):
+                _write_all(fd, deflate.compress(memoryview(data)[start:start + (1 << 20)]))
+            _write_all(fd, deflate.flush())
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if exc.errno == errno.EFBIG:
+            raise FileNotStorableError(
+                f"{exc.strerror}: {len(data)} bytes are beyond a file-size limit of the docs root's "
+                "file system or of the process (RLIMIT_FSIZE)") from exc
+        raise StorageFailedError(_storage_message(git_dir, "write a blob", exc)) from exc
+    return oid
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,15 +230,18 @@ def open_blob_writer(git_dir: Path) -> Callable[[bytes], bytes]:
     renamed into place, so several processes may write into one repository at once.
 
     Raises:
-        RepoError: the repository cannot be opened (the writer raises it when a write fails).
+        RepoError: the repository cannot be opened (the writer raises `write_loose_blob`'s
+            errors when a write fails).
     """
     isolate_libgit2()
     with translated(f"open {git_dir}"):
         repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
 
     def write(data: bytes) -> bytes:
-        with translated("write a blob"):
+        try:
             return bytes(repo.create_blob(data).raw)
+        except pygit2.GitError:
+            return bytes.fromhex(write_loose_blob(git_dir, data))
 
     return write
 
@@ -301,8 +404,17 @@ class ShadowRepo:
     # ------------------------------------------------------------------ objects
 
     def write_blob(self, data: bytes) -> str:
-        with translated("write a blob"):
+        """Store a blob; returns its id.
+
+        Raises:
+            FileNotStorableError: this blob alone is too large for the docs root's file system
+                or the process's file-size limit (the caller leaves its file out).
+            StorageFailedError: the docs root refused the write (disk full, quota, I/O error).
+        """
+        try:
             return str(self._repo.create_blob(data))
+        except pygit2.GitError:
+            return write_loose_blob(self.git_dir, data)
 
     def read_blob(self, oid: str) -> bytes:
         with translated(f"read blob {oid}"):
@@ -337,7 +449,7 @@ class ShadowRepo:
                 existing[""] = entry
             else:
                 node[leaf] = entry
-        with translated("write a tree"):
+        with written(self.git_dir, "write a tree"):
             base = self._obj(base_tree) if base_tree else None
             oid = self._patch(base, nested)
             return str(oid) if oid is not None else None
@@ -405,7 +517,7 @@ class ShadowRepo:
         return self._repo.odb.write(pygit2.enums.ObjectType.TREE, data)
 
     def empty_tree(self) -> str:
-        with translated("write the empty tree"):
+        with written(self.git_dir, "write the empty tree"):
             return str(self._repo.TreeBuilder().write())
 
     def commit(self, tree: str | None, parents: Iterable[str], message: str, task_id: str) -> str:
@@ -417,7 +529,7 @@ class ShadowRepo:
         printable = task_id.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         folded = "\n ".join(part for part in re.split(r"[\r\n]+", printable) if part.strip())
         body = f"{message}\n\n{TASK_TRAILER}: {folded}\n"
-        with translated("write a commit"):
+        with written(self.git_dir, "write a commit"):
             tree_oid = pygit2.Oid(hex=tree) if tree else self._repo.TreeBuilder().write()
             oid = self._repo.create_commit(
                 None, self._sig, self._sig, body, tree_oid, [pygit2.Oid(hex=p) for p in parents]
@@ -533,7 +645,7 @@ class ShadowRepo:
             return None
 
     def set_ref(self, name: str, commit: str) -> None:
-        with translated(f"move {name}"):
+        with written(self.git_dir, f"move {name}"):
             try:
                 self._repo.references.create(name, pygit2.Oid(hex=commit), force=True)
             except (pygit2.GitError, OSError):  # pygit2 raises OSError for "failed to lock file"

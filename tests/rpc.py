@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,14 @@ class RpcError(Exception):
 class SidecarProcess:
     """`python -m shadowpoint serve` with pipelined requests and answers matched by id."""
 
-    def __init__(self, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, cwd: Path | None = None,
+                 preexec_fn: Callable[[], Any] | None = None, argv: list[str] | None = None) -> None:
+        """`preexec_fn` runs in the child before the sidecar starts (resource limits for fault
+        tests); `argv` replaces `python -m shadowpoint serve` (a fault-injecting launcher)."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shadowpoint", "serve"],
+            argv or [sys.executable, "-m", "shadowpoint", "serve"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True, preexec_fn=preexec_fn,
         )
         self._next = 1
         self._answers: dict[int, dict[str, Any]] = {}

@@ -26,6 +26,7 @@ PROTOCOL_KINDS = frozenset({
     "no_workspace", "protected_directory", "path_outside_workspace", "unknown_task", "unknown_checkpoint",
     "unknown_message", "no_file_snapshot", "already_restored", "nothing_to_undo", "init_timeout",
     "init_failed", "checkpoints_disabled", "lock_timeout", "restore_failed", "invalid_params",
+    "storage_failed",
 })
 
 
@@ -138,8 +139,9 @@ def temp_leftovers(root: Path) -> list[str]:
 
 
 def start_sidecar(root: Path, task: str | None = None, ts: int = 1000, settings: dict[str, Any] | None = None,
-                  env: dict[str, str] | None = None) -> SidecarProcess:
-    sc = SidecarProcess(env=env)
+                  env: dict[str, str] | None = None, preexec_fn: Callable[[], Any] | None = None,
+                  argv: list[str] | None = None) -> SidecarProcess:
+    sc = SidecarProcess(env=env, preexec_fn=preexec_fn, argv=argv)
     sc.call("initialize", {"roots": [str(root)], "settings": {"watcher": False, **(settings or {})}})
     if task is not None:
         sc.call("task/start", {"taskId": task, "ts": ts})
