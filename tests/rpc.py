@@ -39,6 +39,7 @@ class SidecarProcess:
         self.notifications: list[dict[str, Any]] = []
         self._cond = threading.Condition()
         self.stderr = bytearray()
+        self._stdout_ended = False  # the reader saw the end of stdout: every answer is in
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._read_err, daemon=True).start()
 
@@ -53,6 +54,7 @@ class SidecarProcess:
                     self.notifications.append(msg)
                 self._cond.notify_all()
         with self._cond:
+            self._stdout_ended = True
             self._cond.notify_all()
 
     def _read_err(self) -> None:
@@ -74,7 +76,7 @@ class SidecarProcess:
         with self._cond:
             while mid not in self._answers:
                 left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and mid not in self._answers):
+                if left <= 0 or (self._stdout_ended and self.proc.poll() is not None):
                     raise AssertionError(f"no answer to request {mid}; stderr: {bytes(self.stderr[-4000:])!r}")
                 self._cond.wait(min(left, 0.5))
             msg = self._answers.pop(mid)

@@ -8,19 +8,29 @@ on a Unix socket (`socket_server.py`) one host, with its engines and task state,
 by every connection, so short-lived hook processes find the task as the last one left it.
 Answers and notifications go through one writer lock per connection; stdout carries
 nothing but the protocol.
+
+No input ends the process: a line that is not JSON, is nested deeper than the parser
+accepts, or is longer than `MAX_LINE_BYTES` is answered with a JSON-RPC error. On stdio,
+SIGTERM and SIGINT stop the reading after what the pipe already holds (read without
+waiting); every request read is answered, commits included, and `serve` returns 0 as after
+`shutdown` (PROTOCOL.md 1.1 "Errors and signals").
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import queue
+import select
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
+from types import FrameType
 from typing import Any, BinaryIO, Protocol, TypeVar
 
 import structlog
@@ -53,6 +63,10 @@ SERVER_ERROR = -32000
 
 _STOP = object()
 T = TypeVar("T")
+
+# A request line longer than this is dropped whole and answered -32600 (memory stays bounded).
+MAX_LINE_BYTES = 64 * 1024 * 1024
+_CHUNK_BYTES = 64 * 1024
 
 # Answered on the reader thread, in arrival order (no task worker involved).
 _LIFECYCLE = ("initialize", "shutdown", "history/deleteAll", "sidecar/status", "sidecar/stop")
@@ -352,29 +366,57 @@ class Server:
 
     # ------------------------------------------------------------------ loop
 
-    def serve(self) -> int:
-        """Read requests until end of input; returns the exit status."""
-        for raw in self.reader:
-            line = raw.strip()
-            if not line:
-                continue
-            try:
-                msg = json.loads(line.decode("utf-8", "surrogateescape"))
-            except (ValueError, UnicodeDecodeError) as exc:
-                self._error(None, PARSE_ERROR, f"Parse error: {exc}")
-                continue
-            self._dispatch(msg)
+    def serve(self, chunks: Iterable[bytes] | None = None) -> int:
+        """Answer the requests in `chunks` (default: everything `reader` gives) until their end;
+        returns the exit status."""
+        lines = _LineSplitter()
+        for chunk in _read_chunks(self.reader) if chunks is None else chunks:
+            for line in lines.feed(chunk):
+                self._handle_line(line)
+        for line in lines.end():
+            self._handle_line(line)
         if self.host.shared:
             self.host.forget(self)
         else:
             self.host.close()
         return 0
 
+    def _handle_line(self, raw: bytes | None) -> None:
+        """One request line (None: one over `MAX_LINE_BYTES`); never raises."""
+        if raw is None:
+            self._error(None, INVALID_REQUEST, f"Invalid request: a line over {MAX_LINE_BYTES} bytes")
+            return
+        line = raw.strip()
+        if not line:
+            return
+        try:
+            msg = json.loads(line.decode("utf-8", "surrogateescape"))
+        except RecursionError:
+            self._error(None, PARSE_ERROR, "Parse error: nested deeper than the sidecar accepts")
+            return
+        except ValueError as exc:
+            self._error(None, PARSE_ERROR, f"Parse error: {exc}")
+            return
+        try:
+            self._dispatch(msg)
+        except Exception as exc:  # no input may end the process (PROTOCOL.md 1.1)
+            log.exception("sidecar.dispatch_failed")
+            msg_id = msg.get("id") if isinstance(msg, dict) else None
+            self._error(msg_id if _is_valid_id(msg_id) else None, INTERNAL_ERROR, f"Internal error: {exc}",
+                        "internal")
+
     def _dispatch(self, msg: Any) -> None:
-        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0" or not isinstance(msg.get("method"), str):
-            self._error(msg.get("id") if isinstance(msg, dict) else None, INVALID_REQUEST, "Invalid request")
+        if not isinstance(msg, dict):
+            what = "a batch (array), which this sidecar does not take" if isinstance(msg, list) else "not an object"
+            self._error(None, INVALID_REQUEST, f"Invalid request: {what}")
             return
         msg_id = msg.get("id")
+        if not _is_valid_id(msg_id):
+            self._error(None, INVALID_REQUEST, "Invalid request: `id` must be a string, a number or null")
+            return
+        if msg.get("jsonrpc") != "2.0" or not isinstance(msg.get("method"), str):
+            self._error(msg_id, INVALID_REQUEST, "Invalid request")
+            return
         method: str = msg["method"]
         params = msg.get("params", {})
         if params is None:
@@ -511,15 +553,132 @@ class Server:
         self._eng().delete_all(keep)
 
 
+def _is_valid_id(value: Any) -> bool:
+    """A JSON-RPC id this server echoes: a string, a finite number or null (never a structure)."""
+    if value is None or isinstance(value, str):
+        return True
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _read_chunks(reader: BinaryIO) -> Iterator[bytes]:
+    while chunk := reader.readline(_CHUNK_BYTES):
+        yield chunk
+
+
+class _LineSplitter:
+    """Cuts a byte stream into request lines; a line over `MAX_LINE_BYTES` comes out as None."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._too_long = False  # inside a line already over the limit: drop until its end
+
+    def feed(self, chunk: bytes) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            out.append(self._take(chunk[start:end]))
+            start = end + 1
+        self._keep(chunk[start:])
+        return out
+
+    def end(self) -> list[bytes | None]:
+        """The last line, when the input ended without a newline."""
+        if self._too_long or self._buf.strip():
+            return [self._take(b"")]
+        return []
+
+    def _take(self, tail: bytes) -> bytes | None:
+        self._keep(tail)
+        line = None if self._too_long else bytes(self._buf)
+        self._buf.clear()
+        self._too_long = False
+        return line
+
+    def _keep(self, part: bytes) -> None:
+        if self._too_long:
+            return
+        if len(self._buf) + len(part) > MAX_LINE_BYTES:
+            self._too_long = True
+            self._buf.clear()
+        else:
+            self._buf += part
+
+
+class _SignalledInput:
+    """stdin as chunks until its end or SIGTERM/SIGINT; after a signal, what the pipe already
+    holds is read without waiting, and nothing after it (main thread only)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.signal: int | None = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def __enter__(self) -> _SignalledInput:
+        self._old_wakeup = signal.set_wakeup_fd(self._wake_w)
+        self._old_handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(self._old_wakeup)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # only a flag: the handler may run while the main thread holds any lock (a logger's)
+        if self.signal is None:
+            self.signal = signum
+
+    def chunks(self) -> Iterator[bytes]:
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        while self.signal is None:
+            ready = {fd for fd, _ in poller.poll()}
+            if self._wake_r in ready:
+                with contextlib.suppress(OSError):
+                    os.read(self._wake_r, 512)
+            if self.signal is not None:
+                break
+            if self.fd in ready:
+                chunk = os.read(self.fd, _CHUNK_BYTES)
+                if not chunk:
+                    return
+                yield chunk
+        # Signalled: the requests already written to the pipe are taken, without waiting.
+        log.info("sidecar.signalled", signal=signal.Signals(self.signal).name)
+        os.set_blocking(self.fd, False)
+        while True:
+            try:
+                chunk = os.read(self.fd, _CHUNK_BYTES)
+            except OSError:  # BlockingIOError: the pipe is empty
+                return
+            if not chunk:
+                return
+            yield chunk
+
+
 def serve_stdio(settings: Settings | None = None) -> int:
-    """Serve on stdin/stdout. Anything else that writes to fd 1 is sent to stderr instead."""
+    """Serve on stdin/stdout. Anything else that writes to fd 1 is sent to stderr instead.
+
+    SIGTERM and SIGINT end the reading after what stdin already holds; every request read
+    is answered (commits included) and the status is 0, as after `shutdown`.
+    """
     proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     reader = os.fdopen(os.dup(0), "rb")
     server = Server(reader, proto_out, settings)
     try:
-        return server.serve()
+        if threading.current_thread() is not threading.main_thread():
+            return server.serve()  # signal handlers belong to the main thread
+        with _SignalledInput(reader.fileno()) as signalled:
+            return server.serve(signalled.chunks())
     finally:
+        with contextlib.suppress(OSError):
+            reader.close()
         with contextlib.suppress(OSError):
             proto_out.close()
