@@ -146,6 +146,34 @@ def test_same_size_rewrite_within_one_tick_is_rehashed(env: Env) -> None:
     assert_consistent(env, cache)
 
 
+def test_same_size_rewrite_with_its_old_mtime_put_back_is_detected(env: Env) -> None:
+    """Between two rescans a file is rewritten in place, same size, and `os.utime` puts its
+    old (long past, so not racy) mtime back: only its ctime tells, and the cache keys on it
+    (peers missed exactly this: t3code#9661)."""
+    p = env.root / "f.txt"
+    p.write_bytes(b"AAAA")
+    past = os.lstat(p).st_mtime_ns - 10_000_000_000
+    os.utime(p, ns=(past, past))
+    cache = StatCache()
+    env.stage(cache, rescan=True)
+    res = env.stage(cache, rescan=True)
+    assert res.stats.hashed == 0 and not res.changed, "the old mtime is trusted: the file is not read"
+    before = os.lstat(p)
+    while True:  # until the kernel's coarse clock gives the rewrite a new ctime (a condition, not a delay)
+        with open(p, "r+b") as fh:
+            fh.write(b"BBBB")
+        os.utime(p, ns=(past, past))
+        after = os.lstat(p)
+        if after.st_ctime_ns != before.st_ctime_ns:
+            break
+    assert (after.st_size, after.st_mtime_ns, after.st_ino, after.st_mode) == (
+        before.st_size, before.st_mtime_ns, before.st_ino, before.st_mode), "only the ctime differs"
+    res = env.stage(cache, rescan=True)
+    assert res.changed and res.stats.hashed == 1
+    assert env.snapshot(res.tree) == {"f.txt": b"BBBB"}
+    assert_consistent(env, cache)
+
+
 def test_racy_entry_with_identical_stat_is_rehashed(env: Env) -> None:
     """A stat recorded in the same tick as the write cannot prove the content: hash it."""
     p = env.root / "f.txt"
