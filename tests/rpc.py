@@ -40,8 +40,10 @@ class SidecarProcess:
         self._cond = threading.Condition()
         self.stderr = bytearray()
         self._stdout_ended = False  # the reader saw the end of stdout: every answer is in
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._read_err, daemon=True).start()
+        self._readers = [threading.Thread(target=self._read, daemon=True),
+                         threading.Thread(target=self._read_err, daemon=True)]
+        for reader in self._readers:
+            reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -103,7 +105,8 @@ class SidecarProcess:
         self._close_pipes()
 
     def _close_pipes(self) -> None:
-        time.sleep(0.05)  # let the reader threads drain what is left
+        for reader in self._readers:  # they drain what is left, up to the end of the pipes
+            reader.join(timeout=30)
         for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 with contextlib.suppress(OSError, ValueError):

@@ -13,6 +13,7 @@ answers in bounded time (never a hang), and nothing is lost once it is released.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import random
@@ -245,6 +246,19 @@ class HeldLock:
         os.close(self.fd)
 
 
+def _wait_until_open(pid: int, path: Path, timeout_s: float = 60) -> None:
+    """Until process `pid` has `path` open (a condition with a generous bound, not a delay)."""
+    fd_dir = Path(f"/proc/{pid}/fd")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for fd in fd_dir.iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) == str(path):
+                    return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} never opened {path}")
+
+
 def test_a_held_lock_gives_lock_timeout_not_a_hang(tmp_path: Path, docs: Path) -> None:
     root = make_tree(tmp_path / "work" / "proj", {"a.txt": "a0\n", "b.txt": "b0\n"})
     env = {"SHADOWPOINT_LOCK_TIMEOUT_S": "2"}
@@ -256,8 +270,10 @@ def test_a_held_lock_gives_lock_timeout_not_a_hang(tmp_path: Path, docs: Path) -
     held = HeldLock(lock_path)
     released = threading.Event()
 
-    def release_soon() -> None:
-        time.sleep(0.5)
+    def release_once_tried() -> None:
+        # released as soon as the sidecar has the lock file open (it is trying to take it),
+        # not after a delay: a loaded machine never makes the wait exceed the 2 s timeout
+        _wait_until_open(sc.proc.pid, lock_path)
         released.set()
         held.release()
 
@@ -265,8 +281,10 @@ def test_a_held_lock_gives_lock_timeout_not_a_hang(tmp_path: Path, docs: Path) -
     sc.call("tool/begin", {"taskId": "t", "tool": "write_to_file", "paths": ["b.txt"]})
     make_tree(root, {"b.txt": "b0 again\n"})
     sc.call("tool/end", {"taskId": "t", "tool": "write_to_file", "paths": ["b.txt"]})
-    threading.Thread(target=release_soon).start()
+    releaser = threading.Thread(target=release_once_tried)
+    releaser.start()
     cp = sc.call("round/end", {"taskId": "t", "ts": 2}, timeout=60)["checkpoint"]
+    releaser.join()
     assert released.is_set(), "the commit waited for the other holder"
     assert git_tree(git_dir, cp["hash"]) == expected_git_tree(read_tree(root))
     make_tree(root, {"b.txt": "b0\n"})

@@ -1,13 +1,18 @@
 """A sidecar killed (SIGKILL) in the middle of a multi-file restore: the next start leaves
-the workspace exactly as before the restore or exactly as the checkpoint, with no torn file."""
+the workspace exactly as before the restore or exactly as the checkpoint, with no torn file.
+
+Each kill lands by construction: the restoring sidecar pauses before renaming its N-th file
+into place (`paused_sidecar`, at `SafeWriter._move_into_place`), the test waits for its
+marker, then kills it; N is drawn from the whole range of the restore's writes.
+"""
 
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 from tests.conftest import make_tree, read_tree
+from tests.faults.paused_sidecar import ARGV, PausePoint
 from tests.rpc import SidecarProcess
 
 FILES = 1500
@@ -19,8 +24,8 @@ def _versions(tag: str) -> dict[str, str]:
     return {f"src/m{i // 100:02d}/f{i:04d}.txt": f"{tag} {i}\n" * 200 for i in range(FILES)}
 
 
-def _start(root: Path, task: str) -> SidecarProcess:
-    sc = SidecarProcess()
+def _start(root: Path, task: str, pause: PausePoint | None = None) -> SidecarProcess:
+    sc = SidecarProcess(env=pause.env(), argv=ARGV) if pause else SidecarProcess()
     sc.call("initialize", {"roots": [str(root)], "settings": {"watcher": False}})
     sc.call("task/start", {"taskId": task, "ts": 1000})
     sc.wait_ready(task)
@@ -32,12 +37,15 @@ def test_kill_during_restore_is_completed_on_next_start(tmp_path: Path) -> None:
     root = make_tree(tmp_path / "work" / "proj", _versions("old"))
     before_state = None
     outcomes = []
-    mid_restore = 0
-    for attempt in range(ATTEMPTS):
+    # renamed into place before the kill: the first and the last write, and draws between
+    landed = [0, FILES - 1, *rng.sample(range(1, FILES - 1), ATTEMPTS - 2)]
+    for attempt, renamed in enumerate(landed):
         task = f"crash-{attempt}"
         if attempt:
             make_tree(root, _versions("old"))
-        sc = _start(root, task)
+        pause = PausePoint("shadowpoint.safe_fs:SafeWriter._move_into_place", after=renamed,
+                           marker=str(tmp_path / f"paused-{attempt}"), arm=str(tmp_path / f"arm-{attempt}"))
+        sc = _start(root, task, pause)
         paths = sorted(_versions("x"))
         sc.call("round/begin", {"taskId": task})
         sc.call("tool/begin", {"taskId": task, "tool": "write_to_file", "paths": paths})
@@ -47,25 +55,16 @@ def test_kill_during_restore_is_completed_on_next_start(tmp_path: Path) -> None:
         before_state = read_tree(root)
         checkpoint_state = {p: v.encode() for p, v in _versions("old").items()}
 
-        if attempt == 0:
-            # measure how long a whole restore takes, to aim the kills inside it
-            t0 = time.monotonic()
-            sc.call("checkpoint/restore", {"taskId": task, "ts": 1000, "mode": "files"})
-            duration = time.monotonic() - t0
-            sc.close()
-            assert read_tree(root) == checkpoint_state
-            outcomes.append("measured")
-            continue
+        Path(pause.arm or "").touch()  # the renames of the restore count, nothing before
         sc.send("checkpoint/restore", {"taskId": task, "ts": 1000, "mode": "files"})
-        time.sleep(rng.uniform(0.55, 0.95) * duration)
+        pause.wait(sc.proc)
         sc.kill()
 
         at_kill = read_tree(root)
         torn = [p for p, data in at_kill.items() if b"old" in data and b"new" in data]
         assert not torn, f"a file is never torn, even mid-restore: {torn[:3]}"
-        olds = sum(1 for data in at_kill.values() if data.startswith(b"old"))
-        if 0 < olds < FILES:
-            mid_restore += 1  # the kill landed while files were being written
+        olds = sum(1 for p, data in at_kill.items() if data.startswith(b"old") and ".shadowpoint-tmp-" not in p)
+        assert olds == renamed, f"killed with exactly {renamed} files renamed into place, found {olds}"
 
         again = _start(root, task)  # task/start on a known task completes the interrupted restore
         after = read_tree(root)
@@ -76,4 +75,4 @@ def test_kill_during_restore_is_completed_on_next_start(tmp_path: Path) -> None:
             "after the restart the workspace is exactly before the restore or exactly the checkpoint")
         outcomes.append("completed" if after == checkpoint_state else "untouched")
     assert len(outcomes) == ATTEMPTS
-    assert mid_restore >= 1, f"no kill landed in the middle of the file writes ({outcomes}); aim better"
+    assert "completed" in outcomes, outcomes  # a journal written before the first rename completes it

@@ -12,7 +12,7 @@ import random
 import shutil
 import stat
 import subprocess
-import time
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -606,8 +606,14 @@ def folders_walked(rules: ExclusionRules) -> set[str]:
 
 
 def _settle() -> None:
-    """Let the coarse file clock move on, so a later change gives a folder new times."""
-    time.sleep(0.03)
+    """Until the coarse file clock has moved on, so a later change gives a folder new times
+    (a condition on the clock itself: a probe file's mtime changes, not a delay)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe"
+        probe.touch()
+        first = probe.stat().st_mtime_ns
+        while probe.stat().st_mtime_ns == first:
+            probe.touch()
 
 
 @pytest.fixture

@@ -150,14 +150,7 @@ def test_same_size_rewrite_with_its_old_mtime_put_back_is_detected(env: Env) -> 
     """Between two rescans a file is rewritten in place, same size, and `os.utime` puts its
     old (long past, so not racy) mtime back: only its ctime tells, and the cache keys on it
     (peers missed exactly this: t3code#9661)."""
-    p = env.root / "f.txt"
-    p.write_bytes(b"AAAA")
-    past = os.lstat(p).st_mtime_ns - 10_000_000_000
-    os.utime(p, ns=(past, past))
-    cache = StatCache()
-    env.stage(cache, rescan=True)
-    res = env.stage(cache, rescan=True)
-    assert res.stats.hashed == 0 and not res.changed, "the old mtime is trusted: the file is not read"
+    p, past, cache = _old_file_staged_twice(env, b"AAAA")
     before = os.lstat(p)
     while True:  # until the kernel's coarse clock gives the rewrite a new ctime (a condition, not a delay)
         with open(p, "r+b") as fh:
@@ -191,16 +184,22 @@ def test_racy_entry_with_identical_stat_is_rehashed(env: Env) -> None:
     assert res.stats.hashed == 1
 
 
-def test_old_entry_with_identical_stat_is_trusted(env: Env) -> None:
-    """The converse: an mtime well before the check is clean, so the file is not read."""
+def _old_file_staged_twice(env: Env, content: bytes) -> tuple[Path, int, StatCache]:
+    """f.txt with an mtime long past, rescanned twice: the second rescan trusts it unread."""
     p = env.root / "f.txt"
-    p.write_bytes(b"old!")
+    p.write_bytes(content)
     past = os.lstat(p).st_mtime_ns - 10_000_000_000
     os.utime(p, ns=(past, past))
     cache = StatCache()
     env.stage(cache, rescan=True)
     res = env.stage(cache, rescan=True)
     assert res.stats.hashed == 0 and res.stats.examined == 1 and not res.changed
+    return p, past, cache
+
+
+def test_old_entry_with_identical_stat_is_trusted(env: Env) -> None:
+    """The converse: an mtime well before the check is clean, so the file is not read."""
+    _old_file_staged_twice(env, b"old!")
 
 
 # ---- rescan vs explicit paths on a random edit sequence ---------------------------------------
