@@ -63,9 +63,10 @@ class Skipped:
     @property
     def reason_text(self) -> str:
         """The checkpoint warning's `reason`: a file that could not be stored names the cause."""
+        text: str = self.reason.value
         if self.reason is SkipReason.UNSTORABLE:
-            return f"{self.path} {self.reason.value} in the shadow repository ({self.detail})"
-        return self.reason.value
+            return f"{self.path} {text} in the shadow repository ({self.detail})"
+        return text
 
 
 @dataclass(frozen=True, slots=True)

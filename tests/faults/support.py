@@ -236,23 +236,3 @@ def missing_objects(git_dir: Path, commit: str) -> list[str]:
         return [f"unreadable: {exc.stderr.decode(errors='replace').strip()}"]
     res = git(git_dir, "cat-file", "--batch-check", input="".join(o + "\n" for o in oids).encode())
     return [ln for ln in res.stdout.decode().splitlines() if ln.endswith("missing")]
-
-
-class Aim:
-    """Seeded kill delays that home in on a window: a kill that came too early raises the
-    floor, one that came too late lowers the ceiling (fast machines shrink the window)."""
-
-    def __init__(self, rng: Any, ceiling_s: float) -> None:
-        self.rng = rng
-        self.lo = 0.0
-        self.hi = ceiling_s
-
-    def delay(self) -> float:
-        d: float = self.rng.uniform(self.lo, self.hi)
-        return d
-
-    def too_early(self, delay_s: float) -> None:
-        self.lo = min(delay_s, self.hi)
-
-    def too_late(self, delay_s: float) -> None:
-        self.hi = max(delay_s, self.lo)

@@ -9,20 +9,25 @@ After every kill a new sidecar starts on the same docs root, and then:
 - no `.shadowpoint-tmp-*` entry is left in the workspace, nor a gc staging folder in the repo;
 - an interrupted restore left the workspace exactly as before it or exactly as the checkpoint.
 
+Every kill lands by construction, whatever the machine's speed or load: the sidecar that is
+killed pauses at a chosen call (`paused_sidecar.PausePoint`: the N-th file hashed, the
+commit, the ref move, the record, the N-th file renamed into place, the pack write, ...), the
+test waits for its marker and kill -9s it there. The points rotate over the iterations, N
+is seeded-random.
+
 Iterations are bounded for CI; `SHADOWPOINT_SOAK=N` multiplies them.
 """
 
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 from typing import Any
 
 from tests.conftest import make_tree, read_tree
+from tests.faults.paused_sidecar import ARGV, PausePoint
 from tests.faults.support import (
     SOAK,
-    Aim,
     edit_round,
     expected_git_tree,
     fsck_problems,
@@ -95,8 +100,8 @@ def _listed(sc: SidecarProcess, task: str) -> dict[int, str]:
 
 
 def _answered(sc: SidecarProcess, mid: int) -> dict[str, Any] | None:
-    """The answer to `mid` if the sidecar wrote it before it died."""
-    time.sleep(0.05)
+    """The answer to `mid` if the sidecar wrote it before it died (call after `kill`, which
+    reads its output to the end)."""
     with sc._cond:
         msg = sc._answers.get(mid)
     if msg is None:
@@ -106,33 +111,48 @@ def _answered(sc: SidecarProcess, mid: int) -> dict[str, Any] | None:
     return result
 
 
+def _paused(root: Path, tmp_path: Path, name: str, target: str, after: int = 0,
+            task: str | None = None) -> tuple[SidecarProcess, PausePoint]:
+    """A sidecar that will pause at `target` once the returned point's `arm` file exists."""
+    point = PausePoint(target, after, marker=str(tmp_path / f"paused-{name}"), arm=str(tmp_path / f"arm-{name}"))
+    return start_sidecar(root, task, ts=1, env={**ENV, **point.env()}, argv=ARGV), point
+
+
+def _kill_there(sc: SidecarProcess, point: PausePoint) -> None:
+    point.wait(sc.proc)
+    sc.kill()
+
+
+HASHED = "shadowpoint.scanner:Scanner._record_file"  # the scanner records one hashed file
+COMMIT = "shadowpoint.shadow_repo:ShadowRepo.commit"
+REF = "shadowpoint.shadow_repo:ShadowRepo.set_ref"
+RECORD = "shadowpoint.checkpoints:CheckpointStore.save"
+
+
 def test_kill_during_baseline(tmp_path: Path, docs: Path) -> None:
     rng = random.Random(101)
     root = make_tree(tmp_path / "work" / "proj", _version("v0"))
     git_dir = shadow_git_dir(docs, root)
     acked = Acked()
-    inside = 0
     iterations = 8 * SOAK
-    sc = start_sidecar(root, env=ENV)
-    t0 = time.monotonic()
-    sc.call("task/start", {"taskId": "measure", "ts": 1})  # measure, to aim the kills inside a baseline
-    sc.wait_ready("measure")
-    duration = time.monotonic() - t0
-    acked.add("measure", _listed_first(sc, "measure"), read_tree(root))
-    aim = Aim(rng, duration)
+    sc = start_sidecar(root, "first", ts=1, env=ENV)
+    acked.add("first", _listed_first(sc, "first"), read_tree(root))
+    sc.close()
+    # the N-th file of the scan recorded (files hashed by the blob workers too), the commit, the ref
+    points = [HASHED, COMMIT, REF]
     for it in range(iterations):
         # change half the files so the baseline really hashes and writes objects
         make_tree(root, _version(f"b{it}", rng.sample(_paths(), FILES // 2)))
         task = f"base-{it}"
+        target = points[it % len(points)]
+        # the stat cache keeps the unchanged half: the changed half is hashed
+        after = rng.randrange(FILES // 2) if target == HASHED else 0
+        sc, point = _paused(root, tmp_path, f"base-{it}", target, after)
+        Path(point.arm or "").touch()
         sc.call("task/start", {"taskId": task, "ts": 1})
-        delay = aim.delay()
-        time.sleep(delay)
-        state = sc.call("checkpoint/list", {"taskId": task})["state"]
+        point.wait(sc.proc)
+        assert sc.call("checkpoint/list", {"taskId": task})["state"] == "initializing"
         sc.kill()
-        if state == "initializing":
-            inside += 1
-        else:
-            aim.too_late(delay)
 
         _check_repo(git_dir, root, acked)
         sc = start_sidecar(root, task, ts=1, env=ENV)  # builds the baseline again if it never finished
@@ -143,9 +163,7 @@ def test_kill_during_baseline(tmp_path: Path, docs: Path) -> None:
         acked.add(task, listing["checkpoints"][0], base_tree)
         _new_round_works(sc, task, 50, root, git_dir, acked)
         _check_repo(git_dir, root, acked)
-    sc.close()
-    print(f"baseline kills: {inside} inside, {iterations - inside} after it")
-    assert inside >= 1, "no kill landed inside a baseline; aim better"
+        sc.close()
 
 
 def _listed_first(sc: SidecarProcess, task: str) -> dict[str, Any]:
@@ -161,29 +179,24 @@ def test_kill_during_round_commit(tmp_path: Path, docs: Path) -> None:
     task = "rounds"
     sc = start_sidecar(root, task, ts=1, env=ENV)
     acked.add(task, _listed_first(sc, task), read_tree(root))
-    # measure one edit round and one command round of every file
-    durations = {}
-    for kind, ts in (("edit", 2), ("command", 3)):
-        mid = _big_round(sc, root, task, ts, kind, f"m{ts}", wait=False)
-        t0 = time.monotonic()
-        cp = sc.wait(mid)["checkpoint"]
-        durations[kind] = time.monotonic() - t0  # from round/end to its answer
-        acked.add(task, cp, read_tree(root))
-    inside = 0
+    for kind, ts in (("edit", 2), ("command", 3)):  # one whole round of each kind
+        acked.add(task, _big_round(sc, root, task, ts, kind, f"m{ts}"), read_tree(root))
+    sc.close()
     ts = 10
     iterations = 10 * SOAK
+    # the N-th file staged, the tree, the commit, the task ref, the task record
+    # (5 points, 2 kinds: ten iterations kill each kind of round at each point)
+    points = [HASHED, "shadowpoint.shadow_repo:ShadowRepo.patch_tree", COMMIT, REF, RECORD]
     for it in range(iterations):
         kind = ("edit", "command")[it % 2]
+        target = points[it % len(points)]
+        after = rng.randrange(FILES) if target == HASHED else 0
         ts += 10
+        sc, point = _paused(root, tmp_path, f"round-{it}", target, after, task=task)
+        Path(point.arm or "").touch()
         mid = _big_round(sc, root, task, ts, kind, f"r{it}", wait=False)
-        tree = read_tree(root)
-        time.sleep(rng.uniform(0.0, 1.2) * durations[kind])
-        sc.kill()
-        answer = _answered(sc, mid)
-        if answer is None:
-            inside += 1
-        else:
-            acked.add(task, answer["checkpoint"], tree)
+        _kill_there(sc, point)
+        assert _answered(sc, mid) is None, f"killed at {target} before the round's answer"
 
         _check_repo(git_dir, root, acked)
         sc = start_sidecar(root, task, ts=1, env=ENV)
@@ -194,9 +207,7 @@ def test_kill_during_round_commit(tmp_path: Path, docs: Path) -> None:
         ts += 1
         _new_round_works(sc, task, ts, root, git_dir, acked)  # the first round after a start rescans
         _check_repo(git_dir, root, acked)
-    sc.close()
-    print(f"round kills: {inside} before the answer, {iterations - inside} after")
-    assert inside >= 1, "no kill landed before a round's answer; aim better"
+        sc.close()
 
 
 def _big_round(sc: SidecarProcess, root: Path, task: str, ts: int, kind: str, tag: str, wait: bool = True) -> Any:
@@ -226,53 +237,53 @@ def test_kill_during_restore(tmp_path: Path, docs: Path) -> None:
     ts = 10
     cp = edit_round(sc, task, ts, paths, lambda: make_tree(root, _version("new", paths)))
     acked.add(task, cp, read_tree(root))
-    t0 = time.monotonic()
-    sc.call("checkpoint/restore", {"taskId": task, "ts": 1, "mode": "files"})
-    duration = time.monotonic() - t0
+    sc.call("checkpoint/restore", {"taskId": task, "ts": 1, "mode": "files"})  # one whole restore
     assert read_tree(root) == old
-    inside = 0
+    sc.close()
     iterations = 8 * SOAK
-    aim = Aim(rng, duration)
+    # before its journal (nothing written), before the N-th file is renamed into place, before
+    # the journal is cleared (every file written)
+    points = ["shadowpoint.checkpoints:CheckpointStore.write_journal", MOVED, MOVED,
+              "shadowpoint.checkpoints:CheckpointStore.clear_journal"]
     for it in range(iterations):
+        target = points[it % len(points)]
+        after = rng.randrange(1, RESTORE_FILES) if target == MOVED else 0
+        sc, point = _paused(root, tmp_path, f"restore-{it}", target, after, task=task)
         ts += 10
         cp = edit_round(sc, task, ts, paths, lambda it=it: make_tree(root, _version(f"new{it}", paths)))
         before = read_tree(root)
         acked.add(task, cp, before)
+        Path(point.arm or "").touch()
         sc.send("checkpoint/restore", {"taskId": task, "ts": 1, "mode": "files"})
-        delay = aim.delay()
-        time.sleep(delay)
-        sc.kill()
-        at_kill = read_tree(root)
+        _kill_there(sc, point)
+        at_kill = {p: v for p, v in read_tree(root).items() if ".shadowpoint-tmp-" not in p}
         torn = [p for p, data in at_kill.items() if isinstance(data, bytes) and data.count(b"\n") and
                 len({line.split(b" ")[0] for line in data.splitlines()}) > 1]
         assert not torn, f"a file is never torn, even mid-restore: {torn[:3]}"
-        if at_kill == before:
-            aim.too_early(delay)
-        elif at_kill == old:
-            aim.too_late(delay)
-        else:
-            inside += 1
+        restored = sum(1 for p in paths if at_kill.get(p) == old[p])
+        want = {MOVED: after, "shadowpoint.checkpoints:CheckpointStore.clear_journal": len(paths)}.get(target, 0)
+        assert restored == want, f"killed at {target} with {want} files restored, found {restored}"
 
         problems = fsck_problems(git_dir)
         assert not problems, problems[:10]
         acked.check(git_dir)
         sc = start_sidecar(root, task, ts=1, env=ENV)  # resuming the task completes the restore
-        after = read_tree(root)
-        assert after in (before, old), "exactly before the restore, or exactly the checkpoint"
+        after_restart = read_tree(root)
+        assert after_restart in (before, old), "exactly before the restore, or exactly the checkpoint"
         assert not temp_leftovers(root)
-        if after == old:
+        if after_restart == old:
             # the completed restore can be undone, back to the state before it
             sc.call("checkpoint/undoRestore", {"taskId": task})
             assert read_tree(root) == before
         _new_round_works(sc, task, ts + 1, root, git_dir, acked)
         _check_repo(git_dir, root, acked)
-    sc.close()
-    print(f"restore kills: {inside} mid-write, {iterations - inside} before or after the writes")
-    assert inside >= 1, "no kill landed in the middle of a restore's writes; aim better"
+        sc.close()
+
+
+MOVED = "shadowpoint.safe_fs:SafeWriter._move_into_place"  # before one file is renamed into place
 
 
 def test_kill_during_garbage_collection(tmp_path: Path, docs: Path) -> None:
-    rng = random.Random(404)
     root = make_tree(tmp_path / "work" / "proj", _version("k0"))
     git_dir = shadow_git_dir(docs, root)
     acked = Acked()
@@ -280,11 +291,16 @@ def test_kill_during_garbage_collection(tmp_path: Path, docs: Path) -> None:
     paths = _paths()
     sc = start_sidecar(root, keep, ts=1, env=ENV)
     acked.add(keep, _listed_first(sc, keep), read_tree(root))
-    duration = 0.0
-    inside = 0
     ts = 10
     iterations = 6 * SOAK
+    # the pack about to be written (in its staging folder), written and installed with no loose
+    # object removed yet, the loose objects removed but the staging folder not yet
+    points = ["pygit2:PackBuilder.write", "shadowpoint.shadow_repo:ShadowRepo._prune_loose",
+              "shadowpoint.shadow_repo:ShadowRepo.reopen"]
+    point: PausePoint | None = None
     for it in range(iterations + 1):
+        if it:
+            sc, point = _paused(root, tmp_path, f"gc-{it}", points[it % len(points)], task=keep)
         victim = f"victim-{it}"
         sc.call("task/start", {"taskId": victim, "ts": 1})
         sc.wait_ready(victim)
@@ -294,19 +310,15 @@ def test_kill_during_garbage_collection(tmp_path: Path, docs: Path) -> None:
         cp = edit_round(sc, keep, ts, paths, lambda it=it: make_tree(root, _version(f"keep{it}")))
         acked.add(keep, cp, read_tree(root))
         loose_before = _loose(git_dir)
-        t0 = time.monotonic()
-        sc.call("task/delete", {"taskId": victim})  # answers at once; the collection runs in the background
-        if it == 0:
-            sc.close()  # waits for the background collection: measures it
-            duration = time.monotonic() - t0
-            assert _loose(git_dir) < loose_before, "the measured collection packed the loose objects"
-            sc = start_sidecar(root, keep, ts=1, env=ENV)
+        if point is None:
+            sc.call("task/delete", {"taskId": victim})  # answers at once; the collection runs in the background
+            sc.close()  # waits for the background collection: one whole collection
+            assert _loose(git_dir) < loose_before, "the collection packed the loose objects"
             continue
-        time.sleep(rng.uniform(0.0, 1.0) * duration)
-        sc.kill()
-        loose_at_kill = _loose(git_dir)
-        if list((git_dir / "objects").glob("gc-*")) or 0 < loose_at_kill < loose_before:
-            inside += 1
+        Path(point.arm or "").touch()
+        sc.call("task/delete", {"taskId": victim})
+        _kill_there(sc, point)
+        assert list((git_dir / "objects").glob("gc-*")), "killed inside the collection (its staging folder)"
 
         problems = fsck_problems(git_dir)
         assert not problems, f"git fsck after a kill during gc: {problems[:10]}"
@@ -318,9 +330,7 @@ def test_kill_during_garbage_collection(tmp_path: Path, docs: Path) -> None:
         ts += 1
         _new_round_works(sc, keep, ts, root, git_dir, acked)
         _check_repo(git_dir, root, acked)
-    sc.close()
-    print(f"gc kills: {inside} inside, {iterations - inside} before or after")
-    assert inside >= 1, "no kill landed inside a garbage collection; aim better"
+        sc.close()
 
 
 def _loose(git_dir: Path) -> int:
