@@ -88,6 +88,9 @@ def translated(action: str) -> Iterator[None]:
 
 # The probe `written` writes when libgit2 failed: a docs root without this much room is full.
 STORAGE_PROBE_BYTES = 64 * 1024
+# A refusal with one of these is damage to the repository (a file where its folder should
+# be, a folder gone), not the storage: RepoError, whose handling repairs the repo.
+_DAMAGE_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EEXIST, errno.EISDIR})
 
 
 @contextlib.contextmanager
@@ -124,7 +127,7 @@ def _storage_cause(git_dir: Path) -> OSError | None:
         finally:
             os.close(fd)
     except OSError as exc:
-        return None if exc.errno in (errno.ENOENT, errno.ENOTDIR) else exc
+        return None if exc.errno in _DAMAGE_ERRNOS else exc
     finally:
         with contextlib.suppress(OSError):
             probe.unlink()
@@ -148,6 +151,7 @@ def write_loose_blob(git_dir: Path, data: bytes) -> str:
         FileNotStorableError: this one object is beyond a file-size limit (EFBIG: the file
             system's, or the process's RLIMIT_FSIZE); other files can still be stored.
         StorageFailedError: the docs root refused the write (disk full, quota, I/O error).
+        RepoError: the object store is damaged (a file where a fan-out folder should be).
     """
     oid = str(pygit2.hash(data))
     final = git_dir / "objects" / oid[:2] / oid[2:]
@@ -169,6 +173,8 @@ def write_loose_blob(git_dir: Path, data: bytes) -> str:
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if exc.errno in _DAMAGE_ERRNOS:
+            raise RepoError(f"Shadow repository failed to write a blob: {exc}") from exc
         if exc.errno == errno.EFBIG:
             raise FileNotStorableError(
                 f"{exc.strerror}: {len(data)} bytes are beyond a file-size limit of the docs root's "
