@@ -72,8 +72,10 @@ def default_command(agent: str) -> str:
 
 
 def is_ours(hook: Any, agent: str) -> bool:
-    """True for a hook entry of ours: a command running our hook client for `agent` (any path),
-    or, for Claude Code, an http hook posting to `/hook/claude` on 127.0.0.1."""
+    """True for a hook entry (or a command string) of ours: a command running our hook client for
+    `agent` (any path), or, for Claude Code, an http hook posting to `/hook/claude` on 127.0.0.1."""
+    if isinstance(hook, str):
+        hook = {"command": hook}
     if not isinstance(hook, dict):
         return False
     url = hook.get("url")

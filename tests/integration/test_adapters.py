@@ -279,7 +279,7 @@ def test_gemini_turn_is_a_round(workspace: Path, env: dict[str, str]) -> None:
     ev("AfterTool", tool_name="run_shell_command", tool_input=run, tool_response={"llmContent": ""})
     ev("BeforeTool", tool_name="read_file", tool_input={"absolute_path": str(ws / "main.go")})
     ev("AfterAgent", prompt="add a vendored helper", prompt_response="done", stop_hook_active=False)
-    ev("PreCompress", trigger="auto")
+    ev("PreCompress", trigger="manual")  # an automatic one fires on every model call: no compaction
 
     cps = checkpoints(session, ws, env)
     assert [c["kind"] for c in cps] == ["baseline", "round", "completion", "compaction"]

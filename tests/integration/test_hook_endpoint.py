@@ -175,9 +175,9 @@ def _sidecar_pid(ws: Path) -> int:
 
 
 def _wait_gone(pid: int) -> None:
-    from tests.integration.test_adapters import _alive
-
     import time
+
+    from tests.integration.test_adapters import _alive
 
     deadline = time.monotonic() + 60
     while _alive(pid) and time.monotonic() < deadline:
