@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,10 @@ class ModeResult:
     drained_s: float = 0.0  # until the sidecar had written every checkpoint
     hooks: dict[str, list[float]] = field(default_factory=dict)  # transport → latencies (s)
     checkpoints: int = 0
+    by_event: dict[str, list[float]] = field(default_factory=dict)
+    first_barrier_s: float = 0.0
+    kinds: list[str] = field(default_factory=list)
+    floor: dict[str, list[float]] = field(default_factory=dict)
 
 
 def _existing_sources(root: Path, count: int = 10) -> list[str]:
@@ -177,6 +182,8 @@ class _Ours:
     secret: str
     lean: list[str]
     hooks: dict[str, list[float]] = field(default_factory=lambda: {"http": [], "command": [], "command-first": []})
+    by_event: dict[str, list[float]] = field(default_factory=dict)
+    first_barrier_s: float | None = None
     conn: http.client.HTTPConnection | None = None
 
     def send(self, event: str, fields: dict[str, Any]) -> None:
@@ -187,7 +194,9 @@ class _Ours:
         if event in ("SessionStart", "UserPromptSubmit"):
             subprocess.run([*self.lean, "claude"], input=body, env=self.env, cwd=self.root, check=True,
                            stdout=subprocess.DEVNULL)
-            self.hooks["command-first" if event == "SessionStart" else "command"].append(time.perf_counter() - start)
+            took = time.perf_counter() - start
+            self.hooks["command-first" if event == "SessionStart" else "command"].append(took)
+            self.by_event.setdefault(event, []).append(took)
             return
         if self.conn is None:
             self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
@@ -197,7 +206,32 @@ class _Ours:
         resp.read()
         if resp.status != 200:
             raise RuntimeError(f"{event}: the sidecar answered {resp.status}")
-        self.hooks["http"].append(time.perf_counter() - start)
+        took = time.perf_counter() - start
+        if event == "PreToolUse" and self.first_barrier_s is None and fields.get("tool_name") != "Agent":
+            self.first_barrier_s = took  # the first mutating tool waits for the baseline (SPEC §3)
+            self.by_event.setdefault("first PreToolUse (baseline wait)", []).append(took)
+            return
+        self.hooks["http"].append(took)
+        self.by_event.setdefault(event, []).append(took)
+
+
+def hook_floor(ours: _Ours, n: int = 25) -> dict[str, list[float]]:
+    """What one hook invocation costs by itself, in the same run: the lean command and an http
+    hook for an event that needs no checkpoint work (a Notification), and the bare interpreter."""
+    bare = []
+    for _ in range(n):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
+        bare.append(time.perf_counter() - start)
+    saved = ours.by_event, ours.hooks
+    ours.by_event, ours.hooks = {}, {"http": [], "command": [], "command-first": []}
+    fields = {"message": "waiting", "notification_type": "idle_prompt"}
+    for _ in range(n):
+        ours.send("UserPromptSubmit", {"prompt": "p"})  # the lean command, the whole path
+        ours.send("Notification", fields)  # http, the whole path (the adapter plans no call)
+    command, http_ = ours.hooks["command"], ours.hooks["http"]
+    ours.by_event, ours.hooks = saved
+    return {"python -I -S -c pass": bare, "lean command (UserPromptSubmit)": command, "http (Notification)": http_}
 
 
 def run_ours(root: Path, state: Path) -> ModeResult:
@@ -222,14 +256,19 @@ def run_ours(root: Path, state: Path) -> ModeResult:
         Replayer(root, ours.send, matcher).session()
         wall = time.perf_counter() - start
         with SidecarClient(socket_path(root), timeout_s=600) as client:
+            client.request("initialize", {"roots": [str(root)]})
             listed = client.request("checkpoint/list", {"taskId": SESSION_ID})  # queued behind every hook
             drained = time.perf_counter() - start
+            floor = hook_floor(ours)
             client.request("sidecar/stop")
         if ours.conn is not None:
             ours.conn.close()
         kinds = [c["kind"] for c in listed["checkpoints"]]
         result = ModeResult("shadowpoint", wall, drained, ours.hooks, checkpoints=len(kinds))
-        result.hooks["kinds"] = kinds  # type: ignore[assignment]
+        result.by_event = ours.by_event
+        result.first_barrier_s = ours.first_barrier_s or 0.0
+        result.kinds = kinds
+        result.floor = floor
         return result
     finally:
         for k, v in saved.items():
@@ -253,7 +292,7 @@ def _ms(values: list[float]) -> dict[str, float]:
 
 
 def summarize(files: int, none: ModeResult, ours: ModeResult, seed: ModeResult) -> dict[str, Any]:
-    hooks = {k: _ms(v) for k, v in ours.hooks.items() if k != "kinds"}
+    hooks = {k: _ms(v) for k, v in ours.hooks.items()}
     ours_overhead = ours.wall_s - none.wall_s
     seed_overhead = seed.wall_s - none.wall_s
     return {
@@ -264,8 +303,15 @@ def summarize(files: int, none: ModeResult, ours: ModeResult, seed: ModeResult) 
                        "shadowpoint_drained": round(ours.drained_s - none.wall_s, 3),
                        "seed": round(seed_overhead, 3)},
         "overhead_ratio_seed_over_ours": round(seed_overhead / ours_overhead, 1) if ours_overhead > 0 else None,
+        "overhead_without_first_edit_wait_s": {
+            "shadowpoint": round(ours_overhead - ours.first_barrier_s, 3),
+            "ratio_seed_over_ours": round(seed_overhead / (ours_overhead - ours.first_barrier_s), 1)
+            if ours_overhead > ours.first_barrier_s else None},
         "hooks": hooks,
-        "checkpoints": {"shadowpoint": ours.hooks.get("kinds"), "seed_commits": seed.checkpoints},
+        "hooks_by_event": {k: _ms(v) for k, v in ours.by_event.items()},
+        "hook_floor": {k: _ms(v) for k, v in ours.floor.items()},
+        "checkpoints": {"shadowpoint": dict(Counter(ours.kinds)), "seed_commits": seed.checkpoints},
+        "load_average": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
     }
 
 
@@ -304,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="sp-replay-"))
     try:
         trees = {name: _fresh_tree(base, name, args.files) for name in ("none", "ours", "seed")}
+        print(f"trees ready under {base}", file=sys.stderr)
         none = run_none(trees["none"][0])
         seed = run_seed(trees["seed"][0], base / "seed-git" / ".git", trees["seed"][1])
         ours = run_ours(trees["ours"][0], base / "ours-state")

@@ -18,21 +18,21 @@ live (`runtime_dir`, `state_dir`, `socket_path`), so every process agrees.
 
 from __future__ import annotations
 
-import contextlib
-import json
+# C modules alone, on the hot path: `socket` would import enum, `json` re, `hashlib` OpenSSL.
+import _socket
 import os
-import socket
 import sys
 import time
-from collections.abc import Mapping
 
-try:  # the hash module alone: hashlib would load OpenSSL (milliseconds on every tool call)
+try:
     from _sha2 import sha256  # type: ignore[import-not-found,unused-ignore]
 except ImportError:
     try:
         from _sha256 import sha256  # type: ignore[import-not-found,no-redef,unused-ignore]
     except ImportError:
         from hashlib import sha256  # type: ignore[assignment,unused-ignore]
+
+Env = "os._Environ[str] | dict[str, str]"
 
 AGENTS = ("claude", "codex", "gemini")
 # Environment variables naming the project root, per agent (tried before the payload's cwd).
@@ -90,18 +90,60 @@ def socket_path(root: str) -> str:
 
 def hook_log(agent: str, message: str) -> None:
     """Append one line to the hooks' log (rotated at 1 MiB); never raises."""
-    with contextlib.suppress(Exception):
+    try:
         folder = state_dir()
         os.makedirs(folder, mode=0o700, exist_ok=True)
         path = os.path.join(folder, "hooks.log")
-        with contextlib.suppress(OSError):
+        try:
             if os.stat(path).st_size > _LOG_MAX_BYTES:
                 os.replace(path, path + ".1")
+        except OSError:
+            pass
         from datetime import UTC, datetime
 
         stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(f"{stamp} pid={os.getpid()} {agent}: {message}\n")
+    except Exception:
+        pass
+
+
+def parse_json(text: str) -> object:
+    """`json.loads` through the C scanner alone (the `json` package imports `re`)."""
+    try:
+        import _json
+    except ImportError:
+        import json
+
+        return json.loads(text)
+
+    class _Context:  # what `_json.make_scanner` reads of a JSONDecoder
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        parse_constant = staticmethod(_constant)
+
+    text = text.strip(" \t\n\r")
+    try:
+        value, end = _json.make_scanner(_Context())(text, 0)
+    except Exception as exc:  # StopIteration at the start, the scanner's own errors
+        raise ValueError(f"not JSON ({type(exc).__name__} at {getattr(exc, 'value', '?')})") from None
+    if end != len(text):
+        raise ValueError(f"not JSON (extra data at {end})")
+    return value
+
+
+def _constant(name: str) -> float:
+    return {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}[name]
+
+
+def dump_json(value: object) -> str:
+    """`json.dumps` for the small session state (the C encoder alone would need more set-up)."""
+    import json
+
+    return json.dumps(value)
 
 
 # ---------------------------------------------------------------------------- session state
@@ -115,8 +157,8 @@ def _session_file(agent: str, session_id: str) -> str:
 def _read_session(path: str) -> dict[str, object]:
     try:
         with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
+            data = parse_json(fh.read())
+    except (OSError, ValueError, StopIteration):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -125,11 +167,11 @@ def _write_session(path: str, data: dict[str, object]) -> None:
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh)
+        fh.write(dump_json(data))
     os.replace(tmp, path)
 
 
-def _root_of(agent: str, payload: dict[str, object], env: Mapping[str, str]) -> str | None:
+def _root_of(agent: str, payload: dict[str, object], env: Env) -> str | None:
     for var in PROJECT_VARS.get(agent, ()):
         value = env.get(var)
         if value and os.path.isdir(value):
@@ -141,8 +183,8 @@ def _root_of(agent: str, payload: dict[str, object], env: Mapping[str, str]) -> 
 # ---------------------------------------------------------------------------- the sidecar
 
 
-def _connect(path: str) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _connect(path: str) -> _socket.socket | None:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     sock.settimeout(5.0)
     try:
         sock.connect(path)
@@ -152,7 +194,7 @@ def _connect(path: str) -> socket.socket | None:
     return sock
 
 
-def _spawn(path: str, root: str) -> socket.socket | None:
+def _spawn(path: str, root: str) -> _socket.socket | None:
     """Start the workspace's sidecar (detached; one even when hooks race) and connect to it."""
     import fcntl
     import subprocess
@@ -190,7 +232,7 @@ def _spawn(path: str, root: str) -> socket.socket | None:
         os.close(fd)
 
 
-def _post(sock: socket.socket, agent: str, root: str, raw: bytes, missed: str | None) -> tuple[int, str | None]:
+def _post(sock: _socket.socket, agent: str, root: str, raw: bytes, missed: str | None) -> tuple[int, str | None]:
     """Send the payload as `POST /hook/AGENT`; the HTTP status of the answer and its note."""
     head = [f"POST /hook/{agent} HTTP/1.1", "Host: localhost", "Content-Type: application/json",
             f"Content-Length: {len(raw)}", f"{ROOT_HEADER}: {os.fsencode(root).hex()}", "Connection: close"]
@@ -212,12 +254,12 @@ def _post(sock: socket.socket, agent: str, root: str, raw: bytes, missed: str | 
     return status, note
 
 
-def forward(agent: str, raw: bytes, env: Mapping[str, str] | None = None) -> None:
+def forward(agent: str, raw: bytes, env: Env | None = None) -> None:
     """Forward one payload to the workspace's sidecar, starting it when needed; never raises."""
     env = os.environ if env is None else env
     started = time.monotonic()
     try:
-        payload = json.loads(raw.decode("utf-8", "surrogateescape") or "{}")
+        payload = parse_json(raw.decode("utf-8", "surrogateescape") or "{}")
         if not isinstance(payload, dict):
             raise ValueError("the hook payload is not a JSON object")
         session_id = payload.get("session_id")
@@ -230,7 +272,8 @@ def forward(agent: str, raw: bytes, env: Mapping[str, str] | None = None) -> Non
             root = _root_of(agent, payload, env)
             if root is None:
                 raise ValueError("no workspace: the payload has no absolute cwd")
-        missed = session.get("missed") if isinstance(session.get("missed"), str) else None
+        noted = session.get("missed")
+        missed = noted if isinstance(noted, str) else None
         path = socket_path(root)
         sock = _connect(path)
         if sock is None:
@@ -243,8 +286,10 @@ def forward(agent: str, raw: bytes, env: Mapping[str, str] | None = None) -> Non
             _write_session(state_file, session)
             hook_log(agent, f"{payload.get('hook_event_name')}: no sidecar for {root} (the event is lost)")
             return
-        with sock:
+        try:
             status, note = _post(sock, agent, root, raw, missed)
+        finally:
+            sock.close()
         if note:
             hook_log(agent, note)
         if status == 200:

@@ -64,7 +64,9 @@ def codex_trust(root: Path, env: Mapping[str, str]) -> tuple[bool | None, str]:
         return False, f"{home / 'config.toml'} does not exist: the project is not trusted yet"
     except (OSError, ValueError) as exc:
         return None, f"cannot read {home / 'config.toml'}: {exc}"
-    projects = config.get("projects") if isinstance(config.get("projects"), dict) else {}
+    projects = config.get("projects")
+    if not isinstance(projects, dict):
+        projects = {}
     real = os.path.realpath(root)
     level = next((v.get("trust_level") for k, v in projects.items()
                   if isinstance(v, dict) and os.path.realpath(k) == real), None)

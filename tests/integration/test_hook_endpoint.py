@@ -226,7 +226,7 @@ def test_bad_payloads_are_logged_and_ignored(workspace: Path, env: dict[str, str
     lean("claude", {**s.base, "session_id": "never-started", "hook_event_name": "UserPromptSubmit",
                     "prompt": "hi"}, env, ws)
     log = hooks_log(env)
-    assert "JSONDecodeError" in log and "no session_id" in log and "not a JSON object" in log
+    assert "not JSON" in log and "no session_id" in log and "not a JSON object" in log
     assert "path_outside_workspace" not in log  # the http hook's refusal went to the sidecar's log
     assert not outside.exists()
     assert [c["kind"] for c in s.checkpoints()] == ["baseline"]
@@ -331,3 +331,22 @@ def test_install_says_what_each_agent_needs_and_doctor_checks_it(workspace: Path
     check = check_agent("claude", ws)
     assert check["status"] == "warning" and "not current" in check["details"][0]
     assert default_command("claude").endswith("hookrun.py claude")
+
+
+def test_a_client_that_closes_before_its_answers_is_no_error(workspace: Path, env: dict[str, str]) -> None:
+    import socket as socketlib
+
+    ws = make_tree(workspace, {"a.txt": "a\n"})
+    lean("codex", {"session_id": "early-close", "cwd": str(ws), "hook_event_name": "SessionStart"}, env, ws)
+    for n in range(5):
+        sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        sock.connect(str(socket_path(ws)))
+        for i, (method, params) in enumerate([("initialize", {"roots": [str(ws)]}),
+                                              ("tool/begin", {"taskId": "early-close", "tool": "Bash"}),
+                                              ("round/end", {"taskId": "early-close", "ts": 2**41 + n})]):
+            sock.sendall(json.dumps({"jsonrpc": "2.0", "id": i, "method": method, "params": params}).encode() + b"\n")
+        sock.setsockopt(socketlib.SOL_SOCKET, socketlib.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.close()  # a reset, before any answer
+    assert "round" in [c["kind"] for c in checkpoints("early-close", ws, env)]  # the requests ran
+    log = (Path(env["XDG_STATE_HOME"]) / "shadowpoint" / "sidecar.log").read_text()
+    assert "connection_failed" not in log and "[error" not in log and "Traceback" not in log, log
