@@ -32,8 +32,6 @@ except ImportError:
     except ImportError:
         from hashlib import sha256  # type: ignore[assignment,unused-ignore]
 
-Env = "os._Environ[str] | dict[str, str]"
-
 AGENTS = ("claude", "codex", "gemini")
 # Environment variables naming the project root, per agent (tried before the payload's cwd).
 PROJECT_VARS = {"claude": ("CLAUDE_PROJECT_DIR",), "codex": ("CODEX_PROJECT_DIR",), "gemini": ("GEMINI_PROJECT_DIR",)}
@@ -171,7 +169,7 @@ def _write_session(path: str, data: dict[str, object]) -> None:
     os.replace(tmp, path)
 
 
-def _root_of(agent: str, payload: dict[str, object], env: Env) -> str | None:
+def _root_of(agent: str, payload: dict[str, object], env: os._Environ[str] | dict[str, str]) -> str | None:
     for var in PROJECT_VARS.get(agent, ()):
         value = env.get(var)
         if value and os.path.isdir(value):
@@ -254,7 +252,7 @@ def _post(sock: _socket.socket, agent: str, root: str, raw: bytes, missed: str |
     return status, note
 
 
-def forward(agent: str, raw: bytes, env: Env | None = None) -> None:
+def forward(agent: str, raw: bytes, env: os._Environ[str] | dict[str, str] | None = None) -> None:
     """Forward one payload to the workspace's sidecar, starting it when needed; never raises."""
     env = os.environ if env is None else env
     started = time.monotonic()

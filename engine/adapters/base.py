@@ -41,12 +41,18 @@ class HookPlan:
         task_id: The task (the agent's session id), None when the payload has none.
         cwd: The agent's working directory from the payload.
         calls: The requests, in order; empty when the event needs nothing (a read tool).
+        waiting_subagents: +1 when the parent starts a tool that waits for a subagent, -1
+            when it ends (the endpoint counts them per task).
+        subagent_round_end: `calls` is a subagent's batch end: it ends a round only while no
+            parent tool waits for a subagent (a background subagent's own round).
     """
 
     event: str
     task_id: str | None
     cwd: str | None
     calls: list[Call]
+    waiting_subagents: int = 0
+    subagent_round_end: bool = False
 
 
 Adapter = Callable[[Mapping[str, Any]], HookPlan]
@@ -112,6 +118,7 @@ class EventNames:
     compact: str
     round_end: str | None = None
     start: str = "SessionStart"
+    subagent_tools: frozenset[str] = frozenset()  # parent tools that run a subagent
 
 
 def plan_events(payload: Mapping[str, Any], names: EventNames, classify: Classifier,
@@ -122,12 +129,14 @@ def plan_events(payload: Mapping[str, Any], names: EventNames, classify: Classif
     mutating tools); tool_ends → tool/end (`tool_ok(event, payload)` says whether it
     succeeded); round_end → round/end; finish → round/end + task/complete; compact →
     task/compacted. A subagent's events (with `agent_id`, under the parent's `session_id`)
-    belong to the round of the parent's tool that started it: its tools are the parent's
-    round's tools, and its own round ends and stops end nothing.
+    belong to the round of the parent's tool that waits for it: its tools are the parent's
+    round's tools, its stops end nothing, and its batch ends end a round only when no parent
+    tool waits (a background subagent, `subagent_round_end`).
     """
     event = payload_str(payload, "hook_event_name") or ""
     subagent = payload_str(payload, "agent_id") is not None
     calls: list[Call] = []
+    waiting = 0
     if event == names.start:
         calls = [Call("task/start", needs_ts=True)]
     elif event == names.prompt:
@@ -135,13 +144,18 @@ def plan_events(payload: Mapping[str, Any], names: EventNames, classify: Classif
     elif event == names.tool_begin or event in names.tool_ends:
         ended = event != names.tool_begin
         calls = tool_event_calls(payload, classify, ended=ended, ok=not ended or tool_ok(event, payload))
-    elif event == names.round_end and not subagent:
+        tool_input = payload.get("tool_input")
+        background = isinstance(tool_input, Mapping) and tool_input.get("run_in_background") is True
+        if not subagent and not background and payload_str(payload, "tool_name") in names.subagent_tools:
+            waiting = -1 if ended else 1
+    elif event == names.round_end:
         calls = [Call("round/end", needs_ts=True)]
     elif event in names.finish and not subagent:
         calls = finish_calls()
     elif event == names.compact:
         calls = [Call("task/compacted", needs_ts=True)]
-    return HookPlan(event, payload_str(payload, "session_id"), payload_str(payload, "cwd"), calls)
+    return HookPlan(event, payload_str(payload, "session_id"), payload_str(payload, "cwd"), calls,
+                    waiting_subagents=waiting, subagent_round_end=subagent and event == names.round_end)
 
 
 def payload_str(payload: Mapping[str, Any], key: str) -> str | None:

@@ -72,7 +72,8 @@ def classify(tool: str, tool_input: Mapping[str, Any], cwd: str | None) -> tuple
 # turn) also sends round/end first, closing a round whose PostToolBatch never came.
 NAMES = EventNames(prompt="UserPromptSubmit", tool_begin="PreToolUse",
                    tool_ends=("PostToolUse", "PostToolUseFailure"), round_end="PostToolBatch",
-                   finish=("Stop", "StopFailure"), compact="PreCompact")
+                   finish=("Stop", "StopFailure"), compact="PreCompact",
+                   subagent_tools=frozenset({"Agent", "Task"}))
 
 
 def _tool_ok(event: str, payload: Mapping[str, Any]) -> bool:

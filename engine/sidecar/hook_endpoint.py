@@ -38,7 +38,7 @@ import structlog
 
 from shadowpoint import hookrun
 from shadowpoint.adapters import AGENTS
-from shadowpoint.adapters.base import Call
+from shadowpoint.adapters.base import Call, HookPlan
 from shadowpoint.sidecar.server import Host, Server
 
 log = structlog.get_logger(__name__)
@@ -243,6 +243,7 @@ class HookEndpoint:
         self._conns: dict[str, _HookConnection] = {}
         self._last_ts: dict[str, int] = {}
         self._started: set[str] = set()
+        self._waiting: dict[str, int] = {}  # per task: parent tools waiting for a subagent
 
     def _conn(self, root: str) -> tuple[_HookConnection | None, str | None]:
         """The initialized connection for `root`, or None and why `initialize` refused it."""
@@ -258,6 +259,14 @@ class HookEndpoint:
             return None, str(answer["error"].get("message"))
         with self._lock:
             return self._conns.setdefault(root, conn), None
+
+    def _counts(self, plan: HookPlan) -> bool:
+        """Keep the count of parent tools waiting for a subagent; False for a batch end that ends nothing."""
+        assert plan.task_id is not None
+        with self._lock:
+            waiting = max(0, self._waiting.get(plan.task_id, 0) + plan.waiting_subagents)
+            self._waiting[plan.task_id] = waiting
+        return not (plan.subagent_round_end and waiting > 0)
 
     def _dispatch(self, conn: _HookConnection, task_id: str, calls: list[Call],
                   missed: str | None, via_http: bool) -> list[tuple[str, Future[dict[str, Any]]]]:
@@ -327,6 +336,8 @@ class HookEndpoint:
         conn, refusal = self._conn(root)
         if conn is None:
             return _refused(agent, plan.event, refusal or "the workspace was refused")
+        if not self._counts(plan):
+            return None  # a foreground subagent's batch: the round of the parent's tool goes on
         waits = self._dispatch(conn, plan.task_id, list(plan.calls), missed, via_http)
         notes = []
         for method, fut in waits:

@@ -168,6 +168,20 @@ def test_a_subagents_tools_belong_to_the_round_of_its_agent_call_and_stop_failur
     assert [c["kind"] for c in cps] == ["baseline", "round", "round", "completion"]
     assert "late.txt" in files_of(shadow_git_dir(ws, env), cps[-1]["hash"])
 
+    # a background subagent (Claude Code's default): the Agent call returns at once, the turn
+    # ends, and the subagent's own batch later makes a round of its own
+    background = {**agent_input, "run_in_background": True}
+    s.command("UserPromptSubmit", prompt="in the background")
+    s.http("PreToolUse", tool_name="Agent", tool_input=background)
+    s.http("PostToolUse", tool_name="Agent", tool_input=background, tool_response={"status": "async_launched"})
+    s.http("PostToolBatch", tool_calls=[])
+    s.http("Stop", stop_hook_active=False)
+    s.write("bg.txt", "from the background\n", **sub)
+    s.http("PostToolBatch", tool_calls=[], **sub)
+    cps = s.checkpoints()
+    assert [c["kind"] for c in cps][-2:] == ["completion", "round"]
+    assert "bg.txt" in files_of(shadow_git_dir(ws, env), cps[-1]["hash"])
+
 
 def _sidecar_pid(ws: Path) -> int:
     with SidecarClient(socket_path(ws), timeout_s=60) as client:
