@@ -24,6 +24,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -215,23 +216,34 @@ class _Ours:
         self.by_event.setdefault(event, []).append(took)
 
 
+def _child_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def hook_floor(ours: _Ours, n: int = 25) -> dict[str, list[float]]:
     """What one hook invocation costs by itself, in the same run: the lean command and an http
-    hook for an event that needs no checkpoint work (a Notification), and the bare interpreter."""
-    bare = []
+    hook for an event that needs no checkpoint work (a Notification), and the bare interpreter.
+    The processes' CPU time (user + system) is given too: it hardly depends on the machine's load."""
+    bare, bare_cpu, lean_cpu = [], [], []
     for _ in range(n):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _child_cpu_s()
         subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
         bare.append(time.perf_counter() - start)
+        bare_cpu.append(_child_cpu_s() - cpu)
     saved = ours.by_event, ours.hooks
     ours.by_event, ours.hooks = {}, {"http": [], "command": [], "command-first": []}
     fields = {"message": "waiting", "notification_type": "idle_prompt"}
     for _ in range(n):
+        cpu = _child_cpu_s()
         ours.send("UserPromptSubmit", {"prompt": "p"})  # the lean command, the whole path
+        lean_cpu.append(_child_cpu_s() - cpu)
         ours.send("Notification", fields)  # http, the whole path (the adapter plans no call)
     command, http_ = ours.hooks["command"], ours.hooks["http"]
     ours.by_event, ours.hooks = saved
-    return {"python -I -S -c pass": bare, "lean command (UserPromptSubmit)": command, "http (Notification)": http_}
+    return {"python -I -S -c pass": bare, "python -I -S -c pass (cpu)": bare_cpu,
+            "lean command (UserPromptSubmit)": command, "lean command (UserPromptSubmit, cpu)": lean_cpu,
+            "http (Notification)": http_}
 
 
 def run_ours(root: Path, state: Path) -> ModeResult:
