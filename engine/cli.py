@@ -249,8 +249,10 @@ _task_option = click.option("--task-id", "task_id", default=None, help="task id 
               help="serve on this Unix socket (shared by all connections) instead of stdio")
 @click.option("--idle-timeout", type=float, default=None,
               help="with --socket: exit after this many seconds without a connection")
+@click.option("--workspace", "http_root", type=click.Path(file_okay=False), default=None,
+              help="with --socket: also serve this workspace's http hooks on 127.0.0.1")
 @pass_ctx
-def serve(ctx: _Ctx, socket_path: str | None, idle_timeout: float | None) -> None:
+def serve(ctx: _Ctx, socket_path: str | None, idle_timeout: float | None, http_root: str | None) -> None:
     """Run the sidecar: JSON-RPC 2.0 on stdio (or a Unix socket), see PROTOCOL.md."""
     settings = ctx.settings
     _isolate()
@@ -258,7 +260,7 @@ def serve(ctx: _Ctx, socket_path: str | None, idle_timeout: float | None) -> Non
         from shadowpoint.sidecar.socket_server import SidecarRunningError, serve_socket
 
         try:
-            sys.exit(serve_socket(socket_path, settings, idle_timeout))
+            sys.exit(serve_socket(socket_path, settings, idle_timeout, http_root))
         except SidecarRunningError as exc:
             _fail(str(exc), "sidecar_running")
     from shadowpoint.sidecar.server import serve_stdio
@@ -318,7 +320,7 @@ def watch(ctx: _Ctx, directory: str | None, debounce: float | None, task_id: str
     host.adopt(engine, settings)
     server: SocketServer | None = None
     try:
-        server = SocketServer(socket_path(root), host, idle_timeout_s=None)
+        server = SocketServer(socket_path(root), host, idle_timeout_s=None, http_root=str(root))
     except (SidecarRunningError, OSError) as exc:
         ctx.err.print(f"shadowpoint: warning: not serving the sidecar socket ({exc})")
     accept = None
@@ -789,19 +791,10 @@ def hook(agent: str) -> None:
 
 
 def run_hook_command(agent: str) -> int:
-    """`shadowpoint hook AGENT` without click or rich (hooks run on every tool call: start fast)."""
-    from shadowpoint.adapters import AGENTS
-    from shadowpoint.adapters.base import hook_log, run_hook
-    from shadowpoint.sidecar.client import state_dir
+    """`shadowpoint hook AGENT`: the lean hook client, without click or rich (`shadowpoint.hookrun`)."""
+    from shadowpoint.hookrun import main as hook_main
 
-    # Some agents feed a hook's stdout to the model: nothing may ever reach it by accident.
-    sys.stdout = sys.stderr
-    raw = sys.stdin.buffer.read()
-    spec = AGENTS.get(agent)
-    if spec is None:
-        hook_log(state_dir(), agent, f"unknown agent {agent!r}; expected one of {', '.join(sorted(AGENTS))}")
-        return 0
-    return run_hook(agent, spec.plan, raw, project_vars=spec.project_vars)
+    return hook_main([agent])
 
 
 @cli.command(name="install-hooks")
@@ -819,7 +812,7 @@ def install_hooks(ctx: _Ctx, agent: str, directory: str | None, remove: bool, co
     result = install(agent, Path(directory or os.getcwd()), remove=remove, command=command)
     if as_json:
         _print_json({"file": str(result.path), "added": result.added, "updated": result.updated,
-                     "removed": result.removed})
+                     "removed": result.removed, "nextSteps": result.notes})
         return
     if remove:
         msg = f"removed from {', '.join(result.removed)}" if result.removed else "nothing of ours was there"
@@ -828,6 +821,8 @@ def install_hooks(ctx: _Ctx, agent: str, directory: str | None, remove: bool, co
     else:
         msg = "already installed"
     ctx.out.print(f"{result.path}: {msg}")
+    for note in result.notes:
+        ctx.out.print(f"  next: {note}")
 
 
 @cli.command()

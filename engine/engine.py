@@ -85,6 +85,7 @@ class TaskRuntime:
     round_no: int = 0
     generation: int = 0
     timers: list[threading.Timer] = field(default_factory=list)
+    missed_events: str | None = None  # why hook events were lost; the next checkpoint says so
 
 
 @contextlib.contextmanager
@@ -423,6 +424,15 @@ class Engine:
         with rt.lock:
             return self._checkpoint(rt, "round", ts, self._plans(rec))
 
+    def note_missed_events(self, task_id: str, reason: str) -> None:
+        """Hook events of the task were lost (no sidecar listened): its next checkpoint rescans
+        every root and carries a warning with `reason`, so the gap is never silent."""
+        rt = self._task(task_id)
+        with rt.lock:
+            rt.missed_events = reason
+            for root in self.roots.values():
+                root.carry(StagePlan(rescan=True))
+
     def _plans(self, rec: RoundRecord | None) -> dict[str, StagePlan]:
         """Per root: edit-tool paths (forced), watcher paths, or the rescan fallback (SPEC §4).
 
@@ -528,6 +538,9 @@ class Engine:
                 if cp.kind == "completion" and cp.ts in recent and cp.hashes == hashes:
                     log.info("checkpoint.deduplicated", task_id=rt.record.task_id, ts=cp.ts)
                     return cp
+        if rt.missed_events:
+            warnings.append({"path": "", "reason": f"events_missed: {rt.missed_events}; rescanned the workspace"})
+            rt.missed_events = None
         cp = CheckpointRecord(ts=ts, kind=kind, hashes=hashes, reused=reused_all, warnings=warnings)
         self._add_checkpoint(rt, cp, prev, plans)
         self._checkpoints_made += 1

@@ -1,8 +1,9 @@
 """Agent adapters: `shadowpoint hook AGENT` payloads → protocol calls, and `install-hooks`.
 
 One module per agent (`claude`, `codex`, `gemini`), each with `plan(payload)`, its
-`EVENTS` and `PROJECT_VARS`; `base.run_hook` sends a plan to the workspace's sidecar;
-`install` merges the hook entries into the agent's settings file.
+`EVENTS` (and Claude Code's `HTTP_EVENTS`) and `PROJECT_VARS`; the sidecar's hook endpoint
+runs the plans; `install` merges the hook entries into the agent's settings file, `health`
+says whether they are installed, current and trusted.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ class AgentSpec:
     plan: Adapter
     events: dict[str, str | None]
     project_vars: tuple[str, ...]
+    http_events: frozenset[str] = frozenset()  # events sent as http hooks to the sidecar
 
 
 AGENTS: dict[str, AgentSpec] = {
-    m.AGENT: AgentSpec(m.AGENT, m.plan, m.EVENTS, m.PROJECT_VARS) for m in (claude, codex, gemini)
+    m.AGENT: AgentSpec(m.AGENT, m.plan, m.EVENTS, m.PROJECT_VARS, getattr(m, "HTTP_EVENTS", frozenset()))
+    for m in (claude, codex, gemini)
 }
 
 __all__ = ["AGENTS", "AgentSpec"]

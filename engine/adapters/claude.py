@@ -1,10 +1,11 @@
-"""The Claude Code adapter: a hook payload (stdin of `shadowpoint hook claude`) to protocol calls.
+"""The Claude Code adapter: a hook payload (an http hook's body, or the lean command's stdin) to
+protocol calls.
 
-Claude Code runs the hook command for each configured event with a JSON payload
-(`session_id`, `transcript_path`, `cwd`, `hook_event_name`, `tool_name`, `tool_input`,
-`tool_response`, `prompt`, …). `PostToolBatch` fires once a batch of parallel tool calls
-has resolved, before the next model call: an exact round boundary. Pure functions, called
-on the hook process's main thread.
+Claude Code sends each configured event a JSON payload (`session_id`, `transcript_path`,
+`cwd`, `hook_event_name`, `tool_name`, `tool_input`, `tool_response`, `prompt`, and
+`agent_id` when a subagent runs the tool). `PostToolBatch` fires once a batch of parallel
+tool calls has resolved, before the next model call: an exact round boundary. Pure
+functions, called on the sidecar's connection threads.
 """
 
 from __future__ import annotations
@@ -12,31 +13,42 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shadowpoint.adapters.base import EventNames, HookPlan, absolute, plan_events
+from shadowpoint.adapters.base import EventNames, HookPlan, absolute, plan_events, read_tools_matcher
 
 AGENT = "claude"
 PROJECT_VARS = ("CLAUDE_PROJECT_DIR",)
 
-# Edit tools and the tool_input key naming the file they write.
-EDIT_TOOLS: dict[str, str] = {"Write": "file_path", "Edit": "file_path", "MultiEdit": "file_path",
-                              "NotebookEdit": "notebook_path"}
-# Tools that may change anything without naming it (a subagent runs tools of its own).
-COMMAND_TOOLS = frozenset({"Bash", "Task", "Agent"})
-READ_TOOLS = frozenset({"Read", "Glob", "Grep", "LS", "WebFetch", "WebSearch", "TodoWrite", "NotebookRead",
-                        "BashOutput", "KillShell", "KillBash", "ExitPlanMode", "ListMcpResourcesTool",
-                        "ReadMcpResourceTool"})
+# Edit tools and the tool_input key naming the file they write (Claude Code 2.1.332's tools:
+# MultiEdit has no tool schema any more).
+EDIT_TOOLS: dict[str, str] = {"Write": "file_path", "Edit": "file_path", "NotebookEdit": "notebook_path"}
+# Tools that may change anything without naming it (a subagent runs tools of its own, which
+# arrive with `agent_id` and belong to the round of the Agent/Task call).
+COMMAND_TOOLS = frozenset({"Bash", "Task", "Agent", "EnterWorktree", "ExitWorktree"})
+# Tools that change no file of the workspace (names as Claude Code 2.1.332 ships them; LS,
+# NotebookRead, BashOutput and KillBash are gone, KillShell/KillBash are aliases of TaskStop).
+READ_TOOLS = frozenset({"Read", "Glob", "Grep", "LSP", "WebFetch", "WebSearch", "ToolSearch", "Skill",
+                        "AskUserQuestion", "TodoWrite", "TaskCreate", "TaskGet", "TaskList", "TaskUpdate",
+                        "TaskStop", "KillShell", "Monitor", "EnterPlanMode", "ExitPlanMode", "CronList",
+                        "ReadNotifications", "ListMcpResourcesTool", "ReadMcpResourceTool",
+                        "ReadMcpResourceDirTool", "RefreshMcpTools"})
+_TOOLS = read_tools_matcher(READ_TOOLS)
 
-# Events `install-hooks claude` subscribes to, with the matcher for tool events.
+# Events `install-hooks claude` subscribes to, with the matcher for tool events: read tools
+# start nothing. SessionStart (it starts the sidecar; Claude Code runs no http hook there) and
+# UserPromptSubmit (once a turn: it starts the sidecar again if it went away) are commands,
+# every other event is an http hook to the sidecar (`HTTP_EVENTS`).
 EVENTS: dict[str, str | None] = {
     "SessionStart": None,
     "UserPromptSubmit": None,
-    "PreToolUse": "*",
-    "PostToolUse": "*",
-    "PostToolUseFailure": "*",
+    "PreToolUse": _TOOLS,
+    "PostToolUse": _TOOLS,
+    "PostToolUseFailure": _TOOLS,
     "PostToolBatch": None,
     "Stop": None,
+    "StopFailure": None,
     "PreCompact": None,
 }
+HTTP_EVENTS = frozenset(EVENTS) - {"SessionStart", "UserPromptSubmit"}
 
 
 def classify(tool: str, tool_input: Mapping[str, Any], cwd: str | None) -> tuple[str | None, list[str]]:
@@ -56,11 +68,12 @@ def classify(tool: str, tool_input: Mapping[str, Any], cwd: str | None) -> tuple
     return None, []
 
 
-# PostToolBatch ends a round; Stop also sends round/end first, closing a round whose
-# PostToolBatch never came (older versions).
+# PostToolBatch ends a round; Stop (or StopFailure, sent instead when an API error ends the
+# turn) also sends round/end first, closing a round whose PostToolBatch never came.
 NAMES = EventNames(prompt="UserPromptSubmit", tool_begin="PreToolUse",
                    tool_ends=("PostToolUse", "PostToolUseFailure"), round_end="PostToolBatch",
-                   finish="Stop", compact="PreCompact")
+                   finish=("Stop", "StopFailure"), compact="PreCompact",
+                   subagent_tools=frozenset({"Agent", "Task"}))
 
 
 def _tool_ok(event: str, payload: Mapping[str, Any]) -> bool:

@@ -4,11 +4,16 @@ Codex sends Claude-shaped payloads (`session_id`, `cwd`, `hook_event_name`, `too
 `tool_input`, …). File edits go through `apply_patch`, whose patch text (in
 `tool_input.command`) names every file: `*** Add File: p`, `*** Update File: p`,
 `*** Delete File: p`, `*** Move to: p`. Codex has no per-batch event: a turn (`Stop`) is the
-round. Pure functions, called on the hook process's main thread.
+round, and it closes a tool whose end never came (Codex sends `PostToolUse` only on
+success). A subagent's events carry `agent_id` under the parent's `session_id` and belong to
+the parent's turn; `SubagentStart`/`SubagentStop` make no round boundary (not subscribed).
+Tool names as Codex CLI 0.171.0 ships them. Pure functions, called on the sidecar's
+connection threads.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -19,8 +24,12 @@ AGENT = "codex"
 PROJECT_VARS = ("CODEX_PROJECT_DIR",)
 
 PATCH_TOOLS = frozenset({"apply_patch"})
-SHELL_TOOLS = frozenset({"Bash", "shell", "exec_command", "local_shell", "unified_exec", "container.exec"})
-READ_TOOLS = frozenset({"update_plan", "view_image", "web_search", "read_file", "list_dir", "grep_files"})
+SHELL_TOOLS = frozenset({"Bash", "shell", "shell_command", "exec_command", "write_stdin", "local_shell",
+                         "unified_exec", "container.exec"})
+# A subagent works while these run (its own tool events come with `agent_id`).
+SUBAGENT_TOOLS = frozenset({"spawn_agent", "send_input", "resume_agent", "wait", "close_agent"})
+READ_TOOLS = frozenset({"update_plan", "view_image", "web_search", "request_user_input", "tool_search",
+                        "list_mcp_resources", "list_mcp_resource_templates", "read_mcp_resource"})
 
 EVENTS: dict[str, str | None] = {
     "SessionStart": None,
@@ -59,9 +68,11 @@ def classify(tool: str, tool_input: Mapping[str, Any], cwd: str | None) -> tuple
         text = "\n".join(_text(tool_input.get(k)) for k in ("command", "patch", "input"))
         return "edit", patch_paths(text, cwd)
     if tool in SHELL_TOOLS:
-        text = _text(tool_input.get("command"))
+        text = _text(tool_input.get("command") or tool_input.get("cmd"))
         if _PATCH_BEGIN in text:  # `apply_patch <<'EOF'` run through the shell
             return "edit", patch_paths(text, cwd)
+        return "command", []
+    if tool in SUBAGENT_TOOLS:
         return "command", []
     if tool in READ_TOOLS:
         return "read", []
@@ -70,12 +81,30 @@ def classify(tool: str, tool_input: Mapping[str, Any], cwd: str | None) -> tuple
 
 # No per-batch event: a turn (Stop) is the round.
 NAMES = EventNames(prompt="UserPromptSubmit", tool_begin="PreToolUse", tool_ends=("PostToolUse",),
-                   finish="Stop", compact="PreCompact")
+                   finish=("Stop",), compact="PreCompact")
+_EXIT_LINE = re.compile(r"(?:Process exited with code|Exit code:?)\s*(-?\d+)")
 
 
 def _tool_ok(event: str, payload: Mapping[str, Any]) -> bool:
-    response = payload.get("tool_response")
-    return not (isinstance(response, Mapping) and response.get("success") is False)
+    """Whether the tool succeeded, as its response shows it.
+
+    A shell's response is a JSON string (`{"output": …, "metadata": {"exit_code": n}}`) or the
+    unified exec's text (`Process exited with code n`); no `success` field.
+    """
+    response: Any = payload.get("tool_response")
+    if isinstance(response, str):
+        try:
+            response = json.loads(response)
+        except ValueError:
+            match = _EXIT_LINE.search(response)
+            return match is None or int(match.group(1)) == 0
+    if not isinstance(response, Mapping):
+        return True
+    if response.get("success") is False:
+        return False
+    metadata = response.get("metadata")
+    code = response.get("exit_code", metadata.get("exit_code") if isinstance(metadata, Mapping) else None)
+    return not (isinstance(code, int) and code != 0)
 
 
 def plan(payload: Mapping[str, Any]) -> HookPlan:

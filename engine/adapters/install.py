@@ -1,11 +1,15 @@
 """`shadowpoint install-hooks AGENT [DIR]`: merge our hook entries into an agent's settings file.
 
 The user's own entries are never changed, reordered or duplicated: ours are separate
-groups whose command is `… shadowpoint hook AGENT`, found again by that command for an
-update or for `--remove`. Files: Claude Code `DIR/.claude/settings.json`, Codex CLI
-`DIR/.codex/hooks.json`, Gemini CLI `DIR/.gemini/settings.json` (all the same
-`hooks → event → [{matcher?, hooks: [{type: "command", command, timeout}]}]` shape). Runs on
-the CLI's thread; writes atomically.
+groups whose command runs our hook client (`…/shadowpoint/hookrun.py AGENT`, or the older
+`… shadowpoint hook AGENT`) or whose http hook posts to `…/hook/claude` on 127.0.0.1, found
+again by that for an update or for `--remove`. Files: Claude Code
+`DIR/.claude/settings.local.json` (user-local: it holds the http hooks' secret; never the
+`settings.json` meant to be committed, from which older entries of ours are moved), Codex
+CLI `DIR/.codex/hooks.json`, Gemini CLI `DIR/.gemini/settings.json` (all the same
+`hooks → event → [{matcher?, hooks: [{type, command | url, timeout}]}]` shape). The result
+says what the agent still needs before it runs them (trust). Runs on the CLI's thread;
+writes atomically.
 """
 
 from __future__ import annotations
@@ -14,32 +18,36 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shadowpoint import hookrun
 from shadowpoint.adapters import AGENTS
 from shadowpoint.errors import InvalidParamsError
 
-SETTINGS_FILES = {"claude": (".claude", "settings.json"), "codex": (".codex", "hooks.json"),
+SETTINGS_FILES = {"claude": (".claude", "settings.local.json"), "codex": (".codex", "hooks.json"),
                   "gemini": (".gemini", "settings.json")}
+# Where older versions put Claude Code's entries (a file meant to be committed).
+LEGACY_SETTINGS = {"claude": (".claude", "settings.json")}
 # Hook timeouts: the barrier before a mutating tool may wait for a large baseline.
 _BARRIER_EVENTS = {"PreToolUse", "BeforeTool"}
 _BARRIER_TIMEOUT_S = 600
 _TIMEOUT_S = 60
 _TIMEOUT_IN_MS = {"gemini"}
+_HTTP_PATH = "/hook/claude"
 
 
 @dataclass(slots=True)
 class InstallResult:
-    """What `install_hooks` changed in one settings file."""
+    """What `install_hooks` changed in one settings file, and what the agent still needs."""
 
     path: Path
     added: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -54,18 +62,26 @@ def settings_path(agent: str, directory: Path) -> Path:
 
 
 def default_command(agent: str) -> str:
-    """`<absolute path of shadowpoint> hook AGENT` (the agent may run hooks without our venv on PATH)."""
-    exe = shutil.which("shadowpoint")
-    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    if argv0 is not None and argv0.name == "shadowpoint" and argv0.exists():
-        exe = str(argv0.resolve())
-    if exe is None:
-        return f"{shlex.quote(sys.executable)} -m shadowpoint hook {agent}"
-    return f"{shlex.quote(os.path.abspath(exe))} hook {agent}"
+    """The lean hook client by absolute paths: `PYTHON -I -S …/shadowpoint/hookrun.py AGENT`.
+
+    `-I -S`: no site, no user environment (our module needs only the standard library), so
+    a hook starts in milliseconds and runs without our venv on PATH.
+    """
+    script = Path(hookrun.__file__).resolve()
+    return f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(script))} {agent}"
 
 
-def is_ours(command: Any, agent: str) -> bool:
-    """True for a hook command that runs `shadowpoint hook AGENT` (any path to shadowpoint)."""
+def is_ours(hook: Any, agent: str) -> bool:
+    """True for a hook entry (or a command string) of ours: a command running our hook client for
+    `agent` (any path), or, for Claude Code, an http hook posting to `/hook/claude` on 127.0.0.1."""
+    if isinstance(hook, str):
+        hook = {"command": hook}
+    if not isinstance(hook, dict):
+        return False
+    url = hook.get("url")
+    if agent == "claude" and isinstance(url, str):
+        return url.startswith("http://127.0.0.1:") and url.endswith(_HTTP_PATH)
+    command = hook.get("command")
     if not isinstance(command, str):
         return False
     try:
@@ -73,8 +89,12 @@ def is_ours(command: Any, agent: str) -> bool:
     except ValueError:
         words = command.split()
     for i, word in enumerate(words):
-        is_exe = os.path.basename(word) == "shadowpoint" or (word == "shadowpoint" and i > 0 and words[i - 1] == "-m")
+        base = os.path.basename(word)
+        is_exe = base == "shadowpoint" or (word == "shadowpoint" and i > 0 and words[i - 1] == "-m")
         if is_exe and words[i + 1:i + 3] == ["hook", agent]:
+            return True
+        is_lean = base == "hookrun.py" or (word == "shadowpoint.hookrun" and i > 0 and words[i - 1] == "-m")
+        if is_lean and words[i + 1:i + 2] == [agent]:
             return True
     return False
 
@@ -84,21 +104,42 @@ def _timeout(agent: str, event: str) -> int:
     return seconds * 1000 if agent in _TIMEOUT_IN_MS else seconds
 
 
-def _our_group(agent: str, event: str, matcher: str | None, command: str) -> dict[str, Any]:
-    hook: dict[str, Any] = {"type": "command", "command": command, "timeout": _timeout(agent, event)}
+@dataclass(frozen=True, slots=True)
+class HookTarget:
+    """What our entries run: the command, and for Claude Code's http events the url and secret."""
+
+    command: str
+    url: str | None = None
+    secret: str | None = None
+
+
+def our_hook(agent: str, event: str, target: HookTarget) -> dict[str, Any]:
+    """Our hook entry for one event (an http hook where the agent has one for it)."""
+    if target.url is not None and event in AGENTS[agent].http_events:
+        return {"type": "http", "url": target.url, "headers": {"Authorization": f"Bearer {target.secret}"},
+                "timeout": _timeout(agent, event)}
+    hook: dict[str, Any] = {"type": "command", "command": target.command, "timeout": _timeout(agent, event)}
     if agent == "gemini":
         hook["name"] = "shadowpoint"
+    return hook
+
+
+def _our_group(agent: str, event: str, matcher: str | None, target: HookTarget) -> dict[str, Any]:
     group: dict[str, Any] = {}
     if matcher is not None:
         group["matcher"] = matcher
-    group["hooks"] = [hook]
+    group["hooks"] = [our_hook(agent, event, target)]
     return group
 
 
-def merge_hooks(settings: dict[str, Any], agent: str, command: str) -> tuple[list[str], list[str]]:
+def _groups_with_ours(groups: list[Any], agent: str) -> list[dict[str, Any]]:
+    return [g for g in groups if isinstance(g, dict) and any(is_ours(h, agent) for h in g.get("hooks") or [])]
+
+
+def merge_hooks(settings: dict[str, Any], agent: str, target: HookTarget) -> tuple[list[str], list[str]]:
     """Add our group to every event of `agent` in `settings` (in place).
 
-    An event that already has our command keeps it (its command and timeout brought up to
+    An event that already has our entry keeps its group (entry and matcher brought up to
     date); the user's groups are left exactly as they are.
 
     Returns:
@@ -115,20 +156,24 @@ def merge_hooks(settings: dict[str, Any], agent: str, command: str) -> tuple[lis
         groups = hooks.setdefault(event, [])
         if not isinstance(groups, list):
             raise InvalidParamsError(f"`hooks.{event}` in the settings file is not a list; fix it by hand first.")
-        wanted = _our_group(agent, event, matcher, command)
-        mine = [g for g in groups if isinstance(g, dict) and any(
-            isinstance(h, dict) and is_ours(h.get("command"), agent) for h in g.get("hooks") or [])]
+        wanted = _our_group(agent, event, matcher, target)
+        mine = _groups_with_ours(groups, agent)
         if not mine:
             groups.append(wanted)
             added.append(event)
             continue
         group = mine[0]
-        for h in group.get("hooks") or []:
-            if isinstance(h, dict) and is_ours(h.get("command"), agent):
-                before = dict(h)
-                h.update(wanted["hooks"][0])
-                if h != before:
-                    updated.append(event)
+        before = json.dumps(group, sort_keys=True)
+        if matcher is None:
+            group.pop("matcher", None)
+        else:
+            group["matcher"] = matcher
+        inner = group.get("hooks") or []
+        for i, h in enumerate(inner):
+            if is_ours(h, agent):
+                inner[i] = wanted["hooks"][0]  # a command may become an http hook, or back
+        if json.dumps(group, sort_keys=True) != before:
+            updated.append(event)
     return added, updated
 
 
@@ -153,7 +198,7 @@ def remove_hooks(settings: dict[str, Any], agent: str) -> list[str]:
             if not isinstance(inner, list):
                 kept_groups.append(g)
                 continue
-            kept = [h for h in inner if not (isinstance(h, dict) and is_ours(h.get("command"), agent))]
+            kept = [h for h in inner if not is_ours(h, agent)]
             if len(kept) == len(inner):
                 kept_groups.append(g)
                 continue
@@ -187,18 +232,55 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
-def _write(path: Path, data: dict[str, Any]) -> None:
+def _write(path: Path, data: dict[str, Any], *, private: bool) -> None:
+    """Write atomically, keeping the file's mode (`private`: readable by the user only)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         with contextlib.suppress(OSError):
             os.chmod(tmp, os.stat(path).st_mode & 0o777)
+        if private:
+            os.chmod(tmp, os.stat(tmp).st_mode & 0o700)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def next_steps(agent: str, directory: Path) -> list[str]:
+    """What the agent still needs before it runs the hooks just installed (its trust rules)."""
+    root = str(directory.resolve())
+    if agent == "codex":
+        return [
+            "Codex runs project hooks only in a trusted project and only hooks you have reviewed: at its next "
+            "start, trust the project and review and trust the new hooks (\"Hooks need review\", or /hooks); "
+            "they run from then on, until a hook changes.",
+            f"Non-interactive (`codex exec`): trust the project ([projects.\"{root}\"] trust_level = \"trusted\" "
+            "in ~/.codex/config.toml, or --trust) and pass --dangerously-bypass-hook-trust, or trust the hooks "
+            "once interactively (the trust is stored in ~/.codex/config.toml).",
+        ]
+    if agent == "gemini":
+        return [
+            f"Gemini CLI runs project hooks only in a trusted folder: trust {root} in its folder-trust dialog "
+            "(stored in ~/.gemini/trustedFolders.json), or start it with GEMINI_CLI_TRUST_WORKSPACE=true "
+            "(--skip-trust is too late: settings are loaded before it acts).",
+        ]
+    return [
+        "Claude Code runs these hooks once you accept its workspace trust dialog for this folder.",
+        "Its http hooks carry a secret in .claude/settings.local.json (user-local, not for version control).",
+    ]
+
+
+def _target(agent: str, directory: Path, command: str | None) -> HookTarget:
+    cmd = command or default_command(agent)
+    if agent != "claude" or command is not None:
+        return HookTarget(cmd)  # an explicit command is used for every event
+    from shadowpoint.sidecar.hook_endpoint import ensure_http_config
+
+    config = ensure_http_config(str(directory.resolve()))
+    return HookTarget(cmd, config.url, config.secret)
 
 
 def install_hooks(agent: str, directory: Path, *, remove: bool = False, command: str | None = None) -> InstallResult:
@@ -208,10 +290,12 @@ def install_hooks(agent: str, directory: Path, *, remove: bool = False, command:
         agent: `claude`, `codex` or `gemini`.
         directory: The project folder whose settings file is edited.
         remove: Remove our entries instead of adding them.
-        command: The hook command (default: this `shadowpoint` by absolute path).
+        command: The hook command for every event (default: the lean client by absolute path,
+            and for Claude Code http hooks to the workspace's sidecar).
 
     Returns:
-        The file and the events changed; the file is not written when nothing changed.
+        The file and the events changed (the file is not written when nothing changed), and
+        what the agent still needs.
 
     Raises:
         InvalidParamsError: unknown agent, or a settings file that is not valid JSON of the
@@ -222,10 +306,19 @@ def install_hooks(agent: str, directory: Path, *, remove: bool = False, command:
     path = settings_path(agent, directory)
     data = _load(path)
     result = InstallResult(path)
+    legacy = directory.joinpath(*LEGACY_SETTINGS[agent]) if agent in LEGACY_SETTINGS else None
+    legacy_data = _load(legacy) if legacy is not None else {}
+    moved = remove_hooks(legacy_data, agent)  # ours do not belong in a committed file
     if remove:
-        result.removed = remove_hooks(data, agent)
+        result.removed = sorted(set(remove_hooks(data, agent)) | set(moved))
     else:
-        result.added, result.updated = merge_hooks(data, agent, command or default_command(agent))
+        result.added, result.updated = merge_hooks(data, agent, _target(agent, directory, command))
+        result.notes = next_steps(agent, directory)
+        if moved:
+            assert legacy is not None
+            result.notes.insert(0, f"Moved shadowpoint's entries out of {legacy} (a file meant to be committed).")
     if result.changed:
-        _write(path, data)
+        _write(path, data, private=agent == "claude")
+    if moved and legacy is not None:
+        _write(legacy, legacy_data, private=False)
     return result

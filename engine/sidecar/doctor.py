@@ -212,5 +212,7 @@ def _all_refs(repo: ShadowRepo) -> list[str]:
 def run_checks(settings: Settings, workspace: Path | None) -> list[Check]:
     """Every check, in the order `doctor` prints them."""
     docs = settings.resolved_docs_dir()
+    from shadowpoint.adapters.health import check_agents
+
     return [check_watch_limits(workspace), check_docs(docs), check_sidecars(), check_locks(docs),
-            *check_repos(docs)]
+            *check_repos(docs), *check_agents(workspace)]

@@ -162,7 +162,7 @@ def test_a_failing_hook_stays_silent_and_exits_0(workspace: Path, env: dict[str,
     home = Path(env["HOME"])
     hook("claude", {"session_id": "s-home", "cwd": str(home), "hook_event_name": "SessionStart"}, env, home)
     log = (Path(env["XDG_STATE_HOME"]) / "shadowpoint" / "hooks.log").read_text()
-    assert "no session_id" in log and "JSONDecodeError" in log and "Cannot use checkpoints in home" in log
+    assert "no session_id" in log and "not JSON" in log and "Cannot use checkpoints in home" in log
 
 
 def test_parallel_hooks_share_one_sidecar(workspace: Path, env: dict[str, str]) -> None:
@@ -279,7 +279,7 @@ def test_gemini_turn_is_a_round(workspace: Path, env: dict[str, str]) -> None:
     ev("AfterTool", tool_name="run_shell_command", tool_input=run, tool_response={"llmContent": ""})
     ev("BeforeTool", tool_name="read_file", tool_input={"absolute_path": str(ws / "main.go")})
     ev("AfterAgent", prompt="add a vendored helper", prompt_response="done", stop_hook_active=False)
-    ev("PreCompress", trigger="auto")
+    ev("PreCompress", trigger="manual")  # an automatic one fires on every model call: no compaction
 
     cps = checkpoints(session, ws, env)
     assert [c["kind"] for c in cps] == ["baseline", "round", "completion", "compaction"]

@@ -42,27 +42,29 @@ def ours(settings: dict[str, Any], agent: str) -> dict[str, list[dict[str, Any]]
     for event, groups in settings.get("hooks", {}).items():
         for g in groups:
             for h in g.get("hooks", []):
-                if is_ours(h.get("command"), agent):
+                if is_ours(h, agent):
                     out.setdefault(event, []).append({"matcher": g.get("matcher"), **h})
     return out
 
 
 def test_claude_merge_keeps_the_users_hooks_and_remove_takes_only_ours(tmp_path: Path) -> None:
-    path = tmp_path / ".claude" / "settings.json"
+    path = tmp_path / ".claude" / "settings.local.json"
     path.parent.mkdir()
     path.write_text(json.dumps(USER_CLAUDE, indent=2))
 
     result = install("claude", tmp_path)
     assert set(result["added"]) == {"SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse",
-                                    "PostToolUseFailure", "PostToolBatch", "Stop", "PreCompact"}
+                                    "PostToolUseFailure", "PostToolBatch", "Stop", "StopFailure", "PreCompact"}
+    assert any("trust dialog" in n for n in result["nextSteps"])
     settings = json.loads(path.read_text())
     assert settings["model"] == "opus" and settings["permissions"] == USER_CLAUDE["permissions"]
     assert settings["hooks"]["PreToolUse"][0] == USER_CLAUDE["hooks"]["PreToolUse"][0]
     assert settings["hooks"]["Stop"][0] == USER_CLAUDE["hooks"]["Stop"][0]
     mine = ours(settings, "claude")
-    assert all(len(entries) == 1 for entries in mine.values()) and len(mine) == 8
-    assert mine["PreToolUse"][0]["matcher"] == "*" and mine["PreToolUse"][0]["type"] == "command"
-    assert mine["PreToolUse"][0]["command"].endswith(" hook claude")
+    assert all(len(entries) == 1 for entries in mine.values()) and len(mine) == 9
+    assert mine["PreToolUse"][0]["matcher"].startswith("^(?!") and mine["PreToolUse"][0]["type"] == "http"
+    assert mine["PreToolUse"][0]["url"].startswith("http://127.0.0.1:")
+    assert mine["SessionStart"][0]["command"].endswith("hookrun.py claude")
     assert mine["PreToolUse"][0]["timeout"] >= 300, "the barrier may wait for a large baseline"
     assert mine["Stop"][0]["matcher"] is None
 
@@ -123,7 +125,7 @@ def test_our_command_is_recognised(command: str, agent: str, expected: bool) -> 
 
 
 def test_user_group_sharing_our_command_keeps_its_other_hooks(tmp_path: Path) -> None:
-    path = tmp_path / ".claude" / "settings.json"
+    path = tmp_path / ".claude" / "settings.local.json"
     path.parent.mkdir()
     mixed = {"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "shadowpoint hook claude"},
                                            {"type": "command", "command": "say done"}]}]}}
@@ -131,7 +133,20 @@ def test_user_group_sharing_our_command_keeps_its_other_hooks(tmp_path: Path) ->
     install("claude", tmp_path)
     after = json.loads(path.read_text())
     assert len(after["hooks"]["Stop"]) == 1, "the existing entry is reused, not duplicated"
+    assert after["hooks"]["Stop"][0]["hooks"][1] == {"type": "command", "command": "say done"}
     install("claude", tmp_path, "--remove")
     expected = copy.deepcopy(mixed)
     expected["hooks"]["Stop"][0]["hooks"] = [{"type": "command", "command": "say done"}]
     assert json.loads(path.read_text()) == expected
+
+
+def test_claude_entries_leave_the_committed_settings_file(tmp_path: Path) -> None:
+    committed = tmp_path / ".claude" / "settings.json"
+    committed.parent.mkdir()
+    committed.write_text(json.dumps({**USER_CLAUDE, "hooks": {**USER_CLAUDE["hooks"], "PostToolBatch": [
+        {"hooks": [{"type": "command", "command": "/old/bin/shadowpoint hook claude"}]}]}}))
+    result = install("claude", tmp_path)
+    assert any("Moved shadowpoint's entries" in n for n in result["nextSteps"])
+    assert json.loads(committed.read_text()) == USER_CLAUDE, "the user's entries stay, ours leave"
+    local = json.loads((tmp_path / ".claude" / "settings.local.json").read_text())
+    assert "PostToolBatch" in ours(local, "claude")
