@@ -125,7 +125,7 @@ def parse_json(text: str) -> object:
 
     text = text.strip(" \t\n\r")
     try:
-        value, end = _json.make_scanner(_Context())(text, 0)
+        value, end = _json.make_scanner(_Context())(text, 0)  # type: ignore[arg-type]  # duck-typed decoder
     except Exception as exc:  # StopIteration at the start, the scanner's own errors
         raise ValueError(f"not JSON ({type(exc).__name__} at {getattr(exc, 'value', '?')})") from None
     if end != len(text):
