@@ -256,7 +256,7 @@ class Restorer:
                     if above is not None:
                         here[RepoPath("/".join(parts[:i]))] = above
             plan = plan_restore(name, target, here, scope)
-            if named is not None:
+            if named is not None and request.targets is None:
                 plan = self._only_known(plan, target, root, newest_tree)
             base = self._base_entries(rt, root, name, plan) if request.keep_outside_edits else None
         except RepoError as exc:

@@ -439,6 +439,8 @@ class Server:
             "task/fork": lambda p: {"checkpoint": self._eng().checkpoint_wire(self._eng().fork_task(
                 _str(p, "taskId"), _int(p, "ts"), _str(p, "newTaskId")))},
             "checkpoint/undoRestore": lambda p: self._eng().undo_restore(_str(p, "taskId")),
+            # not in PROTOCOL.md: the CLI's `redo` through a running sidecar
+            "checkpoint/redoRestore": lambda p: self._eng().redo_restore(_str(p, "taskId")),
             "message/edit": self._message_edit,
             "task/delete": lambda p: self._eng().delete_task(_str(p, "taskId")),
             "history/deleteAll": self._delete_all,
