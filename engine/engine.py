@@ -378,6 +378,8 @@ class Engine:
         rt.recorder = RoundRecorder(rt.round_no)
         for root in self.roots.values():
             if root.watcher is not None:
+                # events of changes made before now are recorded first (they came between rounds)
+                root.watcher.flush()
                 root.watcher.journal.open_round()
 
     def _resolve_paths(self, paths: Iterable[Any] | None) -> list[tuple[str, str]]:

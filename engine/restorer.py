@@ -352,6 +352,8 @@ class Restorer:
             record.undo_stack.append(entry["n"])
             record.redo_stack.clear()
         elif entry["op"] == "undo":
+            for cp in record.checkpoints:
+                cp.restored = False  # the files are no longer as a restore left them
             undone = record.restore_entry(entry["of"])
             if undone is not None and all(r.get("after") for r in undone["roots"].values()):
                 record.redo_stack.append(entry["of"])
