@@ -6,12 +6,26 @@ restore shows, `undo`/`redo`, `fork`, `log` (and `--html`), `list --all`, `stora
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
 import pygit2
 import pytest
 
 from tests.conftest import make_tree, read_tree
-from tests.integration.test_cli import env, save, sp, sp_json  # noqa: F401 (env is a fixture)
+from tests.integration.test_cli import save, sp, sp_json
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """The hermetic environment with a short runtime dir of its own (as test_cli.py's)."""
+    run_dir = Path(tempfile.mkdtemp(prefix="sp-run-"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run_dir))
+    yield dict(os.environ)
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 LINES = "".join(f"line {i}\n" for i in range(1, 11))
 
