@@ -523,15 +523,17 @@ def _list_tasks(ctx: _Ctx, directory: str | None, as_json: bool) -> None:
 def diff(ctx: _Ctx, ref: str | None, ref2: str | None, directory: str | None, task_id: str | None,
          as_json: bool, html_file: str | None, stat_only: bool, color: bool | None) -> None:
     """Compare checkpoint REF (default: the newest) with the workspace, or with REF2."""
+    from shadowpoint.cli_history import resolve_ref
     from shadowpoint.render import html_page, stat_lines, unified_diff_lines, use_color
     from shadowpoint.sidecar.backend import resolve_checkpoint
 
     with _backend(ctx, directory) as backend:
         task = _task_for(ctx, backend, task_id)
         cps = _checkpoints(backend, task)
-        old = resolve_checkpoint(cps, ref or "@1")
+        old = resolve_ref(ctx, backend, task, ref or "@1")  # a safety checkpoint's hash too
         new = resolve_checkpoint(cps, ref2) if ref2 else None
-        result = backend.diff(task, old["ts"], new["ts"] if new else None)
+        result = backend.diff(task, old["ts"], new["ts"] if new else None) if old.get("safety") is None or new \
+            else backend.diff_safety(task, int(old["safety"]))
     against = f"checkpoint #{new['position']}" if new else "the workspace"
     title = f"{result['title']}: #{old['position']} ({str(old.get('hash') or '')[:10]}) → {against}"
     if html_file:
@@ -574,8 +576,7 @@ def restore(ctx: _Ctx, ref: str, paths: tuple[str, ...], mode: str | None, dry_r
     PATHS (after REF, or after `--`) restores only those files and folders. The question
     shows exactly what the restore does, and which changed files it leaves alone and why.
     """
-    from shadowpoint.cli_history import left_alone, load_record, plan_lines
-    from shadowpoint.sidecar.backend import resolve_checkpoint
+    from shadowpoint.cli_history import left_alone, load_record, plan_lines, resolve_ref, run_restore
 
     if mode is None:
         mode = "files" if paths else None
@@ -585,17 +586,18 @@ def restore(ctx: _Ctx, ref: str, paths: tuple[str, ...], mode: str | None, dry_r
     named = [os.path.join(os.path.abspath(directory or os.getcwd()), p) for p in paths] if paths else None
     with _backend(ctx, directory) as backend:
         task = _task_for(ctx, backend, task_id)
-        cp = resolve_checkpoint(_checkpoints(backend, task), ref)
+        cp = resolve_ref(ctx, backend, task, ref)
         label = f"#{cp['position']} ({str(cp.get('hash') or 'no snapshot')[:10]}, {cp['kind']}, {cp['createdAt']})"
         files_part = mode in ("files", "both") and bool(cp.get("hash"))
-        plan = backend.restore(task, cp["ts"], mode, named, True, keep_mine) if files_part or dry_run else {}
+        plan = run_restore(backend, task, cp, mode, named, True, keep_mine) if files_part or dry_run else {}
         lines = [f"{'Would restore' if dry_run else 'Restore'} {'files and task' if mode == 'both' else mode} "
                  f"of task {task} to checkpoint {label}."]
         if files_part and plan.get("files") is not None:
             record = load_record(ctx, task)
             scope = {p for name in (record.roots if record else {}) for p in record.scope_paths(name)} \
                 if record is not None and record.has_scope() else None
-            changed = [f["path"] for f in backend.diff(task, cp["ts"], None)["files"]]
+            changed = [f["path"] for f in (backend.diff(task, cp["ts"], None) if cp.get("safety") is None
+                                           else backend.diff_safety(task, int(cp["safety"])))["files"]]
             alone = left_alone(changed, plan["files"], scope=scope, named=named is not None, keep_mine=keep_mine,
                                ref=ref)
             lines += plan_lines(plan["files"], alone)
@@ -615,7 +617,7 @@ def restore(ctx: _Ctx, ref: str, paths: tuple[str, ...], mode: str | None, dry_r
             if sys.stdin.isatty():
                 sys.stderr.write("\n".join(lines) + "\n")
             _confirm(ctx, "Go ahead?", yes)
-        result = backend.restore(task, cp["ts"], mode, named, False, keep_mine)
+        result = run_restore(backend, task, cp, mode, named, False, keep_mine)
     if as_json:
         _print_json({"taskId": task, "checkpoint": cp, **result})
     else:

@@ -20,6 +20,7 @@ from shadowpoint.cli import _backend, _checkpoints, _Ctx, _dir_option, _print_js
 
 if TYPE_CHECKING:
     from shadowpoint.checkpoints import TaskRecord
+    from shadowpoint.sidecar.backend import Backend
 
 
 def register(group: click.Group) -> None:
@@ -70,6 +71,45 @@ def describe_safety(row: Mapping[str, Any]) -> str:
     else:
         what = f"before {row['op']} of restore {row.get('of')}"
     return f"{what} ({row['paths']} path{'s' if row['paths'] != 1 else ''})"
+
+
+def resolve_ref(ctx: _Ctx, backend: Backend, task: str, ref: str) -> dict[str, Any]:
+    """The checkpoint `ref` names (position or hash prefix), else the safety checkpoint whose
+    hash starts with it: then `{safety: n, kind: "safety", ts: None, hash, hashes, position,
+    createdAt}` (n: the restore it was taken before).
+
+    Raises:
+        UnknownCheckpointError: neither matches.
+        AmbiguousCheckpointError: the prefix matches several safety checkpoints.
+    """
+    from shadowpoint.errors import UnknownCheckpointError
+    from shadowpoint.sidecar.backend import AmbiguousCheckpointError, resolve_checkpoint
+
+    try:
+        return resolve_checkpoint(_checkpoints(backend, task), ref)
+    except UnknownCheckpointError:
+        prefix = ref.strip().lower()
+        rows = [r for r in safety_rows(load_record(ctx, task))
+                if len(prefix) >= 5 and any(h.startswith(prefix) for h in r["hashes"].values())]
+        if not rows:
+            raise
+        if len({r["hash"] for r in rows}) > 1:
+            raise AmbiguousCheckpointError(f"{ref} matches {len(rows)} safety checkpoints; give more digits.") from None
+    row = rows[0]
+    return {"safety": row["n"], "kind": "safety", "ts": None, "hash": row["hash"], "hashes": row["hashes"],
+            "position": f"safety {row['n']}", "createdAt": row["createdAt"], "restored": False}
+
+
+def run_restore(backend: Backend, task: str, cp: Mapping[str, Any], mode: str, paths: list[str] | None,
+                dry_run: bool, keep_mine: bool) -> dict[str, Any]:
+    """`backend.restore`, or the restore to a safety checkpoint (files only) when `cp` is one."""
+    if cp.get("safety") is None:
+        return backend.restore(task, cp["ts"], mode, paths, dry_run, keep_mine)
+    if mode != "files":
+        from shadowpoint.cli import _fail
+
+        _fail("A safety checkpoint holds files only: restore it with --files.", "usage")
+    return backend.restore_safety(task, int(cp["safety"]), paths, dry_run, keep_mine)
 
 
 # ---------------------------------------------------------------------------- the restore plan

@@ -589,10 +589,13 @@ class Engine:
             raise NoFileSnapshotError(f"The checkpoint at ts={ts} has no file snapshot (Restore Task only).")
         return cp
 
-    def diff(self, task_id: str, from_ts: Any, to_ts: Any = None) -> dict[str, Any]:
+    def diff(self, task_id: str, from_ts: Any, to_ts: Any = None, from_safety: int | None = None) -> dict[str, Any]:
+        """`checkpoint/diff`; `from_safety` compares the safety checkpoint of the task's restore
+        number `from_safety` instead of a checkpoint (the CLI names those by hash prefix)."""
         rt = self._task(task_id)
         with rt.lock:
-            old = self._snapshot_of(rt, from_ts)
+            old = (self._snapshot_of(rt, from_ts) if from_safety is None
+                   else self.restorer.safety_record(rt, from_safety))
             new = self._snapshot_of(rt, to_ts) if to_ts is not None else None
         changes: list[FileChange] = []
         for name, root in self.roots.items():
@@ -644,6 +647,11 @@ class Engine:
         """Restore files, the task, or both to the checkpoint at `ts` (PROTOCOL.md `Restore`,
         with the 1.1 options `paths`, `dryRun` and `keepOutsideEdits`)."""
         return self.restorer.restore(task_id, ts, mode, paths, dry_run, keep_outside_edits)
+
+    def restore_safety(self, task_id: str, n: Any, paths: Iterable[Any] | None = None, dry_run: bool = False,
+                       keep_outside_edits: bool = False) -> dict[str, Any]:
+        """Restore the task's files to the safety checkpoint taken before its restore number `n`."""
+        return self.restorer.restore_safety(task_id, n, paths, dry_run, keep_outside_edits)
 
     def undo_restore(self, task_id: str) -> dict[str, Any]:
         """Walk the task's undo stack back: the paths of its newest restore as they were before it."""

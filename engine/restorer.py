@@ -447,6 +447,42 @@ class Restorer:
         self.engine._save(rt)  # before the journal goes: a kill between keeps the undo record
         self.engine.store.clear_journal(rt.record.task_id)
 
+    # ------------------------------------------------------------------ safety checkpoints
+
+    @staticmethod
+    def safety_record(rt: TaskRuntime, n: Any) -> CheckpointRecord:
+        """The safety checkpoint taken before the task's restore `n`, shaped as a checkpoint."""
+        entry = rt.record.restore_entry(n) if isinstance(n, int) else None
+        if entry is None:
+            raise UnknownCheckpointError(f"Task {rt.record.task_id} has no restore {n!r} (no such safety checkpoint).")
+        hashes = {name: info["safety"] for name, info in entry["roots"].items() if info.get("safety")}
+        return CheckpointRecord(ts=-1, kind="round", hashes=hashes, created_at=entry.get("createdAt") or now_iso())
+
+    def restore_safety(self, task_id: str, n: Any, paths: Iterable[Any] | None, dry_run: bool,
+                       keep_outside_edits: bool) -> dict[str, Any]:
+        """Restore the files to a safety checkpoint: the task's scope and the paths its restore
+        touched (or only `paths`), as they were before that restore."""
+        rt = self.engine._task(task_id)
+        named = self._named_paths(paths)
+        with rt.lock:
+            safety = self.safety_record(rt, n)
+            entry = rt.record.restore_entry(n) or {}
+            targets: dict[str, str | None] = {}
+            scope: dict[str, list[RepoPath]] = {}
+            for name, commit in safety.hashes.items():
+                root = self.engine.roots.get(name)
+                if root is None:
+                    continue
+                with root.lock.held():
+                    targets[name] = root.open().commit_tree(commit)
+                touched = entry.get("roots", {}).get(name, {}).get("paths", [])
+                scope[name] = named[name] if named is not None else [
+                    RepoPath(p) for p in sorted(set(rt.record.scope_paths(name)) | set(touched))]
+            marker = rt.record.last_snapshot() or rt.record.checkpoints[0]
+            request = RestoreRequest(paths=scope, dry_run=dry_run, keep_outside_edits=keep_outside_edits,
+                                     targets=targets, of=n)
+            return {"files": self._restore_files(rt, marker, request), "task": None}
+
     # ------------------------------------------------------------------ undo / redo
 
     def undo_restore(self, task_id: str) -> dict[str, Any]:

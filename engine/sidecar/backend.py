@@ -241,6 +241,15 @@ class Backend(Protocol):
         """`task/fork`: the fork's newest `Checkpoint`."""
         ...
 
+    def restore_safety(self, task_id: str, n: int, paths: list[str] | None = None, dry_run: bool = False,
+                       keep_outside_edits: bool = False) -> dict[str, Any]:
+        """The files back to the safety checkpoint of the task's restore `n` (a `Restore`)."""
+        ...
+
+    def diff_safety(self, task_id: str, n: int) -> dict[str, Any]:
+        """The `Diff` from the safety checkpoint of the task's restore `n` to the workspace."""
+        ...
+
     def delete_task(self, task_id: str) -> None:
         """`task/delete`."""
         ...
@@ -314,6 +323,13 @@ class LocalBackend:
         wire = self.engine.checkpoint_wire(self.engine.fork_task(task_id, ts, new_task_id))
         assert wire is not None
         return wire
+
+    def restore_safety(self, task_id: str, n: int, paths: list[str] | None = None, dry_run: bool = False,
+                       keep_outside_edits: bool = False) -> dict[str, Any]:
+        return self.engine.restore_safety(task_id, n, paths, dry_run, keep_outside_edits)
+
+    def diff_safety(self, task_id: str, n: int) -> dict[str, Any]:
+        return self.engine.diff(task_id, None, None, n)
 
     def delete_task(self, task_id: str) -> None:
         self.engine.delete_task(task_id)
@@ -398,6 +414,18 @@ class RemoteBackend:
         result: dict[str, Any] = self._call("task/fork", {"taskId": task_id, "ts": ts, "newTaskId": new_task_id})
         checkpoint: dict[str, Any] = result["checkpoint"]
         return checkpoint
+
+    def restore_safety(self, task_id: str, n: int, paths: list[str] | None = None, dry_run: bool = False,
+                       keep_outside_edits: bool = False) -> dict[str, Any]:
+        params: dict[str, Any] = {"taskId": task_id, "n": n, "dryRun": dry_run, "keepOutsideEdits": keep_outside_edits}
+        if paths is not None:
+            params["paths"] = list(paths)
+        result: dict[str, Any] = self._call("checkpoint/restoreSafety", params)
+        return result
+
+    def diff_safety(self, task_id: str, n: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("checkpoint/diffSafety", {"taskId": task_id, "n": n})
+        return result
 
     def delete_task(self, task_id: str) -> None:
         self._call("task/delete", {"taskId": task_id})

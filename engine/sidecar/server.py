@@ -439,8 +439,11 @@ class Server:
             "task/fork": lambda p: {"checkpoint": self._eng().checkpoint_wire(self._eng().fork_task(
                 _str(p, "taskId"), _int(p, "ts"), _str(p, "newTaskId")))},
             "checkpoint/undoRestore": lambda p: self._eng().undo_restore(_str(p, "taskId")),
-            # not in PROTOCOL.md: the CLI's `redo` through a running sidecar
+            # not in PROTOCOL.md: the CLI's `redo` and safety checkpoints through a running sidecar
             "checkpoint/redoRestore": lambda p: self._eng().redo_restore(_str(p, "taskId")),
+            "checkpoint/restoreSafety": lambda p: self._eng().restore_safety(
+                _str(p, "taskId"), _int(p, "n"), _paths(p), _bool(p, "dryRun"), _bool(p, "keepOutsideEdits")),
+            "checkpoint/diffSafety": lambda p: self._eng().diff(_str(p, "taskId"), None, None, _int(p, "n")),
             "message/edit": self._message_edit,
             "task/delete": lambda p: self._eng().delete_task(_str(p, "taskId")),
             "history/deleteAll": self._delete_all,

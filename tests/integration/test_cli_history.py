@@ -123,3 +123,18 @@ def test_storage_gc_keeps_young_unreachable_objects_by_default(ws: Path, env: di
     assert (shadow / "objects" / loose[:2] / loose[2:]).exists(), "gc_grace_s (3600 s) keeps a young object"
     sp_json("storage", "--gc", "--grace", "0", cwd=ws, env=env)
     assert not (shadow / "objects" / loose[:2] / loose[2:]).exists()
+
+
+def test_a_safety_checkpoint_is_named_by_its_hash_in_diff_and_restore(ws: Path, env: dict[str, str]) -> None:
+    two_saves(ws, env)
+    make_tree(ws, {"a.txt": "the person's unsaved edit\n"})
+    out = sp_json("restore", "2", "--files", "--yes", cwd=ws, env=env)
+    safety = out["files"]["safety"]
+    assert (ws / "a.txt").read_text() == "a1\n"
+    diff = sp_json("diff", safety[:10], cwd=ws, env=env)
+    changed = {f["path"]: f for f in diff["files"]}
+    assert changed["a.txt"]["before"] == "the person's unsaved edit\n" and changed["a.txt"]["after"] == "a1\n"
+    back = sp_json("restore", safety[:10], "--files", "--yes", cwd=ws, env=env)
+    assert "a.txt" in back["files"]["restored"]
+    assert (ws / "a.txt").read_text() == "the person's unsaved edit\n" and (ws / "n.txt").read_text() == "new\n"
+    assert sp("restore", safety[:10], "--task", "--yes", cwd=ws, env=env).returncode == 2
