@@ -223,8 +223,6 @@ class Restorer:
         repo = root.open()
         record = rt.record
         named = request.paths.get(name, []) if request.paths is not None else None
-        newest = record.last_snapshot()
-        newest_tree = self._tree_or_none(root, newest.hashes.get(name)) if newest else None
         forced = set(RepoPath(p) for p in record.edited.get(name, ()))
         if named is not None:
             forced |= set(named)
@@ -257,6 +255,8 @@ class Restorer:
                         here[RepoPath("/".join(parts[:i]))] = above
             plan = plan_restore(name, target, here, scope)
             if named is not None and request.targets is None:
+                newest = record.last_snapshot()
+                newest_tree = self._tree_or_none(root, newest.hashes.get(name)) if newest else None
                 plan = self._only_known(plan, target, root, newest_tree)
             base = self._base_entries(rt, root, name, plan) if request.keep_outside_edits else None
         except RepoError as exc:
