@@ -442,8 +442,16 @@ class Restorer:
                 cleanup_temp_files(root.ws.root, [op.path for op in plan.ops])
                 self._apply_restore(root, plan)
         entry = journal.get("entry")
+        if entry is None and isinstance(journal.get("safety"), dict):
+            # a journal of 1.0 (no after-state): undoable, not redoable
+            safety = journal["safety"]
+            entry = {"n": rt.record.next_restore_n(), "op": "restore", "ts": None, "createdAt": now_iso(), "roots": {
+                p["root"]: {"safety": safety.get(p["root"]), "after": None, "paths": [op[0] for op in p["ops"]]}
+                for p in journal.get("plans", [])}}
         if isinstance(entry, dict) and rt.record.restore_entry(entry.get("n", -1)) is None:
             self._record_entry(rt, entry)
+            if not all(r.get("after") for r in entry["roots"].values()):
+                rt.record.base = None
         self.engine._save(rt)  # before the journal goes: a kill between keeps the undo record
         self.engine.store.clear_journal(rt.record.task_id)
 
