@@ -641,15 +641,9 @@ def restore(ctx: _Ctx, ref: str, paths: tuple[str, ...], mode: str | None, dry_r
 def undo(ctx: _Ctx, directory: str | None, task_id: str | None, as_json: bool) -> None:
     """Undo the last file restore of the task (puts back exactly the files it touched); again for
     the one before it, and so on."""
-    with _backend(ctx, directory) as backend:
-        task = _task_for(ctx, backend, task_id)
-        result = backend.undo_restore(task)
-    if as_json:
-        _print_json({"taskId": task, **result})
-        return
-    files = result.get("files") or {}
-    ctx.out.print(f"undone: {len(files.get('restored', []))} file(s) put back, "
-                  f"{len(files.get('deleted', []))} removed (`shadowpoint redo` walks forward again)")
+    from shadowpoint.cli_history import step
+
+    step(ctx, directory, task_id, as_json, "undo")
 
 
 # ---------------------------------------------------------------------------- storage / tasks

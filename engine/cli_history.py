@@ -182,15 +182,21 @@ def plan_lines(files: Mapping[str, Any], alone: list[LeftAlone], *, limit: int =
 @pass_ctx
 def redo(ctx: _Ctx, directory: str | None, task_id: str | None, as_json: bool) -> None:
     """Redo the last undone file restore (walks forward through what `undo` walked back)."""
+    step(ctx, directory, task_id, as_json, "redo")
+
+
+def step(ctx: _Ctx, directory: str | None, task_id: str | None, as_json: bool, op: str) -> None:
+    """`undo` or `redo`: one step along the task's undo stack, and what it wrote."""
     with _backend(ctx, directory) as backend:
         task = _task_for(ctx, backend, task_id)
-        result = backend.redo_restore(task)
+        result = backend.undo_restore(task) if op == "undo" else backend.redo_restore(task)
     if as_json:
         _print_json({"taskId": task, **result})
         return
     files = result.get("files") or {}
-    ctx.out.print(f"redone: {len(files.get('restored', []))} file(s) written, {len(files.get('deleted', []))} "
-                  f"removed (safety checkpoint {str(files.get('safety'))[:10]}; `shadowpoint undo` reverts)")
+    other = "redo" if op == "undo" else "undo"
+    ctx.out.print(f"{op}ne: {len(files.get('restored', []))} file(s) written, {len(files.get('deleted', []))} "
+                  f"removed (safety checkpoint {str(files.get('safety'))[:10]}; `shadowpoint {other}` reverts)")
 
 
 @click.command()

@@ -336,20 +336,14 @@ def test_undo_and_redo_walk_a_chain_of_restores_exactly_through_gc(make_engine: 
         safeties.append(out["files"]["safety"])
         states.append(read_tree(ws))
         eng.collect_garbage(grace_s=0)
-    for state in reversed(states[:-1]):
-        eng.undo_restore("t1")
-        eng.collect_garbage(grace_s=0)
-        assert {k: v for k, v in read_tree(ws).items() if k != "mine.txt"} == {
-            k: v for k, v in state.items() if k != "mine.txt"}
-    with pytest.raises(NothingToUndoError):
-        eng.undo_restore("t1")
-    for state in states[1:]:
-        eng.redo_restore("t1")
-        eng.collect_garbage(grace_s=0)
-        assert {k: v for k, v in read_tree(ws).items() if k != "mine.txt"} == {
-            k: v for k, v in state.items() if k != "mine.txt"}
-    with pytest.raises(NothingToUndoError):
-        eng.redo_restore("t1")
+    for walk, expected in ((eng.undo_restore, reversed(states[:-1])), (eng.redo_restore, states[1:])):
+        for state in expected:
+            walk("t1")
+            eng.collect_garbage(grace_s=0)
+            assert {k: v for k, v in read_tree(ws).items() if k != "mine.txt"} == {
+                k: v for k, v in state.items() if k != "mine.txt"}
+        with pytest.raises(NothingToUndoError):
+            walk("t1")
     rec = eng._task("t1").record
     assert len(rec.restores) == 18 and len({e["n"] for e in rec.restores}) == 18
     for entry in rec.restores:  # every safety checkpoint and after-state survives gc
