@@ -94,8 +94,9 @@ class TaskRecord:
     restores: list[dict[str, Any]] = field(default_factory=list)
     undo_stack: list[int] = field(default_factory=list)  # `n` of the restores an undo walks back
     redo_stack: list[int] = field(default_factory=list)  # `n` of the undone ones a redo walks forward
-    # the workspace as the newest file restore left it (root -> commit), until a new snapshot:
-    # the base of `keepOutsideEdits` (PROTOCOL 1.1)
+    # the task's own newest state after a file restore (root -> commit), until a new snapshot:
+    # its newest snapshot with the restores' writes (never outside edits); the base of
+    # `keepOutsideEdits` (PROTOCOL 1.1)
     base: dict[str, str] | None = None
     forked_from: dict[str, Any] | None = None  # {taskId, ts, createdAt} of a fork's source
     forks: list[dict[str, Any]] = field(default_factory=list)  # {taskId, ts, createdAt} made from this task

@@ -332,10 +332,16 @@ class Restorer:
             parent = prev.hashes.get(name) if prev else None
             safety = repo.commit(p.safety_tree, [parent] if parent and repo.has_object(parent) else [],
                                  f"safety checkpoint before {request.op} {n}", record.task_id)
-            after_tree = repo.patch_tree(p.safety_tree, {op.path: op.entry for op in p.plan.ops})
-            after = repo.commit(after_tree, [safety], f"after {request.op} {n}", record.task_id)
-            repo.set_ref(restore_ref(record.task_id, n), after)
-            roots[name] = {"safety": safety, "after": after, "paths": [op.path for op in p.plan.ops]}
+            writes = {op.path: op.entry for op in p.plan.ops}
+            after = repo.commit(repo.patch_tree(p.safety_tree, writes), [safety], f"after {request.op} {n}",
+                                record.task_id)
+            # The task's base from now on (keepOutsideEdits): its previous base with this restore's
+            # writes, which are never outside edits; the person's edits the restore left stay theirs.
+            base_before = (record.base or {}).get(name) or parent
+            base_tree = repo.patch_tree(repo.commit_tree(base_before) if base_before else None, writes)
+            base = repo.commit(base_tree, [after], f"base after {request.op} {n}", record.task_id)
+            repo.set_ref(restore_ref(record.task_id, n), base)  # reaches after and safety too
+            roots[name] = {"safety": safety, "after": after, "base": base, "paths": [op.path for op in p.plan.ops]}
         entry: dict[str, Any] = {"n": n, "op": request.op, "ts": cp.ts if request.targets is None else None,
                                  "createdAt": now_iso(), "roots": roots,
                                  "paths": request.paths is not None, "keepOutsideEdits": request.keep_outside_edits}
@@ -359,7 +365,8 @@ class Restorer:
                 record.redo_stack.append(entry["of"])
         elif entry["op"] == "redo":
             record.undo_stack.append(entry["of"])
-        record.base = {name: r["after"] for name, r in entry["roots"].items()}
+        record.base = {**(record.base or {}), **{name: r.get("base") or r["after"]
+                                                  for name, r in entry["roots"].items()}}
 
     @staticmethod
     def _restore_inputs(root: RootState, target_tree: str | None, scope: list[RepoPath] | None
