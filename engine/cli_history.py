@@ -294,25 +294,23 @@ def timeline(record: TaskRecord | None, cps: list[dict[str, Any]]) -> list[dict[
     return events
 
 
-def timeline_page(task: str, root: str, events: list[dict[str, Any]]) -> str:
-    """A self-contained HTML page of the timeline."""
-    rows = "\n".join(
-        f"<tr class='{html.escape(e['kind'])}'><td>{html.escape(str(e.get('createdAt') or '')[:19].replace('T', ' '))}"
-        f"</td><td>{html.escape(e['kind'])}</td><td>{html.escape(e['text'])}</td></tr>" for e in events)
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>shadowpoint log: {html.escape(task)}</title>
-<style>
-body {{ font: 14px/1.4 system-ui, sans-serif; margin: 2rem; color: #222; }}
-table {{ border-collapse: collapse; width: 100%; }}
-td {{ padding: .3rem .6rem; border-bottom: 1px solid #ddd; vertical-align: top; }}
-td:first-child {{ white-space: nowrap; color: #666; font-family: ui-monospace, monospace; }}
-tr.checkpoint td:nth-child(2) {{ color: #0a6; }}
-tr.restore td:nth-child(2), tr.undo td:nth-child(2), tr.redo td:nth-child(2) {{ color: #b50; }}
-tr.fork td:nth-child(2) {{ color: #06c; }}
-tr.message td:nth-child(3) {{ color: #555; }}
-</style></head><body>
-<h1>Task {html.escape(task)}</h1><p>{html.escape(root)}</p>
-<table><tbody>
-{rows}
-</tbody></table></body></html>
+TIMELINE_CSS = """
+table.timeline { border-collapse: collapse; width: 100%; margin-top: 1em; }
+table.timeline td { padding: .3em .6em; border-bottom: 1px solid var(--line); vertical-align: top; }
+table.timeline td.when { white-space: nowrap; color: var(--muted); font-family: ui-monospace, monospace; }
+table.timeline tr.message td.what { color: var(--muted); }
 """
+BADGES = {"checkpoint": "added", "restore": "deleted", "undo": "deleted", "redo": "deleted"}
+
+
+def timeline_page(task: str, root: str, events: list[dict[str, Any]]) -> str:
+    """The timeline as one self-contained page (the shell of html_page, as `diff --html`)."""
+    from shadowpoint.html_page import page
+
+    rows = "\n".join(
+        f"<tr class='{html.escape(e['kind'])}'><td class='when'>"
+        f"{html.escape(str(e.get('createdAt') or '')[:19].replace('T', ' '))}</td>"
+        f"<td><span class='badge {BADGES.get(e['kind'], '')}'>{html.escape(e['kind'])}</span></td>"
+        f"<td class='what'>{html.escape(e['text'])}</td></tr>" for e in events)
+    body = f"<table class='timeline'><tbody>{rows}</tbody></table>"
+    return page(f"Timeline of task {task}", [root], body, TIMELINE_CSS)
