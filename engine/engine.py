@@ -372,15 +372,16 @@ class Engine:
             self._open_round(rt)
             return rt.round_no
 
-    def _open_round(self, rt: TaskRuntime) -> None:
+    def _open_round(self, rt: TaskRuntime) -> RoundRecorder:
         """A new round: what the watchers record from now on is the task's (its restore scope)."""
         rt.round_no += 1
-        rt.recorder = RoundRecorder(rt.round_no)
+        rt.recorder = recorder = RoundRecorder(rt.round_no)
         for root in self.roots.values():
             if root.watcher is not None:
                 # events of changes made before now are recorded first (they came between rounds)
                 root.watcher.flush()
                 root.watcher.journal.open_round()
+        return recorder
 
     def _resolve_paths(self, paths: Iterable[Any] | None) -> list[tuple[str, str]]:
         out = []
@@ -404,18 +405,16 @@ class Engine:
         if resolved_kind != "read":
             self._wait_ready(rt)
         with rt.lock:
-            if rt.recorder is None:
-                self._open_round(rt)
-            rt.recorder.tool_began(tool, resolved_kind, resolved)
+            recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
+            recorder.tool_began(tool, resolved_kind, resolved)
 
     def tool_ended(self, task_id: str, tool: str, paths: Iterable[Any] | None, kind: str | None = None) -> None:
         rt = self._task(task_id)
         resolved_kind = tool_kind(tool, kind, self.options.read_only_tools)
         resolved = self._resolve_paths(paths) if resolved_kind != "read" else []
         with rt.lock:
-            if rt.recorder is None:
-                self._open_round(rt)
-            rt.recorder.tool_ended(tool, resolved_kind, resolved)
+            recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
+            recorder.tool_ended(tool, resolved_kind, resolved)
 
     def end_round(self, task_id: str, ts: int) -> CheckpointRecord | None:
         """Close the round; one checkpoint if it held a tool that may modify the workspace."""

@@ -338,14 +338,16 @@ class ShadowRepo:
         """libgit2's three-way merge of one file's contents; None when the changes overlap (or
         the merged text is not UTF-8, which pygit2 cannot hand back)."""
         with translated(f"merge {path}"):
-            entries = [pygit2.IndexEntry(path, pygit2.Oid(hex=e.oid), e.mode) for e in (base, ours, theirs)]
+            b, o, t = (pygit2.IndexEntry(path, pygit2.Oid(hex=e.oid), pygit2.enums.FileMode(e.mode))
+                       for e in (base, ours, theirs))
             try:
-                result = self._repo.merge_file_from_index(*entries)
+                result = self._repo.merge_file_from_index(b, o, t)
             except UnicodeDecodeError:
                 return None
         if not result.automergeable:
             return None
-        return result.contents.encode("utf-8")
+        merged: bytes = result.contents.encode("utf-8")
+        return merged
 
     def has_object(self, oid: str) -> bool:
         try:
