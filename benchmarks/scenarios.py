@@ -133,7 +133,7 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
                  Target("≤ 1/100 git reset", max_ratio=1 / 100), "restore_file"),
     ScenarioSpec("restore_task", "restore whole task (commands only)", "s", "git reset --hard", None,
                  "restore_task"),
-    ScenarioSpec("restore_keep_mine", "restore 1 file keeping an outside edit (merge)", "s", "git reset --hard",
+    ScenarioSpec("restore_keep_mine", "restore 1 file keeping an outside edit, watcher", "s", "git reset --hard",
                  Target("≤ 1/100 git reset", max_ratio=1 / 100), "restore_keep_mine"),
     ScenarioSpec("disk_use", "shadow repo disk use after rounds", "MB", "git dir of the seed", None, "disk_use"),
     ScenarioSpec("sidecar_rss", "sidecar peak RSS", "MB", "git add . peak RSS",
@@ -498,16 +498,20 @@ class TreeBench:
 
     def restore_keep_mine(self, res: ScenarioResult) -> None:
         """1 file: the task prepends a line in a round, then the person appends one outside any
-        round; the restore with keepOutsideEdits merges (O(k): k = 1), git reset --hard beside it."""
+        round; the restore with keepOutsideEdits merges (O(k): k = 1, the watcher's record is
+        the safety checkpoint's), git reset --hard beside it."""
         assert res.ours is not None and res.rival is not None
-        ours, rival = self._need()
+        _, rival = self._need()
         path = self.candidates[0]
         full = self.root / path
         before = "".join(f"// line {k} of a file two sides edit\n" for k in range(20)).encode()
         full.write_bytes(before)  # lines to merge between: the generated file may be one line
         self.sync()
+        ours = self._watch_engine()
         task = "restore-keep"
         ours.start(task)
+        if not ours.has_watcher():
+            raise Skip("EngineOptions(watcher=True) attaches no watcher in this engine")
         base_ts = ours.baseline_ts[task]
         rival_base = rival.head()
         for i in range(self.repeat + 1):
