@@ -181,11 +181,11 @@ class OurEngine:
             out = self.eng.diff(task, from_ts)
             return time.perf_counter() - start, out
 
-    def restore_files(self, task: str, ts: int) -> tuple[float, dict[str, Any]]:
+    def restore_files(self, task: str, ts: int, keep_outside_edits: bool = False) -> tuple[float, dict[str, Any]]:
         self.background.settle()
         with self._profiled():
             start = time.perf_counter()
-            out = self.eng.restore(task, ts, "files")
+            out = self.eng.restore(task, ts, "files", keep_outside_edits=keep_outside_edits)
             return time.perf_counter() - start, out
 
     def has_watcher(self) -> bool:

@@ -140,6 +140,8 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
                  Target("≤ 1/100 git round", max_ratio=1 / 100), "watcher_round"),
     ScenarioSpec("restore_file_watcher", "restore 1 file, watcher", "s", "git reset --hard",
                  Target("≤ 1/100 git reset", max_ratio=1 / 100), "restore_file_watcher"),
+    ScenarioSpec("restore_keep_mine", "restore 1 file keeping an outside edit, watcher", "s", "git reset --hard",
+                 Target("≤ 1/100 git reset", max_ratio=1 / 100), "restore_keep_mine"),
     ScenarioSpec("watcher_startup", "watcher start-up", "s", None, None, "watcher_startup"),
 )
 
@@ -493,6 +495,47 @@ class TreeBench:
             ours.edit_round("restore-file", [path], lambda: self.touch([path], f"rs1-{i}"))
 
         self._restore_rounds(res, "restore-file", edit)
+
+    def restore_keep_mine(self, res: ScenarioResult) -> None:
+        """1 file: the task prepends a line in a round, then the person appends one outside any
+        round; the restore with keepOutsideEdits merges (O(k): k = 1, the watcher's record is
+        the safety checkpoint's), git reset --hard beside it."""
+        assert res.ours is not None and res.rival is not None
+        rival = self.rival
+        if rival is None:
+            raise RuntimeError("the baseline scenario did not complete")
+        path = self.candidates[0]
+        full = self.root / path
+        before = "".join(f"// line {k} of a file two sides edit\n" for k in range(20)).encode()
+        full.write_bytes(before)  # lines to merge between: the generated file may be one line
+        if self.ours is not None:
+            self.sync()
+        ours = self._watch_engine()
+        task = "restore-keep"
+        ours.start(task)
+        if not ours.has_watcher():
+            raise Skip("EngineOptions(watcher=True) attaches no watcher in this engine")
+        base_ts = ours.baseline_ts[task]
+        rival_base = rival.head()
+        for i in range(self.repeat + 1):
+            ours.edit_round(task, [path], lambda: full.write_bytes(b"// the task's line\n\n\n" + before))
+            mine = f"\n\n// the person's line {i}\n".encode()
+            with open(full, "ab") as f:
+                f.write(mine)
+            seconds, out = ours.restore_files(task, base_ts, keep_outside_edits=True)
+            if full.read_bytes() != before + mine:
+                res.notes.append(f"restore {i}: the merge did not keep exactly the person's line")
+            merged = (out.get("files") or {}).get("merged")
+            if merged != [path]:
+                res.notes.append(f"restore {i}: merged {merged}, expected [{path}]")
+            full.write_bytes(before)
+            self.touch([path], f"rsK-g{i}")
+            rival.round()
+            rival_s = rival.reset_hard(rival_base)
+            full.write_bytes(before)
+            if i:
+                res.ours.add(seconds)
+                res.rival.add(rival_s)
 
     def restore_task(self, res: ScenarioResult) -> None:
         ours, _ = self._need()

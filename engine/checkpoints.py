@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,7 +84,22 @@ class TaskRecord:
     checkpoints: list[CheckpointRecord] = field(default_factory=list)
     messages: list[MessageRecord] = field(default_factory=list)
     edited: dict[str, list[str]] = field(default_factory=dict)  # root name -> paths edit tools reported
-    last_restore: dict[str, Any] | None = None  # undo record of the last file restore
+    # root name -> path -> ts of the round that first recorded it: the restore scope (PROTOCOL 1.1
+    # "Scope": edit tools' paths and what changed while a round was open), by ts so that a fork
+    # up to a ts takes exactly the scope of then
+    scope: dict[str, dict[str, int]] = field(default_factory=dict)
+    last_restore: dict[str, Any] | None = None  # 1.0 undo record (read from old files only)
+    # every file restore, undo and redo, oldest first: {n, op, ts, createdAt, roots: {name:
+    # {safety, after, paths}}, of?}; `safety` (before) and `after` commits are kept by refs
+    restores: list[dict[str, Any]] = field(default_factory=list)
+    undo_stack: list[int] = field(default_factory=list)  # `n` of the restores an undo walks back
+    redo_stack: list[int] = field(default_factory=list)  # `n` of the undone ones a redo walks forward
+    # the task's own newest state after a file restore (root -> commit), until a new snapshot:
+    # its newest snapshot with the restores' writes (never outside edits); the base of
+    # `keepOutsideEdits` (PROTOCOL 1.1)
+    base: dict[str, str] | None = None
+    forked_from: dict[str, Any] | None = None  # {taskId, ts, createdAt} of a fork's source
+    forks: list[dict[str, Any]] = field(default_factory=list)  # {taskId, ts, createdAt} made from this task
     disabled: bool = False
     created_at: str = field(default_factory=now_iso)
 
@@ -105,6 +121,8 @@ class TaskRecord:
         """Append (or replace one at the same ts); a new checkpoint clears every restored mark."""
         for other in self.checkpoints:
             other.restored = False
+        if cp.has_snapshot:
+            self.base = None  # the task's newest state is this snapshot now
         self.checkpoints = [c for c in self.checkpoints if c.ts != cp.ts]
         self.checkpoints.append(cp)
         self.checkpoints.sort(key=lambda c: c.ts)
@@ -129,6 +147,26 @@ class TaskRecord:
             c for c in self.checkpoints if c.ts <= keep_through or (c.kind == "baseline" and c is self.checkpoints[0])
         ]
 
+    def note_scope(self, root: str, paths: Iterable[str], ts: int) -> None:
+        """Add `paths` of `root` to the restore scope, first recorded at the round `ts`."""
+        bucket = self.scope.setdefault(root, {})
+        for path in paths:
+            bucket.setdefault(path, ts)
+
+    def scope_paths(self, root: str) -> list[str]:
+        """The restore scope of `root`: every path the task changed (PROTOCOL 1.1 "Scope")."""
+        return sorted(set(self.scope.get(root, ())) | set(self.edited.get(root, ())))
+
+    def has_scope(self) -> bool:
+        """Whether the task has any record of what it changed (else a restore resets every file)."""
+        return any(self.scope.values()) or any(self.edited.values())
+
+    def next_restore_n(self) -> int:
+        return self.restores[-1]["n"] + 1 if self.restores else 1
+
+    def restore_entry(self, n: int) -> dict[str, Any] | None:
+        return next((e for e in self.restores if e.get("n") == n), None)
+
     def timeline_ts(self) -> list[int]:
         return sorted({m.ts for m in self.messages} | {c.ts for c in self.checkpoints})
 
@@ -146,7 +184,14 @@ class TaskRecord:
             ],
             "messages": [{"ts": m.ts, "role": m.role, "text": m.text} for m in self.messages],
             "edited": self.edited,
+            "scope": self.scope,
             "last_restore": self.last_restore,
+            "restores": self.restores,
+            "undo_stack": self.undo_stack,
+            "redo_stack": self.redo_stack,
+            "base": self.base,
+            "forked_from": self.forked_from,
+            "forks": self.forks,
             "disabled": self.disabled,
             "created_at": self.created_at,
         }
@@ -157,7 +202,21 @@ class TaskRecord:
         rec.checkpoints = [CheckpointRecord(**c) for c in data.get("checkpoints", [])]
         rec.messages = [MessageRecord(**m) for m in data.get("messages", [])]
         rec.edited = {k: list(v) for k, v in data.get("edited", {}).items()}
+        rec.scope = {k: {str(p): int(t) for p, t in v.items()} for k, v in data.get("scope", {}).items()}
         rec.last_restore = data.get("last_restore")
+        if isinstance(rec.last_restore, dict) and rec.last_restore and not data.get("restores"):
+            # a 1.0 record: its one undoable restore becomes the undo stack
+            data["restores"] = [{"n": 1, "op": "restore", "ts": None, "createdAt": rec.created_at, "roots": {
+                name: {"safety": info.get("safety"), "after": None, "paths": list(info.get("paths", []))}
+                for name, info in rec.last_restore.items() if isinstance(info, dict)}}]
+            data["undo_stack"] = [1]
+        rec.last_restore = None
+        rec.restores = list(data.get("restores", []))
+        rec.undo_stack = [int(n) for n in data.get("undo_stack", [])]
+        rec.redo_stack = [int(n) for n in data.get("redo_stack", [])]
+        rec.base = data.get("base")
+        rec.forked_from = data.get("forked_from")
+        rec.forks = list(data.get("forks", []))
         rec.disabled = bool(data.get("disabled", False))
         rec.created_at = data.get("created_at", now_iso())
         # a hand-edited or damaged file may hold anything: refuse what would fail later
@@ -279,6 +338,29 @@ class CheckpointStore:
     def clear_journal(self, task_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self.task_dir(task_id) / JOURNAL_FILE).unlink()
+
+
+def fork_record(source: TaskRecord, ts: int, new_task_id: str) -> TaskRecord:
+    """The record of a fork of `source` at `ts`: its messages and checkpoints up to `ts` (sharing
+    their snapshots), its scope up to `ts`; no restore history, no marks.
+
+    Raises:
+        UnknownCheckpointError: no checkpoint of `source` at or before `ts`.
+    """
+    kept = [c for c in source.checkpoints if c.ts <= ts]
+    if not kept:
+        raise UnknownCheckpointError(f"Task {source.task_id} has no checkpoint at or before ts={ts}.")
+    rec = TaskRecord(task_id=new_task_id, roots=dict(source.roots))
+    rec.checkpoints = [CheckpointRecord(ts=c.ts, kind=c.kind, hashes=dict(c.hashes), reused=c.reused,
+                                        created_at=c.created_at, warnings=[dict(w) for w in c.warnings])
+                       for c in kept]
+    rec.messages = [MessageRecord(m.ts, m.role, m.text) for m in source.messages if m.ts <= ts]
+    rec.scope = {root: {p: t for p, t in paths.items() if t <= ts} for root, paths in source.scope.items()}
+    # edit tools' paths of records older than the scope's ts came with no ts: all of them
+    rec.edited = {root: [p for p in paths if source.scope.get(root, {}).get(p, ts) <= ts]
+                  for root, paths in source.edited.items()}
+    rec.forked_from = {"taskId": source.task_id, "ts": kept[-1].ts, "createdAt": rec.created_at}
+    return rec
 
 
 def checkpoint_or_raise(rec: TaskRecord, ts: Any) -> CheckpointRecord:

@@ -22,6 +22,7 @@ Exit codes (one per error kind; the README carries the same table):
     21  already_restored        the files are already at that checkpoint
     22  nothing_to_undo         no file restore to undo
     23  restore_failed          some files could not be restored
+    24  restore_conflict        --keep-mine found edits it cannot merge (nothing was written)
     30  init_timeout            the baseline took too long
     31  init_failed             the baseline (or the shadow repo) failed
     32  checkpoints_disabled    checkpoints are off for the task
@@ -82,6 +83,7 @@ EXIT_CODES: dict[str, int] = {
     "already_restored": 21,
     "nothing_to_undo": 22,
     "restore_failed": 23,
+    "restore_conflict": 24,
     "init_timeout": 30,
     "init_failed": 31,
     "checkpoints_disabled": 32,
@@ -452,9 +454,11 @@ def save(ctx: _Ctx, directory: str | None, message: str | None, task_id: str | N
 @click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
 @click.option("--task", "--task-id", "task_id", default=None, help="task id (default: the workspace's latest)")
 @click.option("--tasks", "show_tasks", is_flag=True, help="list the workspace's tasks instead")
+@click.option("--all", "show_all", is_flag=True, help="also list the safety checkpoints of restores, undos, redos")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @pass_ctx
-def list_cmd(ctx: _Ctx, directory: str | None, task_id: str | None, show_tasks: bool, as_json: bool) -> None:
+def list_cmd(ctx: _Ctx, directory: str | None, task_id: str | None, show_tasks: bool, show_all: bool,
+             as_json: bool) -> None:
     """List the checkpoints of a task, newest first (# is what other commands accept)."""
     from shadowpoint.render import checkpoint_table
 
@@ -466,12 +470,20 @@ def list_cmd(ctx: _Ctx, directory: str | None, task_id: str | None, show_tasks: 
         result = backend.list_checkpoints(task)
         cps = _checkpoints(backend, task)
         messages = backend.messages(task)
+    from shadowpoint.cli_history import describe_safety, load_record, safety_rows
+
+    safety = safety_rows(load_record(ctx, task)) if show_all else []
     if as_json:
         _print_json({"taskId": task, "workspace": str(backend.root), "state": result.get("state"),
-                     "checkpoints": cps})
+                     "checkpoints": cps, **({"safety": safety} if show_all else {})})
         return
     title = f"Task {task} · {backend.root} · {result.get('state')}"
     ctx.out.print(checkpoint_table(cps, messages, title))
+    if show_all:
+        ctx.out.print(f"Safety checkpoints ({len(safety)}; name one by its hash in diff or restore):")
+        for row in safety:
+            ctx.out.print(f"  {str(row['hash'])[:10]}  {str(row['createdAt'] or '')[:19].replace('T', ' ')}  "
+                          f"{describe_safety(row)}")
 
 
 def _list_tasks(ctx: _Ctx, directory: str | None, as_json: bool) -> None:
@@ -515,15 +527,17 @@ def _list_tasks(ctx: _Ctx, directory: str | None, as_json: bool) -> None:
 def diff(ctx: _Ctx, ref: str | None, ref2: str | None, directory: str | None, task_id: str | None,
          as_json: bool, html_file: str | None, stat_only: bool, color: bool | None) -> None:
     """Compare checkpoint REF (default: the newest) with the workspace, or with REF2."""
+    from shadowpoint.cli_history import resolve_ref
     from shadowpoint.render import html_page, stat_lines, unified_diff_lines, use_color
     from shadowpoint.sidecar.backend import resolve_checkpoint
 
     with _backend(ctx, directory) as backend:
         task = _task_for(ctx, backend, task_id)
         cps = _checkpoints(backend, task)
-        old = resolve_checkpoint(cps, ref or "@1")
+        old = resolve_ref(ctx, backend, task, ref or "@1")  # a safety checkpoint's hash too
         new = resolve_checkpoint(cps, ref2) if ref2 else None
-        result = backend.diff(task, old["ts"], new["ts"] if new else None)
+        result = backend.diff(task, old["ts"], new["ts"] if new else None) if old.get("safety") is None or new \
+            else backend.diff_safety(task, int(old["safety"]))
     against = f"checkpoint #{new['position']}" if new else "the workspace"
     title = f"{result['title']}: #{old['position']} ({str(old.get('hash') or '')[:10]}) → {against}"
     if html_file:
@@ -548,46 +562,73 @@ def diff(ctx: _Ctx, ref: str | None, ref2: str | None, directory: str | None, ta
 
 @cli.command()
 @click.argument("ref")
+@click.argument("paths", nargs=-1)
 @click.option("--files", "mode", flag_value="files", help="restore the files only")
 @click.option("--task", "mode", flag_value="task", help="restore the task only (cut the conversation)")
 @click.option("--both", "mode", flag_value="both", help="restore files and task")
+@click.option("--dry-run", is_flag=True, help="change nothing: print what the restore would do")
+@click.option("--keep-mine", is_flag=True, help="keep edits made outside the task's rounds (three-way merge)")
 @click.option("-y", "--yes", is_flag=True, help="do not ask for confirmation")
 @_dir_option
 @_task_option
 @click.option("--json", "as_json", is_flag=True, help="print the Restore result as JSON")
 @pass_ctx
-def restore(ctx: _Ctx, ref: str, mode: str | None, yes: bool, directory: str | None, task_id: str | None,
-            as_json: bool) -> None:
-    """Restore checkpoint REF: --files, --task or --both (asks first unless --yes)."""
-    from shadowpoint.sidecar.backend import resolve_checkpoint
+def restore(ctx: _Ctx, ref: str, paths: tuple[str, ...], mode: str | None, dry_run: bool, keep_mine: bool,
+            yes: bool, directory: str | None, task_id: str | None, as_json: bool) -> None:
+    """Restore checkpoint REF: --files, --task or --both (asks first unless --yes).
+
+    PATHS (after REF, or after `--`) restores only those files and folders. The question
+    shows exactly what the restore does, and which changed files it leaves alone and why.
+    """
+    from shadowpoint.cli_history import left_alone, load_record, plan_lines, resolve_ref, run_restore
 
     if mode is None:
+        mode = "files" if paths else None
+    if mode is None:
         _fail("Say what to restore: --files, --task or --both.", "usage")
+    # relative to -C DIR when given (as git's -C), else to the current directory
+    named = [os.path.join(os.path.abspath(directory or os.getcwd()), p) for p in paths] if paths else None
     with _backend(ctx, directory) as backend:
         task = _task_for(ctx, backend, task_id)
-        cp = resolve_checkpoint(_checkpoints(backend, task), ref)
+        cp = resolve_ref(ctx, backend, task, ref)
         label = f"#{cp['position']} ({str(cp.get('hash') or 'no snapshot')[:10]}, {cp['kind']}, {cp['createdAt']})"
+        files_part = mode in ("files", "both") and bool(cp.get("hash"))
+        plan = run_restore(backend, task, cp, mode, named, True, keep_mine) if files_part or dry_run else {}
+        lines = [f"{'Would restore' if dry_run else 'Restore'} {'files and task' if mode == 'both' else mode} "
+                 f"of task {task} to checkpoint {label}."]
+        if files_part and plan.get("files") is not None:
+            record = load_record(ctx, task)
+            scope = {p for name in (record.roots if record else {}) for p in record.scope_paths(name)} \
+                if record is not None and record.has_scope() else None
+            changed = [f["path"] for f in (backend.diff(task, cp["ts"], None) if cp.get("safety") is None
+                                           else backend.diff_safety(task, int(cp["safety"])))["files"]]
+            alone = left_alone(changed, plan["files"], scope=scope, named=named is not None, keep_mine=keep_mine,
+                               ref=ref)
+            lines += plan_lines(plan["files"], alone)
+            if not dry_run:
+                lines.append("A safety checkpoint is taken first; `shadowpoint undo` puts the files back.")
+        elif plan.get("error"):
+            lines.append(f"the files cannot be restored: {plan['error'].get('message')}")
+        if mode in ("task", "both"):
+            lines.append("Checkpoints and messages after it leave the task.")
+        if dry_run:
+            if as_json:
+                _print_json({"taskId": task, "checkpoint": cp, **plan})
+            else:
+                ctx.out.print("\n".join(lines))
+            return
         if not yes:
-            lines = [f"Restore {'files and task' if mode == 'both' else mode} of task {task} to checkpoint {label}."]
-            if mode in ("files", "both") and cp.get("hash"):
-                changed = backend.diff(task, cp["ts"], None)["files"]
-                lines.append(f"{len(changed)} file(s) differ from it now (a safety checkpoint is taken first; "
-                             "`shadowpoint undo` puts them back):")
-                lines += [f"  {f['status']:<9} {f['path']}" for f in changed[:15]]
-                if len(changed) > 15:
-                    lines.append(f"  … and {len(changed) - 15} more")
-            if mode in ("task", "both"):
-                lines.append("Checkpoints and messages after it leave the task.")
             if sys.stdin.isatty():
                 sys.stderr.write("\n".join(lines) + "\n")
             _confirm(ctx, "Go ahead?", yes)
-        result = backend.restore(task, cp["ts"], mode)
+        result = run_restore(backend, task, cp, mode, named, False, keep_mine)
     if as_json:
         _print_json({"taskId": task, "checkpoint": cp, **result})
     else:
         files = result.get("files")
         if files:
-            ctx.out.print(f"restored {len(files['restored'])} file(s), deleted {len(files['deleted'])} "
+            merged = f", merged {len(files.get('merged', []))}" if files.get("merged") else ""
+            ctx.out.print(f"restored {len(files['restored'])} file(s), deleted {len(files['deleted'])}{merged} "
                           f"(safety checkpoint {str(files['safety'])[:10]}; `shadowpoint undo` reverts)")
         if result.get("task"):
             ctx.out.print(f"task cut after ts {result['task']['keepThrough']}")
@@ -602,16 +643,11 @@ def restore(ctx: _Ctx, ref: str, mode: str | None, yes: bool, directory: str | N
 @click.option("--json", "as_json", is_flag=True, help="print the Restore result as JSON")
 @pass_ctx
 def undo(ctx: _Ctx, directory: str | None, task_id: str | None, as_json: bool) -> None:
-    """Undo the last file restore of the task (puts back exactly the files it touched)."""
-    with _backend(ctx, directory) as backend:
-        task = _task_for(ctx, backend, task_id)
-        result = backend.undo_restore(task)
-    if as_json:
-        _print_json({"taskId": task, **result})
-        return
-    files = result.get("files") or {}
-    ctx.out.print(f"undone: {len(files.get('restored', []))} file(s) put back, "
-                  f"{len(files.get('deleted', []))} removed")
+    """Undo the last file restore of the task (puts back exactly the files it touched); again for
+    the one before it, and so on."""
+    from shadowpoint.cli_history import step
+
+    step(ctx, directory, task_id, as_json, "undo")
 
 
 # ---------------------------------------------------------------------------- storage / tasks
@@ -619,10 +655,11 @@ def undo(ctx: _Ctx, directory: str | None, task_id: str | None, as_json: bool) -
 
 @cli.command()
 @click.option("--gc", "gc", is_flag=True, help="collect garbage: drop objects no task reaches")
-@click.option("--grace", type=float, default=0.0, help="with --gc: keep unreachable objects younger than this (s)")
+@click.option("--grace", type=float, default=None,
+              help="with --gc: keep unreachable objects younger than this (s; default: gc_grace_s)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @pass_ctx
-def storage(ctx: _Ctx, gc: bool, grace: float, as_json: bool) -> None:
+def storage(ctx: _Ctx, gc: bool, grace: float | None, as_json: bool) -> None:
     """What each workspace's shadow repo and each task uses; --gc reclaims space."""
     from shadowpoint import storage as store
 
@@ -631,7 +668,7 @@ def storage(ctx: _Ctx, gc: bool, grace: float, as_json: bool) -> None:
     docs = settings.resolved_docs_dir()
     collected: dict[str, Any] = {}
     if gc:
-        collected = _collect(ctx, docs, grace, settings.lock_timeout_s)
+        collected = _collect(ctx, docs, settings.gc_grace_s if grace is None else grace, settings.lock_timeout_s)
     report = store.storage_report(docs)
     if as_json:
         _print_json({**report, "collected": collected} if gc else report)
@@ -835,6 +872,10 @@ def mcp(ctx: _Ctx, directory: str | None) -> None:
     _isolate()
     run(ctx.settings, directory)
 
+
+from shadowpoint import cli_history  # noqa: E402  (its commands use this module's helpers)
+
+cli_history.register(cli)
 
 # ---------------------------------------------------------------------------- entry point
 

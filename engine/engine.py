@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from shadowpoint.bus import RoundBus
-from shadowpoint.checkpoints import CheckpointRecord, CheckpointStore, TaskRecord, checkpoint_or_raise
+from shadowpoint.checkpoints import CheckpointRecord, CheckpointStore, TaskRecord, checkpoint_or_raise, fork_record
 from shadowpoint.config import protected_directories
 from shadowpoint.diff import TITLE_NEW, TITLE_SINCE, FileChange, diff_to_wire, file_changes
 from shadowpoint.errors import (
@@ -37,6 +37,7 @@ from shadowpoint.errors import (
     ShadowpointError,
     StorageFailedError,
     TaskMetadataError,
+    UnknownCheckpointError,
     UnknownTaskError,
 )
 from shadowpoint.events import (
@@ -55,7 +56,7 @@ from shadowpoint.restorer import Restorer
 from shadowpoint.roots import Notify, RootState, is_rules_file
 from shadowpoint.rounds import RoundRecord, RoundRecorder, tool_kind
 from shadowpoint.scanner import StagePlan, StageResult
-from shadowpoint.shadow_repo import loose_object_estimate, safety_ref, task_ref
+from shadowpoint.shadow_repo import delete_task_refs, loose_object_estimate, task_ref
 from shadowpoint.storage import apply_retention
 from shadowpoint.storage import collect_garbage as collect_repo_garbage
 from shadowpoint.workspace import PathResolver, RepoPath, Workspace, open_workspaces
@@ -86,6 +87,16 @@ class TaskRuntime:
     generation: int = 0
     timers: list[threading.Timer] = field(default_factory=list)
     missed_events: str | None = None  # why hook events were lost; the next checkpoint says so
+
+
+def round_changes(result: StageResult, during: frozenset[RepoPath] | None) -> list[str]:
+    """What a round's staging changed that the round itself did (PROTOCOL 1.1 "Scope"): all of
+    it for a rescan (it cannot tell earlier outside edits apart), else what changed under the
+    paths the watcher recorded while the round was open (a folder stands for what it holds)."""
+    changed = result.stats.changed_paths
+    if result.stats.rescan or during is None:
+        return list(changed)
+    return [p for p in changed if any("/".join(p.split("/")[:i]) in during for i in range(1, p.count("/") + 2))]
 
 
 @contextlib.contextmanager
@@ -362,9 +373,19 @@ class Engine:
     def begin_round(self, task_id: str) -> int:
         rt = self._task(task_id)
         with rt.lock:
-            rt.round_no += 1
-            rt.recorder = RoundRecorder(rt.round_no)
+            self._open_round(rt)
             return rt.round_no
+
+    def _open_round(self, rt: TaskRuntime) -> RoundRecorder:
+        """A new round: what the watchers record from now on is the task's (its restore scope)."""
+        rt.round_no += 1
+        rt.recorder = recorder = RoundRecorder(rt.round_no)
+        for root in self.roots.values():
+            if root.watcher is not None:
+                # events of changes made before now are recorded first (they came between rounds)
+                root.watcher.flush()
+                root.watcher.journal.open_round()
+        return recorder
 
     def _resolve_paths(self, paths: Iterable[Any] | None) -> list[tuple[str, str]]:
         out = []
@@ -388,20 +409,16 @@ class Engine:
         if resolved_kind != "read":
             self._wait_ready(rt)
         with rt.lock:
-            if rt.recorder is None:
-                rt.round_no += 1
-                rt.recorder = RoundRecorder(rt.round_no)
-            rt.recorder.tool_began(tool, resolved_kind, resolved)
+            recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
+            recorder.tool_began(tool, resolved_kind, resolved)
 
     def tool_ended(self, task_id: str, tool: str, paths: Iterable[Any] | None, kind: str | None = None) -> None:
         rt = self._task(task_id)
         resolved_kind = tool_kind(tool, kind, self.options.read_only_tools)
         resolved = self._resolve_paths(paths) if resolved_kind != "read" else []
         with rt.lock:
-            if rt.recorder is None:
-                rt.round_no += 1
-                rt.recorder = RoundRecorder(rt.round_no)
-            rt.recorder.tool_ended(tool, resolved_kind, resolved)
+            recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
+            recorder.tool_ended(tool, resolved_kind, resolved)
 
     def end_round(self, task_id: str, ts: int) -> CheckpointRecord | None:
         """Close the round; one checkpoint if it held a tool that may modify the workspace."""
@@ -417,12 +434,15 @@ class Engine:
                 bucket = rt.record.edited.setdefault(root_name, [])
                 if path not in bucket:
                     bucket.append(path)
+                rt.record.note_scope(root_name, [path], ts)
         if not self._wait_ready(rt):
             with rt.lock:
                 self._save(rt)
             return None
         with rt.lock:
-            return self._checkpoint(rt, "round", ts, self._plans(rec))
+            during: dict[str, frozenset[RepoPath]] = {}
+            plans = self._plans(rec, during)
+            return self._checkpoint(rt, "round", ts, plans, round_paths=during)
 
     def note_missed_events(self, task_id: str, reason: str) -> None:
         """Hook events of the task were lost (no sidecar listened): its next checkpoint rescans
@@ -433,10 +453,12 @@ class Engine:
             for root in self.roots.values():
                 root.carry(StagePlan(rescan=True))
 
-    def _plans(self, rec: RoundRecord | None) -> dict[str, StagePlan]:
+    def _plans(self, rec: RoundRecord | None,
+               during: dict[str, frozenset[RepoPath]] | None = None) -> dict[str, StagePlan]:
         """Per root: edit-tool paths (forced), watcher paths, or the rescan fallback (SPEC §4).
 
-        `rec` None is a completion: whatever changed since the last round.
+        `rec` None is a completion: whatever changed since the last round. `during` receives,
+        per watched root, the paths its watcher recorded while the round was open.
         """
         plans: dict[str, StagePlan] = {}
         for name, root in self.roots.items():
@@ -448,6 +470,8 @@ class Engine:
             else:
                 flushed = root.watcher.flush()
                 snap = root.watcher.swap()
+                if during is not None:
+                    during[name] = snap.during
                 if not (flushed and snap.healthy):
                     rescan = True
                     log.info("stager.rescan_fallback", root=str(root.ws.root),
@@ -493,7 +517,10 @@ class Engine:
             self._save(rt)
 
     def _checkpoint(self, rt: TaskRuntime, kind: str, ts: int, plans: dict[str, StagePlan],
-                    dedup_completion: bool = False) -> CheckpointRecord:
+                    dedup_completion: bool = False,
+                    round_paths: dict[str, frozenset[RepoPath]] | None = None) -> CheckpointRecord:
+        """Stage every root and record the checkpoint. `round_paths` (a round's) are the paths
+        the watchers recorded while it was open: what its staging changed there joins the scope."""
         start = time.perf_counter()
         prev = rt.record.last_snapshot()
         hashes: dict[str, str] = {}
@@ -532,6 +559,8 @@ class Engine:
             hashes[name] = commit
             warnings.extend(self._warnings(name, result))
             stats.append(result.stats)
+            if round_paths is not None:
+                rt.record.note_scope(name, round_changes(result, round_paths.get(name)), ts)
         if dedup_completion and reused_all:
             recent = rt.record.timeline_ts()[-3:]
             for cp in reversed(rt.record.checkpoints):
@@ -597,10 +626,13 @@ class Engine:
             raise NoFileSnapshotError(f"The checkpoint at ts={ts} has no file snapshot (Restore Task only).")
         return cp
 
-    def diff(self, task_id: str, from_ts: Any, to_ts: Any = None) -> dict[str, Any]:
+    def diff(self, task_id: str, from_ts: Any, to_ts: Any = None, from_safety: int | None = None) -> dict[str, Any]:
+        """`checkpoint/diff`; `from_safety` compares the safety checkpoint of the task's restore
+        number `from_safety` instead of a checkpoint (the CLI names those by hash prefix)."""
         rt = self._task(task_id)
         with rt.lock:
-            old = self._snapshot_of(rt, from_ts)
+            old = (self._snapshot_of(rt, from_ts) if from_safety is None
+                   else self.restorer.safety_record(rt, from_safety))
             new = self._snapshot_of(rt, to_ts) if to_ts is not None else None
         changes: list[FileChange] = []
         for name, root in self.roots.items():
@@ -647,13 +679,67 @@ class Engine:
 
     # ================================================================== restore
 
-    def restore(self, task_id: str, ts: Any, mode: str) -> dict[str, Any]:
-        """Restore files, the task, or both to the checkpoint at `ts` (PROTOCOL.md `Restore`)."""
-        return self.restorer.restore(task_id, ts, mode)
+    def restore(self, task_id: str, ts: Any, mode: str, paths: Iterable[Any] | None = None,
+                dry_run: bool = False, keep_outside_edits: bool = False) -> dict[str, Any]:
+        """Restore files, the task, or both to the checkpoint at `ts` (PROTOCOL.md `Restore`,
+        with the 1.1 options `paths`, `dryRun` and `keepOutsideEdits`)."""
+        return self.restorer.restore(task_id, ts, mode, paths, dry_run, keep_outside_edits)
+
+    def restore_safety(self, task_id: str, n: Any, paths: Iterable[Any] | None = None, dry_run: bool = False,
+                       keep_outside_edits: bool = False) -> dict[str, Any]:
+        """Restore the task's files to the safety checkpoint taken before its restore number `n`."""
+        return self.restorer.restore_safety(task_id, n, paths, dry_run, keep_outside_edits)
 
     def undo_restore(self, task_id: str) -> dict[str, Any]:
-        """Put back exactly the paths the task's last file restore touched."""
+        """Walk the task's undo stack back: the paths of its newest restore as they were before it."""
         return self.restorer.undo_restore(task_id)
+
+    def redo_restore(self, task_id: str) -> dict[str, Any]:
+        """Walk the undo stack forward: the paths of the newest undone restore as it left them."""
+        return self.restorer.redo_restore(task_id)
+
+    def fork_task(self, task_id: str, ts: Any, new_task_id: Any) -> CheckpointRecord:
+        """A new task sharing the source's snapshots up to `ts` (PROTOCOL 1.1 `task/fork`).
+
+        Raises:
+            InvalidParamsError: `new_task_id` is not a string or names a known task.
+            UnknownCheckpointError: no checkpoint at or before `ts`.
+        """
+        if not isinstance(new_task_id, str) or not new_task_id:
+            raise InvalidParamsError("`newTaskId` must be a non-empty string.")
+        rt = self._task(task_id)
+        if self._is_known_task(new_task_id):
+            raise InvalidParamsError(f"Task {new_task_id!r} already exists; a fork needs a new task id.")
+        with rt.lock:
+            if not isinstance(ts, int) or isinstance(ts, bool):
+                raise UnknownCheckpointError(f"No checkpoint at ts={ts!r}.")
+            record = fork_record(rt.record, ts, new_task_id)
+            newest = record.checkpoints[-1]
+            snapshot = record.last_snapshot()
+            for name, root in self.roots.items():
+                commit = snapshot.hashes.get(name) if snapshot else None
+                if commit:
+                    with root.lock.held():
+                        root.open().set_ref(task_ref(new_task_id), commit)
+            self.store.save(record)
+            rt.record.forks.append({"taskId": new_task_id, "ts": newest.ts, "createdAt": record.created_at})
+            self._save(rt)
+        self._resume(new_task_id, record)
+        log.info("task.forked", task_id=task_id, new_task_id=new_task_id, ts=newest.ts)
+        return newest
+
+    def _is_known_task(self, task_id: str) -> bool:
+        with self._tasks_lock:
+            if task_id in self._tasks:
+                return True
+        if self.store.exists(task_id):
+            return True
+        for root in self.roots.values():
+            if root.ws.git_dir.is_dir():
+                with root.lock.held():
+                    if root.open().read_ref(task_ref(task_id)) is not None:
+                        return True
+        return False
 
     def edit_message(self, task_id: str, ts: Any, text: Any, restore: str) -> dict[str, Any]:
         """Restore Chat / Restore All for an edited message."""
@@ -722,9 +808,7 @@ class Engine:
             if name not in record.roots or not root.ws.git_dir.is_dir():
                 continue
             with root.lock.held():
-                repo = root.open()
-                repo.delete_ref(task_ref(record.task_id))
-                repo.delete_ref(safety_ref(record.task_id))
+                delete_task_refs(root.open(), record.task_id)
 
     def _remove_checkpoints_folder(self) -> None:
         for root in self.roots.values():

@@ -20,7 +20,8 @@
     │   ├── NoFileSnapshotError           no_file_snapshot
     │   ├── AlreadyRestoredError          already_restored
     │   ├── NothingToUndoError            nothing_to_undo
-    │   └── RestoreFailedError            restore_failed
+    │   ├── RestoreFailedError            restore_failed
+    │   └── RestoreConflictError          restore_conflict (keepOutsideEdits: `conflicts` names the paths)
     ├── LockTimeoutError                  lock_timeout
     ├── StorageFailedError                storage_failed (disk full, quota, I/O error in the docs root)
     │   └── FileNotStorableError          storage_failed (one file: caught per file, left out with a warning)
@@ -126,6 +127,16 @@ class NothingToUndoError(CheckpointError):
 
 class RestoreFailedError(CheckpointError):
     kind = "restore_failed"
+
+
+class RestoreConflictError(CheckpointError):
+    """A restore keeping outside edits found files it cannot merge; nothing was written."""
+
+    kind = "restore_conflict"
+
+    def __init__(self, message: str, conflicts: list[str]) -> None:
+        super().__init__(message)
+        self.conflicts = conflicts
 
 
 class LockTimeoutError(ShadowpointError):

@@ -175,14 +175,38 @@ class TaskHooks:
         result: dict[str, Any] = self._executor.submit(self.engine.diff, self.task_id, from_ts, to_ts).result()
         return result
 
-    def restore(self, ts: int, mode: str = "files") -> dict[str, Any]:
-        """Restore files, the task, or both; returns the protocol's `Restore` object."""
-        result: dict[str, Any] = self._executor.submit(self.engine.restore, self.task_id, ts, mode).result()
+    def restore(self, ts: int, mode: str = "files", *, paths: Sequence[str] | None = None,
+                dry_run: bool = False, keep_outside_edits: bool = False) -> dict[str, Any]:
+        """Restore files, the task, or both; returns the protocol's `Restore` object.
+
+        Args:
+            ts: The checkpoint's ts.
+            mode: "files", "task" or "both".
+            paths: Only these paths (whatever the task's scope).
+            dry_run: Write nothing; answer what the restore would do (with `conflicts`).
+            keep_outside_edits: Merge the edits made outside the task's rounds instead of
+                overwriting them (`restore_conflict` when they overlap).
+        """
+        result: dict[str, Any] = self._executor.submit(
+            self.engine.restore, self.task_id, ts, mode, paths, dry_run, keep_outside_edits).result()
         return result
 
     def undo_restore(self) -> dict[str, Any]:
+        """Walk the undo stack back one file restore."""
         result: dict[str, Any] = self._executor.submit(self.engine.undo_restore, self.task_id).result()
         return result
+
+    def redo_restore(self) -> dict[str, Any]:
+        """Walk the undo stack forward one undone file restore."""
+        result: dict[str, Any] = self._executor.submit(self.engine.redo_restore, self.task_id).result()
+        return result
+
+    def fork(self, ts: int, new_task_id: str) -> dict[str, Any]:
+        """`task/fork`: a new task sharing this one's snapshots up to `ts`; its newest checkpoint."""
+        cp = self._executor.submit(self.engine.fork_task, self.task_id, ts, new_task_id).result()
+        wire = self.engine.checkpoint_wire(cp)
+        assert wire is not None
+        return wire
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -26,21 +26,29 @@ class JournalSnapshot:
         healthy: False if the watcher was unhealthy at any moment of the round (even if it recovered
             later): `paths` may then be incomplete and the round needs the rescan fallback.
         reasons: Why the round is unhealthy, oldest first, without duplicates; empty when healthy.
+        during: The paths recorded while a round of a task was open (`open_round()` to the swap):
+            the task's own changes. The rest of `paths` changed between rounds (not the task's).
+        opened: Whether `open_round()` was called since the previous swap.
     """
 
     paths: frozenset[RepoPath]
     healthy: bool
     reasons: tuple[str, ...]
+    during: frozenset[RepoPath] = frozenset()
+    opened: bool = False
 
 
 class _Round:
     """The mutable state of the current round; only touched under `_journal_lock`."""
 
-    __slots__ = ("paths", "reasons")
+    __slots__ = ("before_open", "opened", "paths", "reasons")
 
     def __init__(self, reasons: list[str]) -> None:
         self.paths: set[RepoPath] = set()
         self.reasons = reasons
+        # paths recorded before `open_round()`: changes made between rounds
+        self.before_open: set[RepoPath] = set()
+        self.opened = False
 
     def add_reason(self, reason: str) -> None:
         if reason not in self.reasons and len(self.reasons) < _MAX_REASONS:
@@ -68,6 +76,33 @@ class PathJournal:
         """
         with self._journal_lock:
             self._round.paths.add(path)
+
+    def open_round(self) -> None:
+        """A round of a task opened: paths recorded from now on are the task's (`during`).
+
+        What was recorded since the last swap happened between rounds. Calling it again while
+        the round is open changes nothing.
+        """
+        with self._journal_lock:
+            current = self._round
+            if not current.opened:
+                current.before_open |= current.paths
+                current.paths = set()
+                current.opened = True
+
+    def put_back(self, snap: JournalSnapshot) -> None:
+        """Return a swapped-out round to the current one (a compare that must not consume it),
+        keeping which paths were recorded during an open round."""
+        with self._journal_lock:
+            current = self._round
+            if snap.opened and not current.opened:
+                current.before_open |= current.paths
+                current.paths = set()
+                current.opened = True
+            current.before_open |= snap.paths - snap.during
+            current.paths |= snap.during
+            for reason in snap.reasons:
+                current.add_reason(reason)
 
     def mark_unhealthy(self, reason: str) -> None:
         """Mark the current round unhealthy (its paths may be incomplete); later rounds are unaffected.
@@ -128,4 +163,6 @@ class PathJournal:
             carried = [self._degraded_reason] if self._degraded_reason is not None else []
             self._round = _Round(carried)
         # `old` is unreachable for writers now, so freezing it needs no lock.
-        return JournalSnapshot(paths=frozenset(old.paths), healthy=not old.reasons, reasons=tuple(old.reasons))
+        during = frozenset(old.paths) if old.opened else frozenset()
+        return JournalSnapshot(paths=frozenset(old.paths | old.before_open), healthy=not old.reasons,
+                               reasons=tuple(old.reasons), during=during, opened=old.opened)

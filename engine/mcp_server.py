@@ -143,6 +143,8 @@ def build_server(settings: Settings, directory: str | None = None) -> Any:
     @tool(annotations=hints(title="Restore a checkpoint", destructiveHint=True,
                                    readOnlyHint=False, idempotentHint=False))
     def restore_checkpoint(checkpoint: str, mode: Literal["files", "task", "both"] = "files",
+                           paths: list[str] | None = None, dryRun: bool = False,  # the protocol's names
+                           keepOutsideEdits: bool = False,
                            root: str | None = None, task_id: str | None = None) -> dict[str, Any]:
         """Restore the workspace files (and/or cut the task's conversation) to a checkpoint.
 
@@ -151,12 +153,16 @@ def build_server(settings: Settings, directory: str | None = None) -> Any:
         Args:
             checkpoint: Position in list_checkpoints (1 = newest) or a hash prefix.
             mode: "files" (files only), "task" (conversation only) or "both".
+            paths: Restore only these paths (workspace-relative), whatever the task changed.
+            dryRun: Change nothing; answer what the restore would do (with any conflicts).
+            keepOutsideEdits: Keep the edits made outside the task's rounds (a three-way merge;
+                refused with restore_conflict, changing nothing, when they overlap).
             root: Workspace folder (default: the server's working directory).
             task_id: Task id (default: the workspace's most recently active task).
         """
         with _Workspace(settings, default_root, root, task_id) as ws:
             cp = resolve_checkpoint(ws.checkpoints(), checkpoint)
-            result = ws.backend.restore(ws.task, cp["ts"], mode)
+            result = ws.backend.restore(ws.task, cp["ts"], mode, paths, dryRun, keepOutsideEdits)
         return {"checkpoint": _brief(cp), **result}
 
     @tool(annotations=hints(title="Undo the last restore", destructiveHint=True,

@@ -138,6 +138,69 @@ def withhold(plan: RestorePlan, unsaved: Iterable[RepoPath]) -> tuple[RestorePla
     return RestorePlan(plan.root, tuple(keep)), held
 
 
+@dataclass(frozen=True, slots=True)
+class MergeOutcome:
+    """A plan after keeping outside edits: merged files and the paths that conflict."""
+
+    plan: RestorePlan
+    merged: tuple[RepoPath, ...]
+    conflicts: tuple[RepoPath, ...]
+
+
+BINARY_SNIFF_BYTES = 8192  # as git and the protocol's `binary`: a NUL in the first 8 KiB
+
+
+def keep_outside_edits(plan: RestorePlan, base: Mapping[RepoPath, TreeEntry | None],
+                       current: Mapping[RepoPath, TreeEntry], repo: ShadowRepo) -> MergeOutcome:
+    """Rework `plan` so that the outside edits (base → workspace) stay (PROTOCOL 1.1).
+
+    Per planned path, with base B (the task's newest state), ours O (the workspace) and theirs
+    T (the checkpoint): B == O restores as planned; B == T keeps the workspace (no op); else a
+    three-way merge of the contents, listed in `merged`. A deletion on one side and a change on
+    the other, a binary or link side, a type or mode change on both sides, or overlapping
+    changes are conflicts. Merged blobs are written to `repo` (objects only).
+    """
+    ops: list[RestoreOp] = []
+    merged: list[RepoPath] = []
+    conflicts: list[RepoPath] = []
+    for op in plan.ops:
+        b, o, t = base.get(op.path), current.get(op.path), op.entry
+        if b == o:
+            ops.append(op)
+            continue
+        if b == t:
+            continue
+        entry = _merge(repo, op.path, b, o, t)
+        if entry is None:
+            conflicts.append(op.path)
+        elif entry != o:
+            ops.append(RestoreOp(op.path, entry))
+            merged.append(op.path)
+    return MergeOutcome(RestorePlan(plan.root, tuple(ops)), tuple(merged), tuple(conflicts))
+
+
+def _merge(repo: ShadowRepo, path: RepoPath, b: TreeEntry | None, o: TreeEntry | None,
+           t: TreeEntry | None) -> TreeEntry | None:
+    """The merged entry of three differing sides, or None for a conflict."""
+    if b is None or o is None or t is None:
+        return None  # deleted (or added) on one side and changed on the other
+    if MODE_LINK in (b.mode, o.mode, t.mode):
+        return None  # a link's target is no text to merge; a type change on one side is a conflict too
+    if o.mode != b.mode and t.mode != b.mode and o.mode != t.mode:
+        return None
+    mode = o.mode if o.mode != b.mode else t.mode
+    if b.oid == o.oid or b.oid == t.oid or o.oid == t.oid:
+        # only the mode differs on one side: the content comes from the side that changed it
+        oid = t.oid if b.oid == o.oid else o.oid
+        return TreeEntry(oid, mode)
+    if any(b"\0" in repo.read_blob(e.oid)[:BINARY_SNIFF_BYTES] for e in (b, o, t)):
+        return None
+    data = repo.merge_file(path, b, o, t)
+    if data is None:
+        return None
+    return TreeEntry(repo.write_blob(data), mode)
+
+
 def apply_plan(workspace_root: Path, repo: ShadowRepo, plan: RestorePlan) -> RestoreStats:
     """Carry out `plan` with the safe writer; per-path failures are collected, not raised.
 

@@ -1,19 +1,23 @@
-"""`Restorer`: file and conversation restores of a task, undo, message edits, and the
-completion of a restore a crash interrupted.
+"""`Restorer`: file and conversation restores of a task, the undo/redo stack, message edits,
+and the completion of a restore a crash interrupted.
 
-Each file restore takes a safety checkpoint, writes a journal, plans (`restore.plan_restore`)
-and applies through the safe writer, then names the restored workspace by the head ref.
-Called by `Engine` on the task's engine thread, task lock held; takes each root's lock.
+A file restore stages the workspace (its safety checkpoint), plans (`restore.plan_restore`,
+then `restore.keep_outside_edits` when asked), and, unless it is a dry run, commits the safety
+checkpoint and the after-state under a ref of the task, writes a journal, applies through the
+safe writer and records the restore on the task's undo stack. Called by `Engine` on the task's
+engine thread, task lock held; takes each root's lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shadowpoint.checkpoints import CheckpointRecord, checkpoint_or_raise
+from shadowpoint.checkpoints import CheckpointRecord, checkpoint_or_raise, now_iso
 from shadowpoint.errors import (
     AlreadyRestoredError,
     CheckpointsDisabledError,
@@ -21,16 +25,25 @@ from shadowpoint.errors import (
     NoFileSnapshotError,
     NothingToUndoError,
     RepoError,
+    RestoreConflictError,
     RestoreFailedError,
     ShadowpointError,
     UnknownCheckpointError,
     UnknownMessageError,
 )
-from shadowpoint.restore import RestorePlan, RestoreStats, apply_plan, keep_skipped, plan_restore, withhold
+from shadowpoint.restore import (
+    RestorePlan,
+    RestoreStats,
+    apply_plan,
+    keep_outside_edits,
+    keep_skipped,
+    plan_restore,
+    withhold,
+)
 from shadowpoint.roots import RootState
 from shadowpoint.safe_fs import cleanup_temp_files
 from shadowpoint.scanner import SkipReason
-from shadowpoint.shadow_repo import MODE_TREE, TreeEntry, safety_ref, task_ref
+from shadowpoint.shadow_repo import MODE_TREE, TreeEntry, restore_ref, task_ref
 from shadowpoint.stat_cache import FileState
 from shadowpoint.workspace import RepoPath
 
@@ -40,41 +53,84 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class RestoreRequest:
+    """What one file restore is asked to do (the protocol's `checkpoint/restore` options).
+
+    Attributes:
+        paths: per root, only these paths (None: the task's scope).
+        dry_run: plan only; write nothing.
+        keep_outside_edits: merge instead of overwriting outside edits.
+        targets: per root, the tree to restore to instead of the checkpoint's (undo, redo).
+        op: restore, undo or redo (for the task's history and undo stack).
+        of: the restore an undo or redo acts on.
+    """
+
+    paths: dict[str, list[RepoPath]] | None = None
+    dry_run: bool = False
+    keep_outside_edits: bool = False
+    targets: dict[str, str | None] | None = None
+    op: str = "restore"
+    of: int | None = None
+
+
+@dataclass(slots=True)
+class _RootPlan:
+    plan: RestorePlan
+    safety_tree: str | None
+    merged: list[RepoPath] = field(default_factory=list)
+    conflicts: list[RepoPath] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)  # why paths the plan leaves alone are left
+
+
 class Restorer:
     """Restores for the tasks of one engine."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def restore(self, task_id: str, ts: Any, mode: str) -> dict[str, Any]:
+    def restore(self, task_id: str, ts: Any, mode: str, paths: Iterable[Any] | None = None,
+                dry_run: bool = False, keep_outside_edits: bool = False) -> dict[str, Any]:
         rt = self.engine._task(task_id)
         if mode not in ("files", "task", "both"):
             raise InvalidParamsError(f"mode must be files, task or both, not {mode!r}.")
+        named = self._named_paths(paths)
         with rt.lock:
             cp = checkpoint_or_raise(rt.record, ts)
             if mode == "files":
                 if not cp.has_snapshot:
                     raise NoFileSnapshotError(
                         f"The checkpoint at ts={ts} has no file snapshot: only Restore Task is possible.")
-                if cp.restored:
+                if cp.restored and named is None:
                     raise AlreadyRestoredError(
                         f"The files are already restored to ts={ts}; save a new checkpoint first.")
             out: dict[str, Any] = {"files": None, "task": None}
             if mode in ("files", "both"):
+                request = RestoreRequest(paths=named, dry_run=dry_run, keep_outside_edits=keep_outside_edits)
                 try:
                     if not cp.has_snapshot:
                         raise NoFileSnapshotError(f"The checkpoint at ts={ts} has no file snapshot.")
                     self.engine._wait_ready(rt)
-                    out["files"] = self._restore_files(rt, cp, mark=cp)
+                    # a restore of chosen paths does not put the files at the checkpoint: no mark
+                    out["files"] = self._restore_files(rt, cp, request, mark=cp if named is None else None)
                 except ShadowpointError as exc:
                     if mode == "files":
                         raise
-                    out["error"] = {"kind": exc.kind, "message": str(exc)}
+                    out["error"] = error_wire(exc)
             if mode in ("task", "both"):
-                out["task"] = {"keepThrough": self._cut(rt, cp.ts)}
-            if mode != "files":
+                out["task"] = {"keepThrough": cp.ts if dry_run else self._cut(rt, cp.ts)}
+            if mode != "files" and not dry_run:
                 self.engine._save(rt)  # a files restore saved its record (and mark) already
             return out
+
+    def _named_paths(self, paths: Iterable[Any] | None) -> dict[str, list[RepoPath]] | None:
+        """`paths` of a request by root (path_outside_workspace for anything else)."""
+        if paths is None:
+            return None
+        out: dict[str, list[RepoPath]] = {name: [] for name in self.engine.roots}
+        for root_name, path in self.engine._resolve_paths(list(paths)):
+            out[root_name].append(RepoPath(path))
+        return out
 
     def _cut(self, rt: TaskRuntime, keep_through: int) -> int:
         rt.record.cut_after(keep_through)
@@ -88,98 +144,229 @@ class Restorer:
                         root.open().set_ref(task_ref(rt.record.task_id), commit)
         return keep_through
 
-    def _restore_files(self, rt: TaskRuntime, cp: CheckpointRecord,
-                       scope_override: dict[str, list[str]] | None = None,
-                       target_override: dict[str, str | None] | None = None,
-                       keep_undo: bool = True, mark: CheckpointRecord | None = None) -> dict[str, Any]:
-        """Safety checkpoint, journal, then the safe writer; marks `mark` restored in the same
-        record write as the undo record."""
+    # ------------------------------------------------------------------ files
+
+    def _restore_files(self, rt: TaskRuntime, cp: CheckpointRecord, request: RestoreRequest | None = None,
+                       mark: CheckpointRecord | None = None) -> dict[str, Any]:
+        """Plan the restore on every root; unless a dry run, write it: safety checkpoint and
+        after-state under a ref, journal, the safe writer, the undo stack and `mark` restored,
+        in one record write."""
+        request = request or RestoreRequest()
         task_id = rt.record.task_id
-        restored: list[str] = []
-        deleted: list[str] = []
-        errors: list[str] = []
-        safety_hashes: dict[str, str] = {}
-        undo: dict[str, Any] = {}
-        prev = rt.record.last_snapshot()
-        locks = [root.lock.held() for root in self.engine.roots.values()]
         with contextlib.ExitStack() as stack:
-            for lk in locks:
-                stack.enter_context(lk)
-            plans: dict[str, RestorePlan] = {}
-            for name, root in self.engine.roots.items():
-                repo = root.open()
-                edited = (scope_override or rt.record.edited).get(name)
-                any_edits = any(rt.record.edited.values()) if scope_override is None else True
-                current = root.stage(root.safety_plan(frozenset(RepoPath(p) for p in edited or ())))
-                parent = prev.hashes.get(name) if prev else None
-                safety = repo.commit(current.tree, [parent] if parent and repo.has_object(parent) else [],
-                                     "safety checkpoint before restore", task_id)
-                repo.set_ref(safety_ref(task_id), safety)
-                root.set_head(current.tree)
-                safety_hashes[name] = safety
-                try:
-                    if target_override is not None:
-                        target_tree = target_override.get(name)
-                    else:
-                        commit = cp.hashes.get(name)
-                        if commit is None:
-                            continue
-                        target_tree = repo.commit_tree(commit)
-                    scope = [RepoPath(p) for p in edited or ()] if any_edits else None
-                    target, here = self._restore_inputs(root, target_tree, scope)
-                    # a file or link standing where a folder of the target goes is replaced:
-                    # plan_restore names it (deleted), so an undo puts it back
-                    for path in list(target):
-                        parts = path.split("/")
-                        for i in range(1, len(parts)):
-                            above = root.cache.entry(RepoPath("/".join(parts[:i])))
-                            if above is not None:
-                                here[RepoPath("/".join(parts[:i]))] = above
-                except RepoError as exc:
-                    root.mark_damaged()
-                    raise RestoreFailedError(
-                        f"The checkpoint at ts={cp.ts} can no longer be restored: the shadow repository lost "
-                        f"objects it needs ({exc}). Nothing was changed.") from exc
-                plans[name] = plan_restore(name, target, here, scope)
-                # files the safety checkpoint skipped (over the size cap, unreadable) are left alone
-                unsaved = [s.path for s in current.stats.skipped if s.reason is not SkipReason.VANISHED]
-                if target_override is None:
-                    # and a file the checkpoint left out (too big then) existed then: never deleted
-                    plans[name] = keep_skipped(plans[name], self._skipped_in(cp, root))
-                plans[name], held = withhold(plans[name], unsaved)
-                why = {s.path: s.reason.value for s in current.stats.skipped}
-                errors += [f"{self.engine.resolver.display(root.ws, p)}: left as it is, since the safety checkpoint "
-                           f"could not save what is there ({why.get(p, 'a file in its way')}); move it aside and "
-                           "restore again" for p in held]
-                # Every blob is checked before any file is written, so a checkpoint with lost
-                # objects fails whole instead of leaving a half-restored workspace.
-                lost = [op.path for op in plans[name].ops if op.entry is not None and not repo.has_object(op.entry.oid)]
-                if lost:
-                    root.mark_damaged()
-                    raise RestoreFailedError(
-                        f"The checkpoint at ts={cp.ts} can no longer be restored: the shadow repository lost "
-                        f"the content of {len(lost)} file(s) ({', '.join(lost[:3])}). Nothing was changed.")
-            journal = {"plans": [p.to_json() for p in plans.values()], "safety": safety_hashes}
+            for root in self.engine.roots.values():
+                stack.enter_context(root.lock.held())
+            plans = {name: p for name, root in self.engine.roots.items()
+                     if (p := self._plan_root(rt, cp, request, name, root)) is not None}
+            conflicts = [self.engine.resolver.display(self.engine.roots[name].ws, path)
+                         for name, p in plans.items() for path in p.conflicts]
+            if request.dry_run:
+                return self._dry_answer(plans, conflicts)
+            if conflicts:
+                raise RestoreConflictError(
+                    f"The restore would overwrite edits made outside the task's rounds that it cannot merge "
+                    f"({', '.join(conflicts[:5])}{' …' if len(conflicts) > 5 else ''}); nothing was changed. "
+                    "Restore without keeping outside edits, or name other paths.", conflicts)
+            entry = self._commit_states(rt, cp, request, plans)
+            journal = {"plans": [p.plan.to_json() for p in plans.values()], "entry": entry}
             self.engine.store.write_journal(task_id, journal)
-            for name, plan in plans.items():
+            restored: list[str] = []
+            deleted: list[str] = []
+            merged: list[str] = []
+            errors = [why for p in plans.values() for why in p.held]
+            for name, p in plans.items():
                 root = self.engine.roots[name]
-                stats = self._apply_restore(root, plan, safety_hashes[name], task_id)
-                restored += [self.engine.resolver.display(root.ws, p) for p in stats.restored]
-                deleted += [self.engine.resolver.display(root.ws, p) for p in stats.deleted]
-                errors += [f"{self.engine.resolver.display(root.ws, p)}: {why}" for p, why in stats.failed]
-                undo[name] = {"safety": safety_hashes[name], "paths": [op.path for op in plan.ops]}
-            # The undo record is saved before the journal goes: a kill between the two left a
+                stats = self._apply_restore(root, p.plan)
+                show = self._shower(root)
+                merged_here = set(p.merged)
+                restored += [show(q) for q in stats.restored if q not in merged_here]
+                merged += [show(q) for q in stats.restored if q in merged_here]
+                deleted += [show(q) for q in stats.deleted]
+                errors += [f"{show(q)}: {why}" for q, why in stats.failed]
+            # The undo stack is saved before the journal goes: a kill between the two left a
             # finished restore that could not be undone (tests/faults/test_crashes.py).
-            rt.record.last_restore = undo if keep_undo else None
+            self._record_entry(rt, entry)
             if mark is not None and not errors:
                 mark.restored = True  # a partly failed restore may be tried again
             self.engine._save(rt)
             self.engine.store.clear_journal(task_id)
-        log.info("restore.applied", task_id=task_id, ts=cp.ts, restored=len(restored), deleted=len(deleted),
-                 failed=len(errors))
+        log.info("restore.applied", task_id=task_id, ts=cp.ts, op=request.op, restored=len(restored),
+                 deleted=len(deleted), merged=len(merged), failed=len(errors))
         if errors:
             raise RestoreFailedError(f"Some files could not be restored: {'; '.join(errors[:5])}")
-        return {"restored": restored, "deleted": deleted, "safety": safety_hashes[self.engine.first_root]}
+        return {"restored": restored, "deleted": deleted, "merged": merged,
+                "safety": entry["roots"].get(self.engine.first_root, {}).get("safety")
+                or next((r["safety"] for r in entry["roots"].values()), None)}
+
+    def _shower(self, root: RootState) -> Any:
+        return lambda path: self.engine.resolver.display(root.ws, path)
+
+    def _dry_answer(self, plans: dict[str, _RootPlan], conflicts: list[str]) -> dict[str, Any]:
+        """The `Restore.files` the same restore would answer (apply_plan's order), writing nothing."""
+        restored: list[str] = []
+        deleted: list[str] = []
+        merged: list[str] = []
+        for name, p in plans.items():
+            show = self._shower(self.engine.roots[name])
+            merged_here = set(p.merged)
+            deletes = sorted((op for op in p.plan.ops if op.entry is None), key=lambda o: o.path.count("/"),
+                             reverse=True)
+            deleted += [show(op.path) for op in deletes]
+            for op in p.plan.ops:
+                if op.entry is not None:
+                    (merged if op.path in merged_here else restored).append(show(op.path))
+        return {"restored": restored, "deleted": deleted, "merged": merged, "conflicts": conflicts, "safety": None}
+
+    def _plan_root(self, rt: TaskRuntime, cp: CheckpointRecord, request: RestoreRequest, name: str,
+                   root: RootState) -> _RootPlan | None:
+        """Stage the workspace (the safety state) and plan this root's part. Lock held."""
+        repo = root.open()
+        record = rt.record
+        named = request.paths.get(name, []) if request.paths is not None else None
+        forced = set(RepoPath(p) for p in record.edited.get(name, ()))
+        if named is not None:
+            forced |= set(named)
+        current = root.stage(root.safety_plan(frozenset(forced), keep=request.dry_run))
+        root.set_head(current.tree)
+        try:
+            if request.targets is not None:
+                if name not in request.targets:
+                    return None
+                target_tree = request.targets[name]
+            else:
+                commit = cp.hashes.get(name)
+                if commit is None:
+                    return None
+                target_tree = repo.commit_tree(commit)
+            if named is not None:
+                scope: list[RepoPath] | None = named
+            elif record.has_scope():
+                scope = [RepoPath(p) for p in record.scope_paths(name)]
+            else:
+                scope = None
+            target, here = self._restore_inputs(root, target_tree, scope)
+            # a file or link standing where a folder of the target goes is replaced:
+            # plan_restore names it (deleted), so an undo puts it back
+            for path in list(target):
+                parts = path.split("/")
+                for i in range(1, len(parts)):
+                    above = root.cache.entry(RepoPath("/".join(parts[:i])))
+                    if above is not None:
+                        here[RepoPath("/".join(parts[:i]))] = above
+            plan = plan_restore(name, target, here, scope)
+            if named is not None and request.targets is None:
+                newest = record.last_snapshot()
+                newest_tree = self._tree_or_none(root, newest.hashes.get(name)) if newest else None
+                plan = self._only_known(plan, target, root, newest_tree)
+            base = self._base_entries(rt, root, name, plan) if request.keep_outside_edits else None
+        except RepoError as exc:
+            root.mark_damaged()
+            raise RestoreFailedError(
+                f"The checkpoint at ts={cp.ts} can no longer be restored: the shadow repository lost "
+                f"objects it needs ({exc}). Nothing was changed.") from exc
+        # files the safety checkpoint skipped (over the size cap, unreadable) are left alone
+        unsaved = [s.path for s in current.stats.skipped if s.reason is not SkipReason.VANISHED]
+        if request.targets is None:
+            # and a file the checkpoint left out (too big then) existed then: never deleted
+            plan = keep_skipped(plan, self._skipped_in(cp, root))
+        plan, held = withhold(plan, unsaved)
+        why = {s.path: s.reason.value for s in current.stats.skipped}
+        out = _RootPlan(plan, current.tree, held=[
+            f"{self.engine.resolver.display(root.ws, p)}: left as it is, since the safety checkpoint could not "
+            f"save what is there ({why.get(p, 'a file in its way')}); move it aside and restore again" for p in held])
+        if base is not None:
+            here_now = {op.path: e for op in plan.ops if (e := root.cache.entry(op.path)) is not None}
+            outcome = keep_outside_edits(plan, base, here_now, repo)
+            out.plan, out.merged, out.conflicts = outcome.plan, list(outcome.merged), list(outcome.conflicts)
+        # Every blob is checked before any file is written, so a checkpoint with lost
+        # objects fails whole instead of leaving a half-restored workspace.
+        lost = [op.path for op in out.plan.ops if op.entry is not None and not repo.has_object(op.entry.oid)]
+        if lost:
+            root.mark_damaged()
+            raise RestoreFailedError(
+                f"The checkpoint at ts={cp.ts} can no longer be restored: the shadow repository lost "
+                f"the content of {len(lost)} file(s) ({', '.join(lost[:3])}). Nothing was changed.")
+        return out
+
+    @staticmethod
+    def _tree_or_none(root: RootState, commit: str | None) -> str | None:
+        return root.open().commit_tree(commit) if commit else None
+
+    @staticmethod
+    def _only_known(plan: RestorePlan, target: dict[RepoPath, TreeEntry], root: RootState,
+                    newest_tree: str | None) -> RestorePlan:
+        """Drop deletions of named paths that neither the checkpoint nor the newest snapshot
+        holds (untracked, ignored, excluded: PROTOCOL 1.1 `paths`), unless a write needs the place."""
+        repo = root.open()
+        writes = [op.path for op in plan.ops if op.entry is not None]
+        keep = []
+        for op in plan.ops:
+            if op.entry is None and op.path not in target and repo.lookup(newest_tree, op.path) is None \
+                    and not any(w.startswith(op.path + "/") for w in writes):
+                continue
+            keep.append(op)
+        return RestorePlan(plan.root, tuple(keep))
+
+    def _base_entries(self, rt: TaskRuntime, root: RootState, name: str,
+                      plan: RestorePlan) -> dict[RepoPath, TreeEntry | None]:
+        """The task's base (its newest snapshot, or the workspace as its newest restore left it)
+        for the planned paths."""
+        commit = (rt.record.base or {}).get(name)
+        if commit is None:
+            newest = rt.record.last_snapshot()
+            commit = newest.hashes.get(name) if newest else None
+        tree = self._tree_or_none(root, commit)
+        repo = root.open()
+        return {op.path: repo.lookup(tree, op.path) for op in plan.ops}
+
+    def _commit_states(self, rt: TaskRuntime, cp: CheckpointRecord, request: RestoreRequest,
+                       plans: dict[str, _RootPlan]) -> dict[str, Any]:
+        """Commit each root's safety checkpoint and the state the restore leaves, under a ref of
+        the task (before anything is written: an interrupted restore stays undoable)."""
+        record = rt.record
+        n = record.next_restore_n()
+        prev = record.last_snapshot()
+        roots: dict[str, Any] = {}
+        for name, p in plans.items():
+            repo = self.engine.roots[name].open()
+            parent = prev.hashes.get(name) if prev else None
+            safety = repo.commit(p.safety_tree, [parent] if parent and repo.has_object(parent) else [],
+                                 f"safety checkpoint before {request.op} {n}", record.task_id)
+            writes = {op.path: op.entry for op in p.plan.ops}
+            after = repo.commit(repo.patch_tree(p.safety_tree, writes), [safety], f"after {request.op} {n}",
+                                record.task_id)
+            # The task's base from now on (keepOutsideEdits): its previous base with this restore's
+            # writes, which are never outside edits; the person's edits the restore left stay theirs.
+            base_before = (record.base or {}).get(name) or parent
+            base_tree = repo.patch_tree(repo.commit_tree(base_before) if base_before else None, writes)
+            base = repo.commit(base_tree, [after], f"base after {request.op} {n}", record.task_id)
+            repo.set_ref(restore_ref(record.task_id, n), base)  # reaches after and safety too
+            roots[name] = {"safety": safety, "after": after, "base": base, "paths": [op.path for op in p.plan.ops]}
+        entry: dict[str, Any] = {"n": n, "op": request.op, "ts": cp.ts if request.targets is None else None,
+                                 "createdAt": now_iso(), "roots": roots,
+                                 "paths": request.paths is not None, "keepOutsideEdits": request.keep_outside_edits}
+        if request.of is not None:
+            entry["of"] = request.of
+        return entry
+
+    @staticmethod
+    def _record_entry(rt: TaskRuntime, entry: dict[str, Any]) -> None:
+        """Put a written restore on the task's history and undo/redo stacks."""
+        record = rt.record
+        record.restores.append(entry)
+        if entry["op"] == "restore":
+            record.undo_stack.append(entry["n"])
+            record.redo_stack.clear()
+        elif entry["op"] == "undo":
+            for cp in record.checkpoints:
+                cp.restored = False  # the files are no longer as a restore left them
+            undone = record.restore_entry(entry["of"])
+            if undone is not None and all(r.get("after") for r in undone["roots"].values()):
+                record.redo_stack.append(entry["of"])
+        elif entry["op"] == "redo":
+            record.undo_stack.append(entry["of"])
+        record.base = {**(record.base or {}), **{name: r.get("base") or r["after"]
+                                                  for name, r in entry["roots"].items()}}
 
     @staticmethod
     def _restore_inputs(root: RootState, target_tree: str | None, scope: list[RepoPath] | None
@@ -223,7 +410,7 @@ class Restorer:
         prefix = root.ws.name + "/"
         return {RepoPath(p[len(prefix):]) for p in shown if p and p.startswith(prefix)}
 
-    def _apply_restore(self, root: RootState, plan: RestorePlan, safety: str | None, task_id: str) -> RestoreStats:
+    def _apply_restore(self, root: RootState, plan: RestorePlan) -> RestoreStats:
         """Write the plan's files, then make the head name what the workspace now holds
         (for other processes and restarts). Lock held."""
         repo = root.open()
@@ -260,40 +447,100 @@ class Restorer:
                 continue
             with root.lock.held():
                 cleanup_temp_files(root.ws.root, [op.path for op in plan.ops])
-                self._apply_restore(root, plan, (journal.get("safety") or {}).get(plan.root), rt.record.task_id)
-        safety = journal.get("safety") or {}
-        rt.record.last_restore = {
-            p["root"]: {"safety": safety.get(p["root"]), "paths": [op[0] for op in p["ops"]]}
-            for p in journal.get("plans", [])
-        }
+                self._apply_restore(root, plan)
+        entry = journal.get("entry")
+        if entry is None and isinstance(journal.get("safety"), dict):
+            # a journal of 1.0 (no after-state): undoable, not redoable
+            safety = journal["safety"]
+            entry = {"n": rt.record.next_restore_n(), "op": "restore", "ts": None, "createdAt": now_iso(), "roots": {
+                p["root"]: {"safety": safety.get(p["root"]), "after": None, "paths": [op[0] for op in p["ops"]]}
+                for p in journal.get("plans", [])}}
+        if isinstance(entry, dict) and rt.record.restore_entry(entry.get("n", -1)) is None:
+            self._record_entry(rt, entry)
+            if not all(r.get("after") for r in entry["roots"].values()):
+                rt.record.base = None
         self.engine._save(rt)  # before the journal goes: a kill between keeps the undo record
         self.engine.store.clear_journal(rt.record.task_id)
 
+    # ------------------------------------------------------------------ safety checkpoints
+
+    @staticmethod
+    def safety_record(rt: TaskRuntime, n: Any) -> CheckpointRecord:
+        """The safety checkpoint taken before the task's restore `n`, shaped as a checkpoint."""
+        entry = rt.record.restore_entry(n) if isinstance(n, int) else None
+        if entry is None:
+            raise UnknownCheckpointError(f"Task {rt.record.task_id} has no restore {n!r} (no such safety checkpoint).")
+        hashes = {name: info["safety"] for name, info in entry["roots"].items() if info.get("safety")}
+        return CheckpointRecord(ts=-1, kind="round", hashes=hashes, created_at=entry.get("createdAt") or now_iso())
+
+    def restore_safety(self, task_id: str, n: Any, paths: Iterable[Any] | None, dry_run: bool,
+                       keep_outside_edits: bool) -> dict[str, Any]:
+        """Restore the files to a safety checkpoint: the task's scope and the paths its restore
+        touched (or only `paths`), as they were before that restore."""
+        rt = self.engine._task(task_id)
+        named = self._named_paths(paths)
+        with rt.lock:
+            safety = self.safety_record(rt, n)
+            entry = rt.record.restore_entry(n) or {}
+            targets: dict[str, str | None] = {}
+            scope: dict[str, list[RepoPath]] = {}
+            for name, commit in safety.hashes.items():
+                root = self.engine.roots.get(name)
+                if root is None:
+                    continue
+                with root.lock.held():
+                    targets[name] = root.open().commit_tree(commit)
+                touched = entry.get("roots", {}).get(name, {}).get("paths", [])
+                scope[name] = named[name] if named is not None else [
+                    RepoPath(p) for p in sorted(set(rt.record.scope_paths(name)) | set(touched))]
+            marker = rt.record.last_snapshot() or rt.record.checkpoints[0]
+            request = RestoreRequest(paths=scope, dry_run=dry_run, keep_outside_edits=keep_outside_edits,
+                                     targets=targets, of=n)
+            return {"files": self._restore_files(rt, marker, request), "task": None}
+
+    # ------------------------------------------------------------------ undo / redo
+
     def undo_restore(self, task_id: str) -> dict[str, Any]:
+        """Walk the undo stack back one restore: its paths as they were before it."""
+        return self._step(task_id, "undo")
+
+    def redo_restore(self, task_id: str) -> dict[str, Any]:
+        """Walk the undo stack forward one undone restore: its paths as it left them."""
+        return self._step(task_id, "redo")
+
+    def _step(self, task_id: str, op: str) -> dict[str, Any]:
         rt = self.engine._task(task_id)
         with rt.lock:
-            undo = rt.record.last_restore
-            if not undo:
-                raise NothingToUndoError(f"Task {task_id} has no file restore to undo.")
-            scope: dict[str, list[str]] = {}
+            stack = rt.record.undo_stack if op == "undo" else rt.record.redo_stack
+            entry = rt.record.restore_entry(stack[-1]) if stack else None
+            if entry is None:
+                raise NothingToUndoError(f"Task {task_id} has no file restore to {op}.")
+            side = "safety" if op == "undo" else "after"
+            scope: dict[str, list[RepoPath]] = {}
             targets: dict[str, str | None] = {}
-            for name, info in undo.items():
+            for name, info in entry["roots"].items():
                 root = self.engine.roots.get(name)
-                if root is None or not info.get("safety"):
+                if root is None or not info.get(side):
                     continue
                 with root.lock.held():
                     try:
-                        targets[name] = root.open().commit_tree(info["safety"])
+                        targets[name] = root.open().commit_tree(info[side])
                     except RepoError as exc:
                         raise RestoreFailedError(
-                            f"The last restore of task {task_id} cannot be undone: its safety checkpoint "
-                            f"is lost from the shadow repository ({exc}).") from exc
-                scope[name] = list(info.get("paths", []))
+                            f"Restore {entry['n']} of task {task_id} cannot be {op}ne: its commit is lost from "
+                            f"the shadow repository ({exc}).") from exc
+                scope[name] = [RepoPath(p) for p in info.get("paths", [])]
+            stack.pop()
             marker = rt.record.last_snapshot() or rt.record.checkpoints[0]
-            files = self._restore_files(rt, marker, scope_override=scope, target_override=targets, keep_undo=False)
-            rt.record.last_restore = None
-            self.engine._save(rt)
+            request = RestoreRequest(paths=scope, targets=targets, op=op, of=entry["n"])
+            try:
+                files = self._restore_files(rt, marker, request)
+            except BaseException:
+                stack.append(entry["n"])
+                raise
             return {"files": files, "task": None}
+
+    # ------------------------------------------------------------------ messages
 
     def edit_message(self, task_id: str, ts: Any, text: Any, restore: str) -> dict[str, Any]:
         rt = self.engine._task(task_id)
@@ -318,8 +565,15 @@ class Restorer:
                     out["files"] = self._restore_files(rt, cp)
                     cp.restored = True
                 except ShadowpointError as exc:
-                    out["error"] = {"kind": exc.kind, "message": str(exc)}
+                    out["error"] = error_wire(exc)
             out["task"] = {"keepThrough": self._cut(rt, keep_through)}
             self.engine._save(rt)
             return out
 
+
+def error_wire(exc: ShadowpointError) -> dict[str, Any]:
+    """The protocol's `error` of a Restore whose file part failed."""
+    out: dict[str, Any] = {"kind": exc.kind, "message": str(exc)}
+    if isinstance(exc, RestoreConflictError):
+        out["conflicts"] = list(exc.conflicts)
+    return out

@@ -247,11 +247,9 @@ class RootState:
             flushed = self.watcher.flush()
             snap = self.watcher.swap()
             if keep:
-                journal = self.watcher.journal
-                for path in snap.paths:
-                    journal.add(path)
-                for reason in snap.reasons:
-                    journal.mark_unhealthy(reason)
+                self.watcher.journal.put_back(snap)
+            elif snap.opened:
+                self.watcher.journal.open_round()  # a round is still open: what follows is its own
             if flushed and snap.healthy and not any(is_rules_file(p) for p in snap.paths):
                 return StagePlan(forced=forced, watched=snap.paths)
         return StagePlan(forced=forced, rescan=True)

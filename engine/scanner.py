@@ -102,6 +102,8 @@ class StageStats:
     duration_ms: float = 0.0
     # rescans only: tracked paths the walk did not reach (excluded, yet tracked: force-added)
     outside_walk: list[RepoPath] = field(default_factory=list)
+    # the paths whose entry changed (added, modified, deleted): a round's part of the restore scope
+    changed_paths: tuple[RepoPath, ...] = ()
 
 
 @dataclass(slots=True)
@@ -159,6 +161,7 @@ class Scanner:
             tree = self.repo.patch_tree(cache.tree, run.changes)
             cache.tree = tree
         run.stats.changed = len(run.changes)
+        run.stats.changed_paths = tuple(run.changes)
         run.stats.duration_ms = (time.perf_counter() - start) * 1e3
         log.debug("scanner.staged", root=str(self.root), examined=run.stats.examined,
                   hashed=run.stats.hashed, changed=run.stats.changed, rescan=run.stats.rescan,

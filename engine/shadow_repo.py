@@ -229,6 +229,31 @@ def safety_ref(task_id: str) -> str:
     return f"refs/shadowpoint/safety/{ref_component(task_id)}"
 
 
+def restore_ref(task_id: str, n: int) -> str:
+    """The ref keeping a task's file restore `n` (its after-state commit, whose parent is the
+    safety checkpoint taken before it): safety checkpoints live as long as their task."""
+    return f"{restore_ref_prefix(task_id)}{n}"
+
+
+def restore_ref_prefix(task_id: str) -> str:
+    return f"refs/shadowpoint/restores/{ref_component(task_id)}/"
+
+
+def delete_task_refs(repo: ShadowRepo, task_id: str) -> None:
+    """Remove every ref of a task: its checkpoints, its restores and their safety checkpoints."""
+    repo.delete_ref(task_ref(task_id))
+    repo.delete_ref(safety_ref(task_id))
+    for name in repo.list_refs(restore_ref_prefix(task_id)):
+        repo.delete_ref(name)
+
+
+def task_tips(repo: ShadowRepo, task_id: str) -> list[str]:
+    """The commits every ref of a task points at."""
+    tips = [repo.read_ref(task_ref(task_id)), repo.read_ref(safety_ref(task_id)),
+            *repo.list_refs(restore_ref_prefix(task_id)).values()]
+    return [t for t in tips if t]
+
+
 def open_blob_writer(git_dir: Path) -> Callable[[bytes], bytes]:
     """For a blob worker process (blob_workers.py): open `git_dir`, return a blob writer.
 
@@ -426,6 +451,21 @@ class ShadowRepo:
         with translated(f"read blob {oid}"):
             obj = self._obj(oid)
             return bytes(obj.read_raw())
+
+    def merge_file(self, path: str, base: TreeEntry, ours: TreeEntry, theirs: TreeEntry) -> bytes | None:
+        """libgit2's three-way merge of one file's contents; None when the changes overlap (or
+        the merged text is not UTF-8, which pygit2 cannot hand back)."""
+        with translated(f"merge {path}"):
+            b, o, t = (pygit2.IndexEntry(path, pygit2.Oid(hex=e.oid), pygit2.enums.FileMode(e.mode))
+                       for e in (base, ours, theirs))
+            try:
+                result = self._repo.merge_file_from_index(b, o, t)
+            except UnicodeDecodeError:
+                return None
+        if not result.automergeable:
+            return None
+        merged: bytes = result.contents.encode("utf-8")
+        return merged
 
     def has_object(self, oid: str) -> bool:
         try:

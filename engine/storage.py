@@ -22,7 +22,7 @@ import structlog
 from shadowpoint.checkpoints import CheckpointStore, TaskRecord
 from shadowpoint.errors import ShadowpointError
 from shadowpoint.locking import WorkspaceLock
-from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo, disk_usage, safety_ref, task_ref
+from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo, delete_task_refs, disk_usage, task_tips
 from shadowpoint.workspace import workspace_hash
 
 log = structlog.get_logger(__name__)
@@ -94,9 +94,7 @@ def storage_report(docs_dir: Path, *, per_task_objects: bool = True) -> dict[str
             reach: dict[str, set[str]] = {}
             if per_task_objects:
                 for rec in tasks:
-                    tips = [t for t in (repo.read_ref(task_ref(rec.task_id)), repo.read_ref(safety_ref(rec.task_id)))
-                            if t]
-                    reach[rec.task_id] = repo.reachable_objects(tips)
+                    reach[rec.task_id] = repo.reachable_objects(task_tips(repo, rec.task_id))
                 head = repo.read_ref(HEAD_REF)
                 shared = repo.reachable_objects([head]) if head else set()
             for rec in tasks:
@@ -207,8 +205,7 @@ def delete_task_storage(docs_dir: Path, rec: TaskRecord) -> None:
             except ShadowpointError:
                 continue
             try:
-                repo.delete_ref(task_ref(rec.task_id))
-                repo.delete_ref(safety_ref(rec.task_id))
+                delete_task_refs(repo, rec.task_id)
             finally:
                 repo.close()
     CheckpointStore(docs_dir).delete(rec.task_id)

@@ -224,12 +224,30 @@ class Backend(Protocol):
         """`checkpoint/diff`: the protocol's `Diff` (to the workspace when `to_ts` is None)."""
         ...
 
-    def restore(self, task_id: str, ts: int, mode: str) -> dict[str, Any]:
-        """`checkpoint/restore` with mode files, task or both: the protocol's `Restore`."""
+    def restore(self, task_id: str, ts: int, mode: str, paths: list[str] | None = None, dry_run: bool = False,
+                keep_outside_edits: bool = False) -> dict[str, Any]:
+        """`checkpoint/restore` with mode files, task or both (and the 1.1 options): the protocol's `Restore`."""
         ...
 
     def undo_restore(self, task_id: str) -> dict[str, Any]:
-        """`checkpoint/undoRestore`: put back what the last file restore changed."""
+        """`checkpoint/undoRestore`: walk the undo stack back one file restore."""
+        ...
+
+    def redo_restore(self, task_id: str) -> dict[str, Any]:
+        """`checkpoint/redoRestore`: walk the undo stack forward one undone restore."""
+        ...
+
+    def fork(self, task_id: str, ts: int, new_task_id: str) -> dict[str, Any]:
+        """`task/fork`: the fork's newest `Checkpoint`."""
+        ...
+
+    def restore_safety(self, task_id: str, n: int, paths: list[str] | None = None, dry_run: bool = False,
+                       keep_outside_edits: bool = False) -> dict[str, Any]:
+        """The files back to the safety checkpoint of the task's restore `n` (a `Restore`)."""
+        ...
+
+    def diff_safety(self, task_id: str, n: int) -> dict[str, Any]:
+        """The `Diff` from the safety checkpoint of the task's restore `n` to the workspace."""
         ...
 
     def delete_task(self, task_id: str) -> None:
@@ -291,11 +309,27 @@ class LocalBackend:
     def diff(self, task_id: str, from_ts: int, to_ts: int | None) -> dict[str, Any]:
         return self.engine.diff(task_id, from_ts, to_ts)
 
-    def restore(self, task_id: str, ts: int, mode: str) -> dict[str, Any]:
-        return self.engine.restore(task_id, ts, mode)
+    def restore(self, task_id: str, ts: int, mode: str, paths: list[str] | None = None, dry_run: bool = False,
+                keep_outside_edits: bool = False) -> dict[str, Any]:
+        return self.engine.restore(task_id, ts, mode, paths, dry_run, keep_outside_edits)
 
     def undo_restore(self, task_id: str) -> dict[str, Any]:
         return self.engine.undo_restore(task_id)
+
+    def redo_restore(self, task_id: str) -> dict[str, Any]:
+        return self.engine.redo_restore(task_id)
+
+    def fork(self, task_id: str, ts: int, new_task_id: str) -> dict[str, Any]:
+        wire = self.engine.checkpoint_wire(self.engine.fork_task(task_id, ts, new_task_id))
+        assert wire is not None
+        return wire
+
+    def restore_safety(self, task_id: str, n: int, paths: list[str] | None = None, dry_run: bool = False,
+                       keep_outside_edits: bool = False) -> dict[str, Any]:
+        return self.engine.restore_safety(task_id, n, paths, dry_run, keep_outside_edits)
+
+    def diff_safety(self, task_id: str, n: int) -> dict[str, Any]:
+        return self.engine.diff(task_id, None, None, n)
 
     def delete_task(self, task_id: str) -> None:
         self.engine.delete_task(task_id)
@@ -359,12 +393,38 @@ class RemoteBackend:
         result: dict[str, Any] = self._call("checkpoint/diff", params)
         return result
 
-    def restore(self, task_id: str, ts: int, mode: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("checkpoint/restore", {"taskId": task_id, "ts": ts, "mode": mode})
+    def restore(self, task_id: str, ts: int, mode: str, paths: list[str] | None = None, dry_run: bool = False,
+                keep_outside_edits: bool = False) -> dict[str, Any]:
+        params: dict[str, Any] = {"taskId": task_id, "ts": ts, "mode": mode, "dryRun": dry_run,
+                                  "keepOutsideEdits": keep_outside_edits}
+        if paths is not None:
+            params["paths"] = list(paths)
+        result: dict[str, Any] = self._call("checkpoint/restore", params)
         return result
 
     def undo_restore(self, task_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("checkpoint/undoRestore", {"taskId": task_id})
+        return result
+
+    def redo_restore(self, task_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("checkpoint/redoRestore", {"taskId": task_id})
+        return result
+
+    def fork(self, task_id: str, ts: int, new_task_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("task/fork", {"taskId": task_id, "ts": ts, "newTaskId": new_task_id})
+        checkpoint: dict[str, Any] = result["checkpoint"]
+        return checkpoint
+
+    def restore_safety(self, task_id: str, n: int, paths: list[str] | None = None, dry_run: bool = False,
+                       keep_outside_edits: bool = False) -> dict[str, Any]:
+        params: dict[str, Any] = {"taskId": task_id, "n": n, "dryRun": dry_run, "keepOutsideEdits": keep_outside_edits}
+        if paths is not None:
+            params["paths"] = list(paths)
+        result: dict[str, Any] = self._call("checkpoint/restoreSafety", params)
+        return result
+
+    def diff_safety(self, task_id: str, n: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("checkpoint/diffSafety", {"taskId": task_id, "n": n})
         return result
 
     def delete_task(self, task_id: str) -> None:

@@ -54,6 +54,7 @@ from shadowpoint.events import (
 log = structlog.get_logger(__name__)
 
 PROTOCOL_VERSION = 1
+PROTOCOL_MINOR = 1  # the "Additions of version 1.1" of PROTOCOL.md
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
@@ -99,6 +100,13 @@ def _paths(params: dict[str, Any], key: str = "paths") -> tuple[str, ...] | None
     if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
         raise InvalidParamsError(f"`{key}` must be a list of strings.")
     return tuple(value)
+
+
+def _bool(params: dict[str, Any], key: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidParamsError(f"`{key}` must be true or false.")
+    return value
 
 
 def _kind(params: dict[str, Any]) -> str | None:
@@ -341,10 +349,13 @@ class Server:
         """Send a JSON-RPC notification on this connection."""
         self._send({"jsonrpc": "2.0", "method": method, "params": params})
 
-    def _error(self, msg_id: Any, code: int, message: str, kind: str | None = None) -> None:
+    def _error(self, msg_id: Any, code: int, message: str, kind: str | None = None,
+               conflicts: list[str] | None = None) -> None:
         err: dict[str, Any] = {"code": code, "message": message}
         if kind:
             err["data"] = {"kind": kind}
+            if conflicts is not None:
+                err["data"]["conflicts"] = list(conflicts)  # restore_conflict (PROTOCOL 1.1)
         self._send({"jsonrpc": "2.0", "id": msg_id, "error": err})
 
     def _answer(self, msg_id: Any, fn: Callable[[], Any]) -> None:
@@ -354,7 +365,7 @@ class Server:
             code = INVALID_PARAMS if exc.kind == "invalid_params" else SERVER_ERROR
             log.info("sidecar.request_refused", kind=exc.kind, reason=str(exc))
             if msg_id is not None:
-                self._error(msg_id, code, str(exc), exc.kind)
+                self._error(msg_id, code, str(exc), exc.kind, getattr(exc, "conflicts", None))
             return
         except Exception as exc:
             log.exception("sidecar.request_failed")
@@ -464,9 +475,17 @@ class Server:
             "checkpoint/list": lambda p: self._eng().list_checkpoints(_str(p, "taskId")),
             "checkpoint/diff": lambda p: self._eng().diff(_str(p, "taskId"), _int(p, "from"), p.get("to")),
             "checkpoint/viewChanges": lambda p: self._eng().view_changes(_str(p, "taskId"), _int(p, "ts")),
-            "checkpoint/restore": lambda p: self._eng().restore(_str(p, "taskId"), _int(p, "ts"),
-                                                                 _str(p, "mode")),
+            "checkpoint/restore": lambda p: self._eng().restore(
+                _str(p, "taskId"), _int(p, "ts"), _str(p, "mode"), _paths(p), _bool(p, "dryRun"),
+                _bool(p, "keepOutsideEdits")),
+            "task/fork": lambda p: {"checkpoint": self._eng().checkpoint_wire(self._eng().fork_task(
+                _str(p, "taskId"), _int(p, "ts"), _str(p, "newTaskId")))},
             "checkpoint/undoRestore": lambda p: self._eng().undo_restore(_str(p, "taskId")),
+            # not in PROTOCOL.md: the CLI's `redo` and safety checkpoints through a running sidecar
+            "checkpoint/redoRestore": lambda p: self._eng().redo_restore(_str(p, "taskId")),
+            "checkpoint/restoreSafety": lambda p: self._eng().restore_safety(
+                _str(p, "taskId"), _int(p, "n"), _paths(p), _bool(p, "dryRun"), _bool(p, "keepOutsideEdits")),
+            "checkpoint/diffSafety": lambda p: self._eng().diff(_str(p, "taskId"), None, None, _int(p, "n")),
             "message/edit": self._message_edit,
             "task/delete": lambda p: self._eng().delete_task(_str(p, "taskId")),
             "history/deleteAll": self._delete_all,
@@ -499,6 +518,7 @@ class Server:
         self.engine = engine
         return {
             "protocolVersion": PROTOCOL_VERSION,
+            "protocolMinor": PROTOCOL_MINOR,
             "serverVersion": __version__,
             "roots": engine.describe_roots(),
             "readOnlyTools": sorted(engine.options.read_only_tools),

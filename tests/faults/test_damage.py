@@ -57,9 +57,10 @@ def _history(make_engine: MakeEngine, ws: Path) -> tuple[Engine, dict[int, dict[
 
 
 def _edited_back(disk: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """The workspace after a restore to ts=1 of `_history` plus one more edit of b.txt: only the
-    files edit tools reported (a.txt, b.txt) go back (SPEC §6 scope); src/new.py stays."""
-    return {**disk[3], "a.txt": disk[1]["a.txt"], "b.txt": disk[1]["b.txt"]}
+    """The workspace after a restore to ts=1 of `_history` plus one more edit of b.txt: the
+    files edit tools reported (a.txt, b.txt) and those the command round changed (src/new.py,
+    deleted) go back (SPEC §6, PROTOCOL 1.1 scope): the workspace of ts=1."""
+    return dict(disk[1])
 
 
 def _hashes(eng: Engine, task: str = "t") -> dict[int, str]:

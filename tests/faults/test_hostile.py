@@ -176,9 +176,10 @@ def test_odd_file_names_round_trip_byte_for_byte(root: Path, canary: Path, docs:
         after3 = read_tree(root)
         assert git_tree(git_dir, cp3["hash"]) == expected_git_tree(after3)
         out = sc.call("checkpoint/restore", {"taskId": "t", "ts": 1, "mode": "files"})
-        # the task's edit tools reported the odd names: those come back, the renamed copy stays
-        assert read_tree(root) == {**base, "renamed\nfile": after3["renamed\nfile"]}
+        # the odd names come back and the command's rename is undone too (PROTOCOL 1.1 scope)
+        assert read_tree(root) == base
         assert names[0] in out["files"]["restored"] and names[1] in out["files"]["restored"]
+        assert out["files"]["deleted"] == ["renamed\nfile"]
         sc.call("checkpoint/undoRestore", {"taskId": "t"})
         assert read_tree(root) == after3
     finally:

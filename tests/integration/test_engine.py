@@ -331,18 +331,31 @@ def test_restore_files_only_the_edited_paths(make_engine: MakeEngine, ws: Path) 
     assert (ws / "a.txt").read_text() == "a1"
 
 
-def test_restore_after_commands_only_resets_every_tracked_file(make_engine: MakeEngine, ws: Path) -> None:
+def test_restore_after_commands_only_resets_what_they_changed(make_engine: MakeEngine, ws: Path) -> None:
     eng = make_engine(ws)
     start(eng)
     command_round(eng, ws, 10, {"a.txt": "a1", "b.txt": None, "made.txt": "m", "x.log": "ignored log"})
     make_tree(ws, {"src/lib.py": "after the checkpoint"})
     out = eng.restore("t1", 0, "files")
     assert sorted(out["files"]["deleted"]) == ["made.txt"]
-    assert sorted(out["files"]["restored"]) == ["a.txt", "b.txt", "src/lib.py"]
+    assert sorted(out["files"]["restored"]) == ["a.txt", "b.txt"], "PROTOCOL 1.1 Scope: the rounds' changes"
     tree = read_tree(ws)
-    assert {k: v for k, v in tree.items() if k in BASE} == BASE
+    assert tree["src/lib.py"] == b"after the checkpoint", "changed while no round was open: not the task's"
     assert tree["x.log"] == b"ignored log", "an ignored file the snapshot does not hold is left alone"
     assert tree["debug.log"] == b"ignored"
+
+
+def test_restore_of_a_task_with_no_record_resets_every_tracked_file(make_engine: MakeEngine, ws: Path) -> None:
+    eng = make_engine(ws)
+    start(eng)
+    command_round(eng, ws, 10, {"a.txt": "a1", "b.txt": None, "made.txt": "m"})
+    make_tree(ws, {"src/lib.py": "after the checkpoint"})
+    rt = eng._task("t1")
+    rt.record.scope, rt.record.edited = {}, {}  # what it changed is lost (SPEC §6: git reset --hard)
+    out = eng.restore("t1", 0, "files")
+    assert sorted(out["files"]["deleted"]) == ["made.txt"]
+    assert sorted(out["files"]["restored"]) == ["a.txt", "b.txt", "src/lib.py"]
+    assert {k: v for k, v in read_tree(ws).items() if k in BASE} == BASE
 
 
 def test_restore_task_and_both(make_engine: MakeEngine, ws: Path) -> None:

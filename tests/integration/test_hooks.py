@@ -75,3 +75,31 @@ def test_path_outside_is_refused_before_the_tool_runs(workspace: Path, options: 
             with task.tool("write_to_file", paths=["../escape.txt"]):
                 ran = True
         assert not ran
+
+
+def test_library_restore_options_fork_undo_and_redo(workspace: Path, options: EngineOptions) -> None:
+    make_tree(workspace, {"app.py": "".join(f"line {i}\n" for i in range(10)), "b.txt": "b1\n"})
+    with Checkpoints([workspace], options=options) as cps:
+        task = cps.task("lib-task", ts=1000)
+        with task.round(ts=2000) as rnd:
+            with task.tool("write_to_file", paths=["app.py", "b.txt"]):
+                (workspace / "app.py").write_text("task\n" + "".join(f"line {i}\n" for i in range(10)))
+                (workspace / "b.txt").write_text("b2\n")
+        assert rnd.checkpoint.result(timeout=60) is not None
+        with open(workspace / "app.py", "a") as f:
+            f.write("mine\n")  # outside any round
+        dry = task.restore(1000, "files", dry_run=True, keep_outside_edits=True)
+        assert dry["files"]["merged"] == ["app.py"] and dry["files"]["safety"] is None
+        assert (workspace / "b.txt").read_text() == "b2\n"
+        res = task.restore(1000, "files", paths=["b.txt"])
+        assert res["files"]["restored"] == ["b.txt"] and (workspace / "app.py").read_text().endswith("mine\n")
+        res = task.restore(1000, "files", keep_outside_edits=True)
+        assert res["files"]["merged"] == ["app.py"]
+        assert (workspace / "app.py").read_text() == "".join(f"line {i}\n" for i in range(10)) + "mine\n"
+        task.undo_restore()
+        task.undo_restore()
+        assert (workspace / "b.txt").read_text() == "b2\n"
+        task.redo_restore()
+        assert (workspace / "b.txt").read_text() == "b1\n"
+        forked = task.fork(2000, "lib-fork")
+        assert forked["ts"] == 2000 and [c["ts"] for c in cps.task("lib-fork").checkpoints()] == [1000, 2000]

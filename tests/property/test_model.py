@@ -92,8 +92,11 @@ class WorkspaceModel(RuleBasedStateMachine):
         self._check_checkpoint(1, self.tracked)
         self.restored: set[int] = set()
         self.edited: set[str] = set()
+        # what the task's rounds changed (PROTOCOL 1.1 "Scope"): a rescanned round counts all it
+        # found; with a watcher the writes of this model happen between rounds, not the task's
+        self.changed: set[str] = set()
         self.pending: set[str] = set()
-        self.undo: dict[str, Entry | None] | None = None
+        self.undo: list[dict[str, Entry | None]] = []  # the undo stack: files before each restore
 
     def teardown(self) -> None:
         self.engine.close()
@@ -189,7 +192,10 @@ class WorkspaceModel(RuleBasedStateMachine):
         eng.tool_ended("t", "execute_command", None, "command")
         cp = eng.end_round("t", ts)
         assert cp is not None
+        before = self.tracked
         self.tracked = self._rescan(self.tracked, set())
+        if not self.watcher:
+            self.changed |= {p for p in set(before) | set(self.tracked) if before.get(p) != self.tracked.get(p)}
         self.pending.clear()
         self._round_done(ts)
 
@@ -226,8 +232,8 @@ class WorkspaceModel(RuleBasedStateMachine):
         out = self.engine.restore("t", ts, "files")
         # the safety checkpoint rescans, edited paths forced: it becomes the tracked set
         current = self._rescan(self.tracked, self.edited)
-        if self.edited:
-            scope = {p for p in set(target) | set(current) if p in self.edited}
+        if self.edited or self.changed:
+            scope = {p for p in set(target) | set(current) if p in self.edited | self.changed}
         else:
             scope = set(target) | set(current)
         touched = sorted(p for p in scope if target.get(p) != current.get(p))
@@ -240,22 +246,23 @@ class WorkspaceModel(RuleBasedStateMachine):
         assert out["files"] is not None
         assert sorted(out["files"]["restored"] + out["files"]["deleted"]) == touched
         self.restored.add(ts)
-        self.undo = before
+        self.undo.append(before)
         self.pending.clear()
 
     @rule()
     def undo_restore(self) -> None:
-        if self.undo is None:
+        if not self.undo:
             with pytest.raises(NothingToUndoError):
                 self.engine.undo_restore("t")
             return
         self.engine.undo_restore("t")
-        paths = set(self.undo)
+        undo = self.undo.pop()
+        paths = set(undo)
         self.tracked = self._rescan(self.tracked, paths)
-        for path, entry in self.undo.items():
+        for path, entry in undo.items():
             self._put(path, entry)
             self._track(path, entry)
-        self.undo = None
+        self.restored.clear()  # the files are no longer as a restore left them
         self.pending.clear()
 
     def _put(self, path: str, entry: Entry | None) -> None:

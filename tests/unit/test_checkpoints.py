@@ -119,7 +119,11 @@ def test_json_round_trip() -> None:
     rec = task(cp(0, "baseline"), cp(10, warnings=[{"path": "p", "reason": "r"}]))
     rec.add_message(10, "user", "ünï \udcff text")
     rec.edited = {"proj": ["a", "b/c"]}
-    rec.last_restore = {"proj": {"safety": "s" * 40, "paths": ["a"]}}
+    rec.note_scope("proj", ["a", "made/by/shell"], 10)
+    rec.restores = [{"n": 1, "op": "restore", "ts": 0, "roots": {"proj": {"safety": "s" * 40, "after": "a" * 40,
+                                                                      "paths": ["a"]}}}]
+    rec.undo_stack, rec.redo_stack = [1], []
+    rec.base = {"proj": "a" * 40}
     rec.disabled = True
     rec.checkpoint(10).restored = True
     again = TaskRecord.from_json(json.loads(json.dumps(rec.to_json())))
@@ -250,3 +254,26 @@ def test_journal_write_read_clear(tmp_path: Path) -> None:
     store.clear_journal("t")
     store.clear_journal("t")
     assert store.read_journal("t") is None
+
+
+def test_a_1_0_undo_record_becomes_the_undo_stack() -> None:
+    data = task(cp(0, "baseline"), cp(10)).to_json()
+    data.pop("restores"), data.pop("undo_stack")
+    data["last_restore"] = {"proj": {"safety": "s" * 40, "paths": ["a"]}}
+    rec = TaskRecord.from_json(data)
+    assert rec.undo_stack == [1] and rec.last_restore is None
+    assert rec.restores[0]["roots"] == {"proj": {"safety": "s" * 40, "after": None, "paths": ["a"]}}
+
+
+def test_scope_keeps_the_first_ts_and_a_fork_takes_it_up_to_its_ts() -> None:
+    from shadowpoint.checkpoints import fork_record
+
+    rec = task(cp(0, "baseline"), cp(10), cp(20), cp(30))
+    rec.edited = {"proj": ["a", "b"]}
+    rec.note_scope("proj", ["a", "s"], 10)
+    rec.note_scope("proj", ["a", "b", "t"], 30)
+    assert rec.scope["proj"] == {"a": 10, "s": 10, "b": 30, "t": 30}
+    fork = fork_record(rec, 25, "f")
+    assert [c.ts for c in fork.checkpoints] == [0, 10, 20]
+    assert fork.scope_paths("proj") == ["a", "s"] and fork.edited == {"proj": ["a"]}
+    assert fork.forked_from is not None and fork.forked_from["ts"] == 20

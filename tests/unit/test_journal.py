@@ -165,3 +165,30 @@ def test_a_path_added_while_degraded_is_in_an_unhealthy_round(journal: PathJourn
     assert all(not s.healthy for s in snapshots if any(p.startswith("degraded/") for p in s.paths))
     assert sum(len(s.paths) for s in snapshots) == 2 * periods
     assert journal.swap().healthy  # it ended recovered: the next round is healthy again
+
+
+def test_paths_recorded_before_a_round_opens_are_not_the_rounds() -> None:
+    journal = PathJournal()
+    journal.add(RepoPath("between.txt"))
+    journal.open_round()
+    journal.add(RepoPath("during.txt"))
+    journal.open_round()  # again while open: nothing moves
+    journal.add(RepoPath("between.txt"))  # touched again during the round: the round's now
+    snap = journal.swap()
+    assert snap.paths == {"between.txt", "during.txt"} and snap.during == {"during.txt", "between.txt"}
+    journal.add(RepoPath("after.txt"))
+    snap = journal.swap()
+    assert snap.paths == {"after.txt"} and snap.during == frozenset() and not snap.opened
+
+
+def test_put_back_keeps_which_paths_came_during_the_round() -> None:
+    journal = PathJournal()
+    journal.add(RepoPath("outside.txt"))
+    journal.open_round()
+    journal.add(RepoPath("inside.txt"))
+    journal.mark_unhealthy("lost an event")
+    journal.put_back(journal.swap())  # a compare that must not consume the round
+    journal.add(RepoPath("later.txt"))
+    snap = journal.swap()
+    assert snap.paths == {"outside.txt", "inside.txt", "later.txt"}
+    assert snap.during == {"inside.txt", "later.txt"} and snap.reasons == ("lost an event",)

@@ -1,0 +1,140 @@
+"""The command line's careful restores and task history as a script uses them (real processes):
+`restore PATHS`, `--dry-run` (`--json` is the protocol's Restore), `--keep-mine`, the plan a
+restore shows, `undo`/`redo`, `fork`, `log` (and `--html`), `list --all`, `storage --gc`'s grace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pygit2
+import pytest
+
+from tests.conftest import make_tree, read_tree
+from tests.integration.test_cli import save, sp, sp_json
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """The hermetic environment with a short runtime dir of its own (as test_cli.py's)."""
+    run_dir = Path(tempfile.mkdtemp(prefix="sp-run-"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run_dir))
+    yield dict(os.environ)
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+LINES = "".join(f"line {i}\n" for i in range(1, 11))
+
+
+@pytest.fixture
+def ws(workspace: Path) -> Path:
+    make_tree(workspace, {"a.txt": "a1\n", "f.txt": LINES})
+    return workspace
+
+
+def two_saves(ws: Path, env: dict[str, str]) -> None:
+    save(ws, env, "base")
+    make_tree(ws, {"a.txt": "a2\n", "f.txt": LINES.replace("line 2\n", "task 2\n"), "n.txt": "new\n"})
+    save(ws, env, "two")
+
+
+def test_dry_run_prints_the_plan_and_json_is_the_restore(ws: Path, env: dict[str, str]) -> None:
+    two_saves(ws, env)
+    make_tree(ws, {"f.txt": LINES.replace("line 2\n", "task 2\n").replace("line 9\n", "mine 9\n"),
+                   "notes.md": "the person's\n"})
+    disk = read_tree(ws)
+    dry = sp_json("restore", "2", "--files", "--dry-run", "--keep-mine", cwd=ws, env=env)
+    assert dry["files"] == {"restored": ["a.txt"], "deleted": ["n.txt"], "merged": ["f.txt"], "conflicts": [],
+                            "safety": None}
+    text = sp("restore", "2", "--files", "--dry-run", cwd=ws, env=env)
+    assert text.returncode == 0, text.stderr
+    assert "restore 2 files:\n  a.txt\n  f.txt\ndelete 1 file:\n  n.txt\n" in text.stdout
+    assert "notes.md: changed outside the task's rounds" in text.stdout
+    assert "shadowpoint restore 2 --files -- notes.md" in text.stdout, "names the form that would include it"
+    assert read_tree(ws) == disk, "--dry-run changes nothing"
+    done = sp_json("restore", "2", "--files", "--keep-mine", "--yes", cwd=ws, env=env)
+    assert done["files"]["merged"] == ["f.txt"]
+    assert (ws / "f.txt").read_text() == LINES.replace("line 9\n", "mine 9\n")
+    assert (ws / "notes.md").read_text() == "the person's\n"
+
+
+def test_restore_named_paths_only(ws: Path, env: dict[str, str]) -> None:
+    two_saves(ws, env)
+    proc = sp("restore", "2", "--yes", "--json", "--", "a.txt", cwd=ws, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["files"]["restored"] == ["a.txt"] and out["files"]["deleted"] == []
+    assert (ws / "a.txt").read_text() == "a1\n" and (ws / "n.txt").exists()
+
+
+def test_a_conflict_exits_with_its_code_and_writes_nothing(ws: Path, env: dict[str, str]) -> None:
+    two_saves(ws, env)
+    make_tree(ws, {"f.txt": LINES.replace("line 2\n", "mine 2\n")})
+    disk = read_tree(ws)
+    proc = sp("restore", "2", "--files", "--keep-mine", "--yes", cwd=ws, env=env)
+    assert proc.returncode == 24 and "f.txt" in proc.stderr, proc.stderr
+    assert read_tree(ws) == disk
+
+
+def test_undo_redo_list_all_fork_and_log(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    two_saves(ws, env)
+    after_two = read_tree(ws)
+    sp_json("restore", "2", "--files", "--yes", cwd=ws, env=env)
+    at_base = read_tree(ws)
+    sp_json("restore", "1", "--files", "--yes", cwd=ws, env=env)
+    listing = sp_json("list", "--all", cwd=ws, env=env)
+    assert [s["op"] for s in listing["safety"]] == ["restore", "restore"] and all(s["hash"] for s in listing["safety"])
+    sp_json("undo", cwd=ws, env=env)
+    assert read_tree(ws) == at_base
+    sp_json("undo", cwd=ws, env=env)
+    assert read_tree(ws) == after_two
+    assert sp("undo", cwd=ws, env=env).returncode == 22
+    sp_json("redo", cwd=ws, env=env)
+    assert read_tree(ws) == at_base
+    listing = sp_json("list", "--all", cwd=ws, env=env)
+    assert [s["op"] for s in listing["safety"]] == ["redo", "undo", "undo", "restore", "restore"]
+    forked = sp_json("fork", "1", "attempt-2", cwd=ws, env=env)
+    assert forked["checkpoint"]["hash"] == listing["checkpoints"][0]["hash"] and forked["taskId"] == "attempt-2"
+    assert sp("fork", "1", "attempt-2", cwd=ws, env=env).returncode == 2, "a known id is invalid_params"
+    task = listing["taskId"]
+    page = tmp_path / "log.html"
+    log = sp_json("log", "--task-id", task, "--html", str(page), cwd=ws, env=env)
+    kinds = [e["kind"] for e in log["events"]]
+    assert kinds.count("checkpoint") == 2 and kinds.count("undo") == 2 and "redo" in kinds and "fork" in kinds
+    safety = {s["hash"] for s in listing["safety"]}
+    assert {e["safety"] for e in log["events"] if e["kind"] in ("restore", "undo", "redo")} == safety
+    assert "<!doctype html>" in page.read_text() and "forked into task attempt-2" in page.read_text()
+    text = sp("log", "--task-id", task, cwd=ws, env=env)
+    assert text.returncode == 0 and "safety checkpoint" in text.stdout and "undo" in text.stdout
+
+
+def test_storage_gc_keeps_young_unreachable_objects_by_default(ws: Path, env: dict[str, str]) -> None:
+    save(ws, env)
+    report = sp_json("storage", cwd=ws, env=env)
+    shadow = Path(report["workspaces"][0]["shadowGitDir"])
+    repo = pygit2.Repository(str(shadow))
+    loose = str(repo.create_blob(b"unreachable, just written"))
+    repo.free()
+    sp_json("storage", "--gc", cwd=ws, env={**env, "SHADOWPOINT_GC_GRACE_S": "3600"})
+    assert (shadow / "objects" / loose[:2] / loose[2:]).exists(), "gc_grace_s (3600 s) keeps a young object"
+    sp_json("storage", "--gc", "--grace", "0", cwd=ws, env=env)
+    assert not (shadow / "objects" / loose[:2] / loose[2:]).exists()
+
+
+def test_a_safety_checkpoint_is_named_by_its_hash_in_diff_and_restore(ws: Path, env: dict[str, str]) -> None:
+    two_saves(ws, env)
+    make_tree(ws, {"a.txt": "the person's unsaved edit\n"})
+    out = sp_json("restore", "2", "--files", "--yes", cwd=ws, env=env)
+    safety = out["files"]["safety"]
+    assert (ws / "a.txt").read_text() == "a1\n"
+    diff = sp_json("diff", safety[:10], cwd=ws, env=env)
+    changed = {f["path"]: f for f in diff["files"]}
+    assert changed["a.txt"]["before"] == "the person's unsaved edit\n" and changed["a.txt"]["after"] == "a1\n"
+    back = sp_json("restore", safety[:10], "--files", "--yes", cwd=ws, env=env)
+    assert "a.txt" in back["files"]["restored"]
+    assert (ws / "a.txt").read_text() == "the person's unsaved edit\n" and (ws / "n.txt").read_text() == "new\n"
+    assert sp("restore", safety[:10], "--task", "--yes", cwd=ws, env=env).returncode == 2

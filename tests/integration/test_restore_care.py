@@ -1,0 +1,359 @@
+"""Restoring with care (PROTOCOL 1.1): the scope of a task's commands, `paths`, `dryRun`,
+`keepOutsideEdits` (libgit2's three-way merge), `task/fork`, the undo/redo stack and its
+safety checkpoints kept by refs through garbage collection; on real shadow repos and temp
+workspaces, the engine driven as the sidecar drives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pygit2
+import pytest
+
+from shadowpoint.engine import Engine
+from shadowpoint.errors import (
+    InvalidParamsError,
+    NoFileSnapshotError,
+    NothingToUndoError,
+    PathOutsideWorkspaceError,
+    RestoreConflictError,
+    UnknownCheckpointError,
+)
+from tests.conftest import Exe, Link, make_tree, read_tree
+from tests.integration.test_engine import MakeEngine, command_round, edit_round, files_of, git_dir, start, wire
+
+LINES = "".join(f"line {i:02d}\n" for i in range(1, 13))
+
+
+def lines(**changes: str) -> str:
+    out = LINES.splitlines(keepends=True)
+    for key, text in changes.items():
+        out[int(key[1:]) - 1] = text + "\n"
+    return "".join(out)
+
+
+def task_file(eng: Engine, task_id: str = "t1") -> str:
+    return (eng.store.task_dir(task_id) / "task.json").read_text()
+
+
+def refs(eng: Engine) -> dict[str, str]:
+    repo = pygit2.Repository(str(git_dir(eng)))
+    out = {name: str(repo.references[name].target) for name in repo.references if "head" not in name}
+    repo.free()
+    return out
+
+
+def untouched(eng: Engine, ws: Path) -> tuple[Any, str, dict[str, str]]:
+    """What a refused or dry request must leave as it is: the files, the task's record, the refs."""
+    return read_tree(ws), task_file(eng), refs(eng)
+
+
+@pytest.fixture
+def ws(workspace: Path) -> Path:
+    return make_tree(workspace, {"f.txt": LINES, "g.txt": "g0", "keep.txt": "k"})
+
+
+# ---- scope ------------------------------------------------------------------------------------
+
+
+def test_scope_with_a_watcher_takes_the_round_changes_not_those_between_rounds(
+        make_engine: MakeEngine, ws: Path) -> None:
+    eng = make_engine(ws, watcher=True)
+    start(eng)
+    edit_round(eng, ws, 10, {"g.txt": "g1"})
+    make_tree(ws, {"keep.txt": "the person's, between rounds", "notes.md": "mine"})
+    # the next round's stage picks these up too: they are still not the task's
+    command_round(eng, ws, 20, {"made.txt": "by the shell", "f.txt": None})
+    assert eng._task("t1").record.scope_paths(eng.first_root) == ["f.txt", "g.txt", "made.txt"]
+    out = eng.restore("t1", 0, "files")
+    assert sorted(out["files"]["restored"]) == ["f.txt", "g.txt"] and out["files"]["deleted"] == ["made.txt"]
+    tree = read_tree(ws)
+    assert tree["keep.txt"] == b"the person's, between rounds" and tree["notes.md"] == b"mine"
+    assert tree["f.txt"] == LINES.encode() and "made.txt" not in tree
+
+
+def test_a_rescanned_round_counts_what_it_found_changed(make_engine: MakeEngine, ws: Path) -> None:
+    eng = make_engine(ws)  # no watcher: every command round rescans
+    start(eng)
+    make_tree(ws, {"keep.txt": "changed before the round"})
+    command_round(eng, ws, 10, {"made.txt": "m"})
+    assert eng._task("t1").record.scope_paths(eng.first_root) == ["keep.txt", "made.txt"], (
+        "PROTOCOL 1.1: a rescan cannot tell earlier outside edits apart and counts them as the task's")
+
+
+# ---- keepOutsideEdits: the merges -------------------------------------------------------------
+
+
+def test_clean_merge_reverts_the_task_and_keeps_the_person(make_engine: MakeEngine, ws: Path) -> None:
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"f.txt": lines(l2="task 2"), "g.txt": "g1", "new.txt": "n"})
+    make_tree(ws, {"f.txt": lines(l2="task 2", l11="mine 11")})
+    out = eng.restore("t1", 0, "files", keep_outside_edits=True)
+    assert out["files"]["merged"] == ["f.txt"] and out["files"]["restored"] == ["g.txt"]
+    assert out["files"]["deleted"] == ["new.txt"]
+    tree = read_tree(ws)
+    assert tree["f.txt"] == lines(l11="mine 11").encode() and tree["g.txt"] == b"g0" and "new.txt" not in tree
+    # the safety checkpoint holds what was there, and undo puts it back exactly
+    assert files_of(eng, out["files"]["safety"])["f.txt"] == lines(l2="task 2", l11="mine 11").encode()
+    eng.undo_restore("t1")
+    assert read_tree(ws)["f.txt"] == lines(l2="task 2", l11="mine 11").encode()
+    assert read_tree(ws)["new.txt"] == b"n"
+
+
+def test_a_file_the_task_left_alone_since_the_checkpoint_keeps_the_workspace(
+        make_engine: MakeEngine, ws: Path) -> None:
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"g.txt": "g1"})
+    edit_round(eng, ws, 20, {"f.txt": lines(l1="task")})
+    make_tree(ws, {"g.txt": "the person's g"})
+    dry = eng.restore("t1", 10, "files", dry_run=True, keep_outside_edits=True)
+    assert dry["files"]["restored"] == ["f.txt"] and dry["files"]["merged"] == [] and dry["files"]["conflicts"] == []
+    eng.restore("t1", 10, "files", keep_outside_edits=True)
+    assert read_tree(ws)["g.txt"] == b"the person's g", "base = checkpoint: the outside edit stays"
+    assert read_tree(ws)["f.txt"] == LINES.encode()
+
+
+@pytest.mark.parametrize("case", ["overlap", "binary", "deleted_by_person", "created_by_task", "type_change"])
+def test_conflicts_refuse_the_whole_restore_and_write_nothing(make_engine: MakeEngine, ws: Path, case: str) -> None:
+    eng = make_engine(ws)
+    start(eng)
+    if case == "binary":
+        make_tree(ws, {"f.txt": b"\0bin" + LINES.encode()})
+        edit_round(eng, ws, 5, {"f.txt": b"\0bin" + LINES.encode()})
+        edit_round(eng, ws, 10, {"f.txt": b"\0bin" + lines(l2="task").encode(), "g.txt": "g1"})
+        make_tree(ws, {"f.txt": b"\0bin" + lines(l2="task", l11="mine").encode()})
+        target = 5
+    else:
+        edit_round(eng, ws, 10, {"f.txt": lines(l5="task"), "g.txt": "g1", "new.txt": "task's"})
+        target = 0
+        if case == "overlap":
+            make_tree(ws, {"f.txt": lines(l5="mine")})
+        elif case == "deleted_by_person":
+            (ws / "f.txt").unlink()
+        elif case == "created_by_task":
+            make_tree(ws, {"new.txt": "the person changed it"})
+        else:
+            (ws / "f.txt").unlink()
+            make_tree(ws, {"f.txt": Link("g.txt")})
+    conflicting = "new.txt" if case == "created_by_task" else "f.txt"
+    before = untouched(eng, ws)
+    dry = eng.restore("t1", target, "files", dry_run=True, keep_outside_edits=True)
+    assert dry["files"]["conflicts"] == [conflicting] and dry["files"]["safety"] is None
+    assert untouched(eng, ws) == before, "a dry run writes nothing"
+    with pytest.raises(RestoreConflictError) as info:
+        eng.restore("t1", target, "files", keep_outside_edits=True)
+    assert info.value.conflicts == [conflicting] and info.value.kind == "restore_conflict"
+    assert untouched(eng, ws) == before, "a refused restore writes nothing (g.txt stays g1)"
+    both = eng.restore("t1", target, "both", keep_outside_edits=True)
+    assert both["files"] is None and both["error"]["kind"] == "restore_conflict"
+    assert both["error"]["conflicts"] == [conflicting] and both["task"] == {"keepThrough": target}
+    assert read_tree(ws) == before[0]
+
+
+def test_mode_change_on_one_side_merges_with_the_content_of_the_other(make_engine: MakeEngine, ws: Path) -> None:
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"f.txt": lines(l3="task")})
+    os.chmod(ws / "f.txt", 0o755)  # the person makes it executable
+    out = eng.restore("t1", 0, "files", keep_outside_edits=True)
+    assert out["files"]["merged"] == ["f.txt"]
+    assert read_tree(ws)["f.txt"] == Exe(LINES), "the task's content change reverted, the person's mode kept"
+
+
+def test_keep_outside_edits_base_after_a_restore_is_the_workspace_it_left(make_engine: MakeEngine, ws: Path) -> None:
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"f.txt": lines(l2="task 2")})
+    edit_round(eng, ws, 20, {"f.txt": lines(l2="task 2", l6="task 6")})
+    eng.restore("t1", 10, "files")  # the task's own write: never an outside edit
+    make_tree(ws, {"f.txt": lines(l2="task 2", l12="mine")})
+    out = eng.restore("t1", 0, "files", keep_outside_edits=True)
+    assert out["files"]["merged"] == ["f.txt"]
+    assert read_tree(ws)["f.txt"] == lines(l12="mine").encode()
+
+
+def test_keep_outside_edits_on_a_compaction_checkpoint_is_no_file_snapshot(make_engine: MakeEngine, ws: Path) -> None:
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"g.txt": "g1"})
+    eng.compacted("t1", 20)
+    before = untouched(eng, ws)
+    with pytest.raises(NoFileSnapshotError):
+        eng.restore("t1", 20, "files", keep_outside_edits=True)
+    with pytest.raises(NoFileSnapshotError):
+        eng.restore("t1", 20, "files", dry_run=True, keep_outside_edits=True)
+    assert untouched(eng, ws) == before
+
+
+# ---- paths, bad input -------------------------------------------------------------------------
+
+
+def test_paths_take_folders_and_leave_unknown_files_alone(make_engine: MakeEngine, ws: Path) -> None:
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"src/a.py": "a1", "src/b.py": "b1", "g.txt": "g1"})
+    make_tree(ws, {"src/untracked.py": "the person's new file"})
+    out = eng.restore("t1", 0, "files", paths=["src"])
+    assert sorted(out["files"]["deleted"]) == ["src/a.py", "src/b.py"] and out["files"]["restored"] == []
+    tree = read_tree(ws)
+    assert tree["src/untracked.py"] == b"the person's new file", "neither snapshot holds it: left alone"
+    assert tree["g.txt"] == b"g1"
+    assert not wire(eng)[0]["restored"], "a restore limited by paths does not mark the checkpoint restored"
+
+
+def test_bad_input_is_refused_and_writes_nothing(make_engine: MakeEngine, ws: Path, tmp_path: Path) -> None:
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"g.txt": "g1"})
+    start(eng, "t2", 15)
+    before = untouched(eng, ws)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the workspace's")
+    for bad in ([str(outside)], ["../outside.txt"], [".git/config"]):
+        with pytest.raises(PathOutsideWorkspaceError):
+            eng.restore("t1", 0, "files", paths=bad)
+        with pytest.raises(PathOutsideWorkspaceError):
+            eng.restore("t1", 0, "files", paths=bad, dry_run=True)
+    for ts in (5, 999, "10", None):
+        with pytest.raises(UnknownCheckpointError):
+            eng.restore("t1", ts, "files", keep_outside_edits=True)
+    for new_id in ("t1", "t2", ""):
+        with pytest.raises(InvalidParamsError):
+            eng.fork_task("t1", 10, new_id)
+    with pytest.raises(UnknownCheckpointError):
+        eng.fork_task("t1", -1, "t3")
+    assert untouched(eng, ws) == before and outside.read_text() == "not the workspace's"
+    assert not eng.store.exists("t3")
+
+
+# ---- dry run = real run -----------------------------------------------------------------------
+
+
+NAMES = ["f.txt", "g.txt", "keep.txt", "a/x.txt", "a/y.txt", "b/z.txt", "n.txt"]
+
+
+def _random_change(rng: random.Random, root: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in rng.sample(NAMES, rng.randint(1, 3)):
+        if rng.random() < 0.25 and (root / name).exists():
+            out[name] = None
+        elif name == "f.txt" and (root / name).exists():
+            text = (root / name).read_text().splitlines(keepends=True) or ["\n"]
+            text[rng.randrange(len(text))] = f"changed {rng.random()}\n"
+            out[name] = "".join(text)
+        else:
+            out[name] = f"{name} {rng.random()}\n" * rng.randint(1, 3)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dry_run_answers_exactly_what_the_restore_does(make_engine: MakeEngine, ws: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    eng = make_engine(ws)
+    start(eng)
+    for ts in range(10, 70, 10):
+        change = _random_change(rng, ws)
+        if rng.random() < 0.5:
+            edit_round(eng, ws, ts, change)
+        else:
+            command_round(eng, ws, ts, change)
+        if rng.random() < 0.4:
+            make_tree(ws, _random_change(rng, ws))  # outside edits between rounds
+    for _ in range(4):
+        target = rng.choice([c["ts"] for c in wire(eng).values()])
+        options: dict[str, Any] = {"keep_outside_edits": rng.random() < 0.5}
+        if rng.random() < 0.4:
+            options["paths"] = rng.sample([*NAMES, "a"], 2)
+        if wire(eng)[target]["restored"] and "paths" not in options:
+            continue
+        before = untouched(eng, ws)
+        dry = eng.restore("t1", target, "files", dry_run=True, **options)["files"]
+        assert untouched(eng, ws) == before, "a dry run writes nothing"
+        try:
+            real = eng.restore("t1", target, "files", **options)["files"]
+        except RestoreConflictError as exc:
+            assert dry["conflicts"] and sorted(exc.conflicts) == sorted(dry["conflicts"])
+            assert untouched(eng, ws) == before
+            continue
+        assert dry["conflicts"] == []
+        for key in ("restored", "deleted", "merged"):
+            assert sorted(dry[key]) == sorted(real[key]), (seed, target, options, key, dry, real)
+        if rng.random() < 0.5:
+            make_tree(ws, _random_change(rng, ws))
+
+
+# ---- fork -------------------------------------------------------------------------------------
+
+
+def test_fork_and_restore_across_both_lines_survive_deleting_either(make_engine: MakeEngine, ws: Path) -> None:
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"g.txt": "g1"})
+    command_round(eng, ws, 20, {"made.txt": "by the shell"})
+    edit_round(eng, ws, 30, {"g.txt": "g3"})
+    first_attempt = read_tree(ws)
+    cp = eng.fork_task("t1", 25, "t1-fork")
+    assert cp.ts == 20 and cp.hashes == wire(eng)[20]["hashes"]
+    fork = eng._task("t1-fork").record
+    assert fork.scope_paths(eng.first_root) == ["g.txt", "made.txt"] and fork.forked_from["taskId"] == "t1"
+    eng.restore("t1-fork", 20, "files")
+    assert read_tree(ws)["g.txt"] == b"g1" and read_tree(ws)["made.txt"] == b"by the shell"
+    edit_round(eng, ws, 40, {"g.txt": "fork 4", "f.txt": lines(l1="fork")}, task_id="t1-fork")
+    second_attempt = read_tree(ws)
+    eng.restore("t1", 30, "files")
+    assert read_tree(ws)["g.txt"] == b"g3" and read_tree(ws)["f.txt"] == lines(l1="fork").encode(), (
+        "f.txt is not in the source's scope: left alone")
+    eng.delete_task("t1")
+    for _ in range(2):
+        eng.collect_garbage(grace_s=0)
+    eng.restore("t1-fork", 40, "files")
+    assert read_tree(ws) == second_attempt
+    eng.restore("t1-fork", 0, "files")
+    assert read_tree(ws)["g.txt"] == b"g0" and "made.txt" not in read_tree(ws)
+    assert first_attempt["g.txt"] == b"g3"
+
+
+# ---- undo / redo ------------------------------------------------------------------------------
+
+
+def test_undo_and_redo_walk_a_chain_of_restores_exactly_through_gc(make_engine: MakeEngine, ws: Path) -> None:
+    eng = make_engine(ws)
+    start(eng)
+    for ts in range(10, 60, 10):
+        edit_round(eng, ws, ts, {"g.txt": f"g{ts}", f"f{ts}.txt": "x", "f.txt": lines(l1=f"t{ts}")})
+    states = [read_tree(ws)]
+    safeties = []
+    for i, target in enumerate([0, 30, 10, 40, 20, 50]):
+        make_tree(ws, {"mine.txt": f"outside {i}"})
+        out = eng.restore("t1", target, "files", paths=["g.txt"] if i == 3 else None)
+        safeties.append(out["files"]["safety"])
+        states.append(read_tree(ws))
+        eng.collect_garbage(grace_s=0)
+    for walk, expected in ((eng.undo_restore, reversed(states[:-1])), (eng.redo_restore, states[1:])):
+        for state in expected:
+            walk("t1")
+            eng.collect_garbage(grace_s=0)
+            assert {k: v for k, v in read_tree(ws).items() if k != "mine.txt"} == {
+                k: v for k, v in state.items() if k != "mine.txt"}
+        with pytest.raises(NothingToUndoError):
+            walk("t1")
+    rec = eng._task("t1").record
+    assert len(rec.restores) == 18 and len({e["n"] for e in rec.restores}) == 18
+    for entry in rec.restores:  # every safety checkpoint and after-state survives gc
+        for info in entry["roots"].values():
+            assert files_of(eng, info["safety"]) is not None and files_of(eng, info["after"]) is not None
+    assert safeties[0] in {e["roots"][eng.first_root]["safety"] for e in rec.restores}
+    # a new restore after undos drops the redo stack
+    eng.undo_restore("t1")
+    eng.restore("t1", 0, "files")
+    with pytest.raises(NothingToUndoError):
+        eng.redo_restore("t1")
+    record = json.loads(task_file(eng))
+    assert record["redo_stack"] == [] and len(record["undo_stack"]) == 6
