@@ -58,7 +58,13 @@ def new_project(ws: Path) -> Path:
     return ws
 
 
-def run_agent(agent: str, root: Path, run_dir: Path, *, hooked: bool) -> Run:
+def run_agent(agent: str, root: Path, run_dir: Path, *, hooked: bool, hook_command: str | None = None,
+              extra_env: dict[str, str] | None = None) -> Run:
+    """The agent's scripted session in a fresh project under `root` (hooks installed when `hooked`).
+
+    `hook_command` replaces `shadowpoint hook AGENT` in the installed entries (the benchmark's
+    counting hook); `extra_env` is added to the agent's environment.
+    """
     session = SESSIONS[agent]
     ws = new_project(Path(os.path.realpath(root)) / "proj")
     base = {k: v for k, v in os.environ.items() if not k.startswith("SHADOWPOINT_")}
@@ -67,9 +73,11 @@ def run_agent(agent: str, root: Path, run_dir: Path, *, hooked: bool) -> Run:
         env["XDG_RUNTIME_DIR"] = str(run_dir)
         env["SHADOWPOINT_HOOK_TRACE"] = "1"
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+        env.update(extra_env or {})
         if hooked:
-            subprocess.run([*shadowpoint_argv(), "install-hooks", agent, str(ws)], env=env, cwd=ws, check=True,
-                           capture_output=True, timeout=120)
+            command = ["--command", hook_command] if hook_command else []
+            subprocess.run([*shadowpoint_argv(), "install-hooks", agent, str(ws), *command], env=env, cwd=ws,
+                           check=True, capture_output=True, timeout=120)
         initial = read_tree(ws)
         outcome = session.run(ws, env, stub)
     return Run(agent, ws, env, outcome, stub, initial)
