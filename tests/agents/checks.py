@@ -74,10 +74,6 @@ def request_at(run: Run, who: str, step: int) -> Served:
     return found[0]
 
 
-def _ours(run: Run) -> str:
-    return str(settings_path(run.agent, run.ws).relative_to(run.ws))
-
-
 # ---------------------------------------------------------------------------- the checks
 
 
@@ -134,8 +130,9 @@ def test_hooks_change_no_model_request(runs: dict[str, Run]) -> None:
     hooked, plain = runs["hooked"], runs["plain"]
     assert hooked.outcome.answers == plain.outcome.answers == SESSIONS[hooked.agent].answers
     assert conversation(hooked) == conversation(plain)
-    ours = _ours(hooked)
-    seen_hooked = [{p: v for p, v in s.tree.items() if p != ours} for s in hooked.stub.main_requests()]
+    ours = hooked.initial.keys() - plain.initial.keys()  # what install-hooks wrote
+    assert str(settings_path(hooked.agent, hooked.ws).relative_to(hooked.ws)) in ours
+    seen_hooked = [{p: v for p, v in s.tree.items() if p not in ours} for s in hooked.stub.main_requests()]
     seen_plain = [s.tree for s in plain.stub.main_requests()]
     assert seen_hooked == seen_plain, "the model saw the same files at every request"
     assert hooked.stub.unknown == plain.stub.unknown == []

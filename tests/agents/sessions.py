@@ -3,11 +3,11 @@
 Turn 1: the agent's write tool creates `src/new.py`, its edit tool changes `README.md`, a
 shell command creates `made_by_shell.txt` and `git rm`s the tracked `src/old.py` (Claude
 Code also runs a foreground subagent that writes `sub.txt`); turn 2: one more edit
-(`src/app.py`). `round_steps` names, for each round the session should make, the main
-request whose workspace snapshot the round's checkpoint must equal byte for byte: the first
-model request after the round ended (Claude Code: after each batch, as `PostToolBatch`
-fires before the next model call; Codex and Gemini CLI: the turn's last request, after which
-no tool runs).
+(`src/app.py`; Codex first tries a patch that fails). `round_steps` names, for each round
+the session should make, the main request whose workspace snapshot the round's checkpoint
+must equal byte for byte: the first model request after the round ended (Claude Code:
+after each batch, as `PostToolBatch` fires before the next model call; Codex and Gemini
+CLI: the turn's last request, after which no tool runs).
 """
 
 from __future__ import annotations
@@ -140,8 +140,10 @@ def _codex_script(ws: Path) -> Script:
         _patch("*** Update File: README.md\n@@\n-# demo\n+# demo, edited\n"),   # 1
         ToolCall("exec_command", {"cmd": SHELL}),                              # 2
         Text("turn one done"),                                                 # 3
-        _patch("*** Update File: src/app.py\n@@\n-x = 1\n+x = 2\n"),            # 4
-        Text("turn two done"),                                                 # 5
+        # A patch that fails: Codex sends no PostToolUse for it, the round's end closes it.
+        _patch("*** Update File: missing.txt\n@@\n-a\n+b\n"),                   # 4
+        _patch("*** Update File: src/app.py\n@@\n-x = 1\n+x = 2\n"),            # 5
+        Text("turn two done"),                                                 # 6
     ])
 
 
@@ -229,7 +231,7 @@ SESSIONS = {
     "claude": Session("claude", _claude_script,
                       [("main", 1), ("main", 3), ("main", 4), ("main", 5), ("main", 8)],
                       run_claude, ["turn one done", "turn two done"]),
-    "codex": Session("codex", _codex_script, [("main", 3), ("main", 5)], run_codex,
+    "codex": Session("codex", _codex_script, [("main", 3), ("main", 6)], run_codex,
                      ["turn one done", "turn two done"]),
     "gemini": Session("gemini", _gemini_script, [("main", 3), ("main", 5)], run_gemini,
                       ["turn one done", "turn two done"]),
