@@ -3,9 +3,10 @@
     python -m benchmarks.real_agents [--agent claude|codex|gemini ...] [--repeat N] [--json FILE]
 
 Each agent's two-turn session (tests/agents/sessions.py; the programs installed by
-`.ci/agents`) runs in a fresh project three ways, `--repeat` times each, interleaved:
-`plain` (no hooks), `counted` (our event subscriptions, but the hook command only counts the
-call: the agent's own cost of running a hook process) and `hooked` (`shadowpoint install-hooks`).
+`.ci/agents`) runs in a fresh project three ways, `--repeat` times each, after one warm-up
+run and in a rotating order: `plain` (no hooks), `counted` (our event subscriptions, but the
+hook command only counts the call: the agent's own cost of running a hook process) and
+`hooked` (`shadowpoint install-hooks`).
 Reported per agent (medians): the wall times, the number of hook events, the one-time
 sidecar start (SessionStart's time in the hooks' trace log) and the overhead per event:
 (hooked - plain - sidecar start) / events. A benchmark, not a test: nothing is asserted.
@@ -54,18 +55,29 @@ def measure(agent: str, repeat: int, work: Path) -> dict[str, Any]:
     hooked: list[float] = []
     events: list[int] = []
     starts: list[float] = []
-    for i in range(repeat):
-        run_dir = Path(tempfile.mkdtemp(prefix="sp-bench-"))
-        try:
-            plain.append(harness.run_agent(agent, work / f"{i}-plain", run_dir, hooked=False).outcome.wall_s)
-            wall, n = _counted(agent, work / f"{i}-counted", run_dir)
+
+    def one(kind: str, i: int, run_dir: Path) -> None:
+        root = work / f"{i}-{kind}"
+        if kind == "plain":
+            plain.append(harness.run_agent(agent, root, run_dir, hooked=False).outcome.wall_s)
+        elif kind == "counted":
+            wall, n = _counted(agent, root, run_dir)
             counted.append(wall)
             events.append(n)
-            run = harness.run_agent(agent, work / f"{i}-hooked", run_dir, hooked=True)
+        else:
+            run = harness.run_agent(agent, root, run_dir, hooked=True)
             hooked.append(run.outcome.wall_s)
             starts.append(_sidecar_start_ms(run) / 1e3)
-        finally:
-            harness.stop_sidecars(run_dir)
+
+    run_dir = Path(tempfile.mkdtemp(prefix="sp-bench-"))
+    try:
+        harness.run_agent(agent, work / "warm-up", run_dir, hooked=False)  # caches, compiled code
+        kinds = ["plain", "counted", "hooked"]
+        for i in range(repeat):
+            for kind in kinds[i % 3:] + kinds[:i % 3]:  # the order rotates: no kind always goes first
+                one(kind, i, run_dir)
+    finally:
+        harness.stop_sidecars(run_dir)
     med = statistics.median
     n_events = max(1, round(med(events)))
     return {
