@@ -1,9 +1,8 @@
 """The `agents` marker and the runs of the real agent programs the tests there share.
 
 Each agent's session runs twice, in two fresh git projects with the same files: once after
-`shadowpoint install-hooks AGENT`, once without hooks; a run is shared by every test of its
-agent (module scope), and the restore test runs last in the module because it changes the
-project.
+`shadowpoint install-hooks AGENT`, once without hooks; the two runs are shared by every test
+of that agent (a module-scoped fixture with the agent as its parameter).
 """
 
 from __future__ import annotations
@@ -83,10 +82,10 @@ def run_agent(agent: str, root: Path, run_dir: Path, *, hooked: bool, hook_comma
     return Run(agent, ws, env, outcome, stub, initial)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=sorted(SESSIONS))
 def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
-    """{"hooked": Run, "plain": Run} for the module's `AGENT`."""
-    agent = request.module.AGENT
+    """{"hooked": Run, "plain": Run} of one agent (pytest runs every test of one agent, then the next)."""
+    agent: str = request.param
     root = tmp_path_factory.mktemp(f"agent-{agent}")
     run_dir = Path(tempfile.mkdtemp(prefix="sp-run-"))  # short: the sidecar's socket lives here
     try:

@@ -1,9 +1,10 @@
-"""The checks every real agent's session must pass (imported by test_claude/test_codex/test_gemini).
+"""The real Claude Code, Codex CLI and Gemini CLI, driven headless by the scripted model server.
 
-The module that imports them names its agent in `AGENT`; the `runs` fixture (conftest.py)
-runs the agent's scripted session once hooked and once without hooks. The oracles are the
-model stub's workspace snapshots (the disk as the model saw it at each request) and the git
-CLI reading the shadow repository.
+The `runs` fixture (conftest.py, one per agent) runs the agent's scripted session
+(sessions.py) once hooked and once without hooks; the tests below run in this order for
+each agent, the restore last because it changes the project. The oracles are the model
+stub's workspace snapshots (the disk as the model saw it at each request) and the git CLI
+reading the shadow repository.
 """
 
 from __future__ import annotations
