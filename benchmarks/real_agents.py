@@ -1,0 +1,115 @@
+"""What the hooks cost a person running the real agents: the scripted sessions of tests/agents, timed.
+
+    python -m benchmarks.real_agents [--agent claude|codex|gemini ...] [--repeat N] [--json FILE]
+
+Each agent's two-turn session (tests/agents/sessions.py; the programs installed by
+`.ci/agents`) runs in a fresh project three ways, `--repeat` times each, after one warm-up
+run and in a rotating order: `plain` (no hooks), `counted` (our event subscriptions, but the
+hook command only counts the call: the agent's own cost of running a hook process) and
+`hooked` (`shadowpoint install-hooks`).
+Reported per agent (medians): the wall times, the number of hook events, the one-time
+sidecar start (SessionStart's time in the hooks' trace log) and the overhead per event:
+(hooked - plain - sidecar start) / events. A benchmark, not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tests.agents import conftest as harness
+from tests.agents.sessions import SESSIONS
+
+_COUNTER = "#!/bin/sh\ncat >/dev/null\necho x >> \"$SHADOWPOINT_BENCH_COUNT\"\n"
+
+
+def _sidecar_start_ms(run: harness.Run) -> float:
+    log = Path(run.env["XDG_STATE_HOME"]) / "shadowpoint" / "hooks.log"
+    for line in log.read_text().splitlines() if log.exists() else []:
+        if ": SessionStart ok in " in line:
+            return float(line.rsplit(" ok in ", 1)[1].split()[0])
+    return 0.0
+
+
+def _counted(agent: str, root: Path, run_dir: Path) -> tuple[float, int]:
+    """Wall time with a hook that only counts, and the number of hook events the agent fired."""
+    counter = root / "count-hook"
+    counter.parent.mkdir(parents=True, exist_ok=True)
+    counter.write_text(_COUNTER)
+    counter.chmod(0o755)
+    count = root / "count"
+    run = harness.run_agent(agent, root, run_dir, hooked=True, hook_command=shlex.quote(str(counter)),
+                            extra_env={"SHADOWPOINT_BENCH_COUNT": str(count)})
+    return run.outcome.wall_s, len(count.read_text().splitlines()) if count.exists() else 0
+
+
+def measure(agent: str, repeat: int, work: Path) -> dict[str, Any]:
+    plain: list[float] = []
+    counted: list[float] = []
+    hooked: list[float] = []
+    events: list[int] = []
+    starts: list[float] = []
+
+    def one(kind: str, i: int, run_dir: Path) -> None:
+        root = work / f"{i}-{kind}"
+        if kind == "plain":
+            plain.append(harness.run_agent(agent, root, run_dir, hooked=False).outcome.wall_s)
+        elif kind == "counted":
+            wall, n = _counted(agent, root, run_dir)
+            counted.append(wall)
+            events.append(n)
+        else:
+            run = harness.run_agent(agent, root, run_dir, hooked=True)
+            hooked.append(run.outcome.wall_s)
+            starts.append(_sidecar_start_ms(run) / 1e3)
+
+    run_dir = Path(tempfile.mkdtemp(prefix="sp-bench-"))
+    try:
+        harness.run_agent(agent, work / "warm-up", run_dir, hooked=False)  # caches, compiled code
+        kinds = ["plain", "counted", "hooked"]
+        for i in range(repeat):
+            for kind in kinds[i % 3:] + kinds[:i % 3]:  # the order rotates: no kind always goes first
+                one(kind, i, run_dir)
+    finally:
+        harness.stop_sidecars(run_dir)
+    med = statistics.median
+    n_events = max(1, round(med(events)))
+    return {
+        "agent": agent, "repeat": repeat, "events": n_events,
+        "plain_s": med(plain), "counted_s": med(counted), "hooked_s": med(hooked), "sidecar_start_s": med(starts),
+        "per_event_ms": (med(hooked) - med(plain) - med(starts)) / n_events * 1e3,
+        "per_event_ms_vs_counted": (med(hooked) - med(counted) - med(starts)) / n_events * 1e3,
+        "hook_process_ms": (med(counted) - med(plain)) / n_events * 1e3,
+        "raw": {"plain_s": plain, "counted_s": counted, "hooked_s": hooked, "events": events,
+                "sidecar_start_s": starts},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agent", action="append", choices=sorted(SESSIONS), default=None)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = parser.parse_args(argv)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="sp-real-agents-") as tmp:
+        for agent in args.agent or sorted(SESSIONS):
+            results.append(measure(agent, args.repeat, Path(tmp) / agent))
+            r = results[-1]
+            print(f"{agent:7} plain {r['plain_s']:6.2f} s  counting hook {r['counted_s']:6.2f} s  "
+                  f"shadowpoint {r['hooked_s']:6.2f} s  events {r['events']:3d}  sidecar start "
+                  f"{r['sidecar_start_s']:5.2f} s  per event {r['per_event_ms']:7.1f} ms "
+                  f"(of which a bare hook process {r['hook_process_ms']:6.1f} ms)", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"results": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Tests with the real agent programs (marker `agents`)."""
