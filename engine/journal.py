@@ -59,6 +59,7 @@ class PathJournal:
         self._journal_lock = threading.Lock()
         self._round = _Round([])
         self._degraded_reason: str | None = None
+        self._swaps = 0
 
     def add(self, path: RepoPath) -> None:
         """Record that `path` was touched in the current round.
@@ -113,6 +114,17 @@ class PathJournal:
         with self._journal_lock:
             return self._degraded_reason is not None
 
+    @property
+    def swaps(self) -> int:
+        """How many rounds `swap()` ended so far (a reader of the current round checks it did not change)."""
+        with self._journal_lock:
+            return self._swaps
+
+    def current_paths(self) -> frozenset[RepoPath]:
+        """The paths the current round recorded so far, without ending it."""
+        with self._journal_lock:
+            return frozenset(self._round.paths)
+
     def swap(self) -> JournalSnapshot:
         """End the current round and start a fresh one, atomically.
 
@@ -127,5 +139,6 @@ class PathJournal:
             old = self._round
             carried = [self._degraded_reason] if self._degraded_reason is not None else []
             self._round = _Round(carried)
+            self._swaps += 1
         # `old` is unreachable for writers now, so freezing it needs no lock.
         return JournalSnapshot(paths=frozenset(old.paths), healthy=not old.reasons, reasons=tuple(old.reasons))
