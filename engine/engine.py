@@ -497,7 +497,7 @@ class Engine:
                     # a changed ignore file can re-include what the watcher skipped
                     rescan = any(is_rules_file(p) for p in watched)
                     if unknown_changes and not watched:
-                        log.info("stager.watcher_trusted", root=str(root.ws.root),
+                        log.debug("stager.watcher_trusted", root=str(root.ws.root),
                                  reason="a healthy watcher recorded no path")
             plans[name] = StagePlan(forced=forced, watched=watched, rescan=rescan)
         return plans

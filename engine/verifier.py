@@ -119,23 +119,28 @@ class WatchVerifier:
         """Note every path that differs from the tracked set; False if `pause` ended the pass."""
         tracked = run.tracked
         base = os.path.join(self.root.ws.root, "")
-        seen: set[str] = set()
-        slice_start, in_slice = time.perf_counter(), 0
+        walked: list[tuple[str, tuple[str, ...]]] = []
+        reached = in_slice = 0
+        slice_start = time.perf_counter()
         for prefix, names in self.rules.walk_folders():
+            walked.append((prefix, names))
             for name in names:
                 path = RepoPath(prefix + name)
-                seen.add(path)
-                self._compare(run, path, base + path, tracked.get(path))
+                known = tracked.get(path)
+                reached += known is not None
+                self._compare(run, path, base + path, known)
             in_slice += len(names)
             if in_slice >= SLICE_FILES:
                 if not pause(time.perf_counter() - slice_start):
                     return False
                 slice_start, in_slice = time.perf_counter(), 0
-        for path in tracked:
+        if reached != len(tracked):
             # Tracked but not walked: deleted, or tracked despite an exclusion (force-added; rounds
             # look at those themselves, the watcher has no watch where they live).
-            if path not in seen and not self.rules.is_excluded(path, is_dir=False):
-                self._compare(run, path, base + path, tracked[path])
+            seen = {prefix + name for prefix, names in walked for name in names}
+            for path in [p for p in tracked if p not in seen]:
+                if not self.rules.is_excluded(path, is_dir=False):
+                    self._compare(run, path, base + path, tracked[path])
         return pause(time.perf_counter() - slice_start)
 
     def _compare(self, run: _Pass, path: RepoPath, full: str, known: FileState | None) -> None:

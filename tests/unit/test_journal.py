@@ -165,3 +165,11 @@ def test_a_path_added_while_degraded_is_in_an_unhealthy_round(journal: PathJourn
     assert all(not s.healthy for s in snapshots if any(p.startswith("degraded/") for p in s.paths))
     assert sum(len(s.paths) for s in snapshots) == 2 * periods
     assert journal.swap().healthy  # it ended recovered: the next round is healthy again
+
+
+def test_current_paths_reads_the_round_without_ending_it() -> None:
+    journal = PathJournal()
+    journal.add(RepoPath("a.txt"))
+    assert journal.current_paths() == {"a.txt"} and journal.swaps == 0
+    snap = journal.swap()
+    assert snap.paths == {"a.txt"} and journal.swaps == 1 and journal.current_paths() == frozenset()
