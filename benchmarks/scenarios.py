@@ -549,17 +549,23 @@ class TreeBench:
         self.watch.profiler = self.profiler
         return self.watch
 
-    def watcher_round(self, res: ScenarioResult) -> None:
-        assert res.ours is not None and res.rival is not None
+    def _watch_task(self, task: str) -> tuple[OurEngine, SeedGit]:
+        """The watcher engine with `task` started (once), and the seed's repo."""
         if self.ours is not None:
             self.sync()
         rival = self.rival
-        eng = self._watch_engine()
         if rival is None:
             raise RuntimeError("the baseline scenario did not complete")
-        eng.start("watch")
+        eng = self._watch_engine()
+        if task not in eng.baseline_ts:
+            eng.start(task)
         if not eng.has_watcher():
-            raise Skip("EngineOptions(watcher=True) attaches no watcher in this engine yet; command rounds rescan")
+            raise Skip("EngineOptions(watcher=True) attaches no watcher in this engine")
+        return eng, rival
+
+    def watcher_round(self, res: ScenarioResult) -> None:
+        assert res.ours is not None and res.rival is not None
+        eng, rival = self._watch_task("watch")
         path = self.candidates[0]
         for i in range(self.repeat + 1):
             mark = self.tap.mark()
@@ -578,16 +584,7 @@ class TreeBench:
         """A shell command that changes nothing (tests, grep, ls) with a healthy watcher: the
         round reuses the snapshot without a rescan (SPEC §4)."""
         assert res.ours is not None and res.rival is not None
-        if self.ours is not None:
-            self.sync()
-        rival = self.rival
-        if rival is None:
-            raise RuntimeError("the baseline scenario did not complete")
-        eng = self._watch_engine()
-        if "watch" not in eng.baseline_ts:
-            eng.start("watch")
-        if not eng.has_watcher():
-            raise Skip("EngineOptions(watcher=True) attaches no watcher in this engine")
+        eng, rival = self._watch_task("watch")
         for i in range(self.repeat + 1):
             mark = self.tap.mark()
             seconds, cp = eng.command_round("watch", None)
@@ -637,16 +634,8 @@ class TreeBench:
         """Restore of one edited file when the watcher is healthy: the safety checkpoint
         stages what the watcher recorded instead of rescanning the workspace."""
         assert res.ours is not None and res.rival is not None
-        if self.ours is not None:
-            self.sync()
-        rival = self.rival
-        if rival is None:
-            raise RuntimeError("the baseline scenario did not complete")
-        eng = self._watch_engine()
         task = "restore-watch"
-        eng.start(task)
-        if not eng.has_watcher():
-            raise Skip("EngineOptions(watcher=True) attaches no watcher in this engine")
+        eng, rival = self._watch_task(task)
         base_ts = eng.baseline_ts[task]
         rival_base = rival.head()
         path = self.candidates[0]

@@ -6,13 +6,12 @@ a command still waits for the whole baseline. The scan is held in its middle by 
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from shadowpoint.early_capture import ScanHold
 from shadowpoint.engine import Engine
-from tests.conftest import make_tree
+from tests.conftest import make_tree, wait_for
 
 FILES = 20_000
 SMALL = 2_000  # the tests of who waits need no big tree
@@ -38,14 +37,6 @@ def _tree_of(eng: Engine, ts: int) -> dict[str, Any]:
     assert cp is not None and root.repo is not None
     listing = root.repo.list_tree(root.repo.commit_tree(cp.hashes["proj"]))
     return {p: root.repo.read_blob(e.oid) for p, e in listing.items()}
-
-
-def _until(predicate: Any, what: str) -> None:
-    """Wait for a state another thread reaches (a marker, not a duration)."""
-    deadline = time.monotonic() + 60
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 def test_an_edit_during_the_baseline_is_captured_first_with_its_old_bytes(workspace: Path, make_engine: Any) -> None:
@@ -95,7 +86,7 @@ def test_a_command_waits_for_the_whole_baseline(workspace: Path, make_engine: An
 
     worker = threading.Thread(target=command)
     worker.start()
-    _until(lambda: rt.waiting_for_baseline == 1, "the command's tool/begin never waited for the baseline")
+    wait_for(lambda: rt.waiting_for_baseline == 1, "the command's tool/begin never waited for the baseline")
     # an edit with paths is served by the held scan meanwhile; the command is still waiting
     eng.tool_began("t", "write_to_file", "edit", ["pkg07/mod00007.py"])
     assert not returned.is_set() and rt.waiting_for_baseline == 1 and not rt.baseline.done()  # type: ignore[union-attr]
@@ -111,7 +102,7 @@ def test_an_edit_of_a_folder_waits_for_the_whole_baseline(workspace: Path, make_
     worker = threading.Thread(target=lambda: (eng.tool_began("t", "write_to_file", "edit", ["pkg05"]),
                                               returned.set()))
     worker.start()
-    _until(lambda: rt.waiting_for_baseline == 1, "an edit of a folder may change anything in it: it waits")
+    wait_for(lambda: rt.waiting_for_baseline == 1, "an edit of a folder may change anything in it: it waits")
     assert not returned.is_set()
     hold.release()
     worker.join(120)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from structlog.testing import capture_logs
 
 from shadowpoint.engine import Engine
 from shadowpoint.verifier import Verdict
-from tests.conftest import make_tree
+from tests.conftest import make_tree, wait_for
 
 TREE = {f"pkg{i % 20:02d}/mod{i:04d}.py": f"x = {i}\n" for i in range(400)}
 
@@ -61,13 +60,6 @@ def _file_at(eng: Engine, ts: int, path: str) -> bytes | None:
     cp = eng._task("t").record.checkpoint(ts)
     entry = root.repo.lookup(root.repo.commit_tree(cp.hashes["proj"]), path)  # type: ignore[arg-type]
     return root.repo.read_blob(entry.oid) if entry else None
-
-
-def _until(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 def test_a_no_change_command_round_with_a_healthy_watcher_makes_no_rescan(workspace: Path, make_engine: Any) -> None:
@@ -113,7 +105,7 @@ def test_a_change_without_an_event_is_found_by_the_verification_and_the_next_rou
     assert _file_at(eng, 4, "pkg03/mod0003.py") == b"x = 'changed behind its back'\n"
 
     # restarted (in the background) and verified again: healthy, rounds trust it again
-    _until(lambda: watcher.generation >= 2 and watcher.is_running, "the watcher was never restarted")
+    wait_for(lambda: watcher.generation >= 2 and watcher.is_running, "the watcher was never restarted")
     assert eng.verify_watchers()["proj"].verdict is Verdict.CLEAN
     assert watcher.is_healthy
     _command_round(eng, 5)  # the round the recovery happened in is still unhealthy
