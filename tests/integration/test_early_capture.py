@@ -99,8 +99,12 @@ def test_an_edit_of_a_folder_waits_for_the_whole_baseline(workspace: Path, make_
     eng, hold = _held_engine(workspace, make_engine)
     rt = eng._task("t")
     returned = threading.Event()
-    worker = threading.Thread(target=lambda: (eng.tool_began("t", "write_to_file", "edit", ["pkg05"]),
-                                              returned.set()))
+
+    def edit_a_folder() -> None:
+        eng.tool_began("t", "write_to_file", "edit", ["pkg05"])
+        returned.set()
+
+    worker = threading.Thread(target=edit_a_folder)
     worker.start()
     wait_for(lambda: rt.waiting_for_baseline == 1, "an edit of a folder may change anything in it: it waits")
     assert not returned.is_set()
