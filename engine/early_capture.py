@@ -59,7 +59,9 @@ class ScanHold:
 class EarlyCapture:
     """Requests for one root's baseline scan; `request` on any thread, the rest on the scanner's."""
 
-    def __init__(self, hold: ScanHold | None = None) -> None:
+    def __init__(self, hold: ScanHold | None = None, wake: threading.Event | None = None) -> None:
+        """`hold`: the test seam; `wake`: set on every request (a thread serving several roots'
+        requests before their scans waits on it)."""
         self._lock = threading.Lock()  # guards _pending and _finished
         self._pending: list[CaptureRequest] = []
         self._finished = False
@@ -68,6 +70,7 @@ class EarlyCapture:
         # paths captured early: the scan keeps their first content (scanner thread only)
         self.pinned: set[RepoPath] = set()
         self._hold = hold
+        self._wake = wake
 
     def request(self, paths: Iterable[RepoPath]) -> CaptureRequest:
         """Ask the scan to capture `paths` first; answered at once when the scan is over."""
@@ -78,6 +81,8 @@ class EarlyCapture:
                 return req
             self._pending.append(req)
             self.has_pending = True
+        if self._wake is not None:
+            self._wake.set()
         if self._hold is not None:
             self._hold.wake()
         return req

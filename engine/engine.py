@@ -268,7 +268,8 @@ class Engine:
         rt.state, rt.error = "initializing", None
         fut: Future[None] = Future()
         rt.baseline = fut
-        captures = {name: EarlyCapture(self.baseline_hold) for name in self.roots}
+        requested = threading.Event()
+        captures = {name: EarlyCapture(self.baseline_hold, requested) for name in self.roots}
         rt.captures = captures
         task_id = rt.record.task_id
         started = time.monotonic()
@@ -300,7 +301,7 @@ class Engine:
 
         def build() -> None:
             try:
-                self._build_baseline(rt, ts, gen, captures)
+                self._build_baseline(rt, ts, gen, captures, requested)
             except ShadowpointError as exc:
                 with rt.lock:
                     if rt.generation == gen:
@@ -328,12 +329,12 @@ class Engine:
         self.notify("task/initFailed", {"taskId": rt.record.task_id, "kind": kind, "message": str(exc)})
         log.error("task.init_failed", task_id=rt.record.task_id, kind=kind, reason=str(exc))
 
-    def _build_baseline(self, rt: TaskRuntime, ts: int, gen: int, captures: dict[str, EarlyCapture]) -> None:
+    def _build_baseline(self, rt: TaskRuntime, ts: int, gen: int, captures: dict[str, EarlyCapture],
+                        requested: threading.Event) -> None:
         start = time.perf_counter()
         hashes: dict[str, str] = {}
         warnings: list[dict[str, str]] = []
-        for root in self.roots.values():
-            root.start_watcher(self.notify)
+        self._start_watchers(captures, requested)
         for name, root in self.roots.items():
             with root.lock.held():
                 try:
@@ -361,6 +362,34 @@ class Engine:
                  duration_ms=round((time.perf_counter() - start) * 1e3, 1))
         self._start_verifier()
         self._retain()
+
+    def _start_watchers(self, captures: dict[str, EarlyCapture], requested: threading.Event) -> None:
+        """Start every root's watcher before the baseline's scan (so that nothing slips between),
+        serving meanwhile what edit tools ask for: placing one watch per folder takes seconds on
+        a big tree, and the first edit waits only for its paths (SPEC §3)."""
+        started = threading.Event()
+
+        def start_all() -> None:
+            try:
+                for root in self.roots.values():
+                    root.start_watcher(self.notify)
+            finally:
+                started.set()
+                requested.set()
+
+        starter = threading.Thread(target=start_all, name="shadowpoint-watcher-start", daemon=True)
+        starter.start()
+        try:
+            while not started.is_set():
+                requested.wait()
+                requested.clear()
+                for name, capture in captures.items():
+                    if capture.has_pending:
+                        root = self.roots[name]
+                        with root.lock.held():
+                            root.capture_early(capture)
+        finally:
+            starter.join()
 
     def _wait_ready(self, rt: TaskRuntime) -> bool:
         """Block until the baseline is built (the barrier). False if checkpoints are off."""

@@ -169,6 +169,12 @@ class RootState:
         self.note_tracked(plan.forced)
         return result
 
+    def capture_early(self, capture: EarlyCapture) -> None:
+        """Before the baseline's scan: record now the paths edit tools asked for (lock held)."""
+        self.open()
+        assert self.scanner is not None
+        self.scanner.capture(capture, self.cache)
+
     def note_tracked(self, paths: Iterable[RepoPath]) -> None:
         """Remember which of `paths` (and what lies under them) are tracked despite an exclusion."""
         entries = self.cache.entries

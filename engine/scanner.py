@@ -162,6 +162,14 @@ class Scanner:
                   duration_ms=round(run.stats.duration_ms, 2))
         return StageResult(tree, bool(run.changes), run.stats)
 
+    def capture(self, capture: EarlyCapture, cache: StatCache) -> None:
+        """Before a baseline's scan begins: record the paths edit tools asked for so far into
+        `cache` and its tree, pinned for the scan that follows (SPEC §3)."""
+        run = _Staging(cache, StageStats(), time.time_ns(), capture=capture)
+        self._capture_early(run)
+        if run.changes:
+            cache.tree = self.repo.patch_tree(cache.tree, run.changes)
+
     # ------------------------------------------------------------------ internals
 
     def _invalidate_rules(self, paths: Iterable[RepoPath]) -> None:

@@ -120,3 +120,31 @@ def test_read_tools_never_wait(workspace: Path, make_engine: Any) -> None:
     assert eng._task("t").state == "initializing"
     hold.release()
     assert eng.end_round("t", 2) is None
+
+
+def test_an_edit_while_the_watcher_starts_is_captured_before_the_scan(
+        workspace: Path, make_engine: Any, monkeypatch: Any) -> None:
+    """Placing the watches takes seconds on a big tree; the edit does not wait for them."""
+    make_tree(workspace, _tree(SMALL))
+    from shadowpoint.roots import RootState
+
+    go_on = threading.Event()
+    real_start = RootState.start_watcher
+
+    def slow_start(self: RootState, *args: Any, **kwargs: Any) -> None:
+        assert go_on.wait(60)  # held until the edit's paths were captured
+        real_start(self, *args, **kwargs)
+
+    monkeypatch.setattr(RootState, "start_watcher", slow_start)
+    eng = make_engine(workspace, watcher=True, hash_workers=0, verify_interval_s=0)
+    eng.start_task("t", ts=1)
+    eng.begin_round("t")
+    eng.tool_began("t", "write_to_file", "edit", ["pkg03/mod00003.py"])  # returns, watcher not started
+    assert eng.roots["proj"].watcher is None and eng._task("t").state == "initializing"
+    (workspace / "pkg03/mod00003.py").write_text("x = 'edited'\n")
+    go_on.set()
+    eng.tool_ended("t", "write_to_file", ["pkg03/mod00003.py"], "edit")
+    assert eng.end_round("t", 2) is not None
+    assert _tree_of(eng, 1)["pkg03/mod00003.py"] == b"x = 3\n", "the baseline holds the bytes before the edit"
+    assert len(_tree_of(eng, 1)) == SMALL
+    assert _tree_of(eng, 2)["pkg03/mod00003.py"] == b"x = 'edited'\n"
