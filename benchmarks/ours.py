@@ -86,6 +86,7 @@ class OurEngine:
         self.eng = Engine([root], engine_options(docs_dir, watcher=watcher))
         self._ts = itertools.count(1_000)
         self.baseline_ts: dict[str, int] = {}
+        self._started: dict[str, float] = {}  # perf_counter at task/start (first_edit)
         # a pyinstrument Profiler (`--profile`), running only inside the timed engine calls
         self.profiler: Any = None
 
@@ -173,6 +174,36 @@ class OurEngine:
         if cp is None:
             raise NotReadyError(f"task {task}: a command round made no checkpoint")
         return (t1 - t0) + (t3 - t2), cp
+
+    def first_edit(self, task: str, path: str) -> tuple[float, bool]:
+        """Start `task` and open a round whose edit tool reports `path`: seconds from task/start
+        to its tool/begin returning, and whether the baseline was still building then."""
+        ts = self.next_ts()
+        self.baseline_ts[task] = ts
+        self.background.settle()
+        with self._profiled():
+            start = time.perf_counter()
+            self.eng.start_task(task, ts=ts)
+            self.eng.begin_round(task)
+            self.eng.tool_began(task, EDIT_TOOL, "edit", [path])
+            seconds = time.perf_counter() - start
+        self._started[task] = start
+        building = self.eng.list_checkpoints(task)["state"] == "initializing"
+        return seconds, building
+
+    def finish_first_edit(self, task: str, path: str) -> float:
+        """Close the round `first_edit` opened (waits for the baseline); seconds since task/start."""
+        self.eng.tool_ended(task, EDIT_TOOL, [path])
+        if self.eng.end_round(task, self.next_ts()) is None:
+            raise NotReadyError(f"task {task}: the first edit made no checkpoint")
+        return time.perf_counter() - self._started[task]
+
+    def file_in_baseline(self, task: str, path: str) -> bytes | None:
+        repo = next(iter(self.eng.roots.values())).repo
+        assert repo is not None
+        commit = self.baseline_hash(task)
+        entry = repo.lookup(repo.commit_tree(commit), path)  # type: ignore[arg-type]
+        return repo.read_blob(entry.oid) if entry is not None else None
 
     def diff(self, task: str, from_ts: int) -> tuple[float, dict[str, Any]]:
         self.background.settle()

@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated workspace sizes in files, e.g. 10k,100k,1M (default {DEFAULT_SIZES})")
     p.add_argument("--repeat", type=int, default=5,
                    help="timed runs per scenario (default 5; baselines and the sidecar run at most 3 and 2 times)")
+    p.add_argument("--heavy-repeat", type=int, default=None,
+                   help="timed runs of the whole-tree scenarios (baselines, the first edit's wait); "
+                        "default min(repeat, 3)")
     p.add_argument("--seed", type=int, default=1, help="seed of the generated trees (default 1)")
     p.add_argument("--tree", type=Path, help="benchmark a copy of this repository (without its .git) instead")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON and chart")
@@ -108,7 +111,8 @@ def run_tree(label: str, make: Any, args: argparse.Namespace, tap: EventTap, bas
                  f"in {stats.duration_s:.1f} s")
         repeat = max(1, args.repeat)
         bench = TreeBench(label=label, root=root, workdir=workdir, stats=stats, repeat=repeat,
-                          heavy_repeat=min(repeat, 3), seed=args.seed, tap=tap,
+                          heavy_repeat=max(1, args.heavy_repeat) if args.heavy_repeat else min(repeat, 3),
+                          seed=args.seed, tap=tap,
                           profile=_names(args.profile, "--profile"), profile_dir=args.out)
         specs = list(SCENARIOS)
         if args.only:

@@ -138,11 +138,15 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
                  Target("≤ 150 MB", max_value=150.0), "sidecar_rss"),
     ScenarioSpec("watcher_round", "command round, 1 file, watcher", "s", SEED_ROUND,
                  Target("≤ 1/100 git round", max_ratio=1 / 100), "watcher_round"),
+    ScenarioSpec("watcher_nochange", "command round, no change, watcher", "s", SEED_ROUND,
+                 Target("≤ 1/100 git round (SPEC §9)", max_ratio=1 / 100), "watcher_nochange"),
     ScenarioSpec("restore_file_watcher", "restore 1 file, watcher", "s", "git reset --hard",
                  Target("≤ 1/100 git reset", max_ratio=1 / 100), "restore_file_watcher"),
     ScenarioSpec("restore_keep_mine", "restore 1 file keeping an outside edit, watcher", "s", "git reset --hard",
                  Target("≤ 1/100 git reset", max_ratio=1 / 100), "restore_keep_mine"),
     ScenarioSpec("watcher_startup", "watcher start-up", "s", None, None, "watcher_startup"),
+    ScenarioSpec("first_edit_wait", "first edit's wait, baseline building", "s", SEED_BASELINE,
+                 Target("≤ 1 s (SPEC §9)", max_value=1.0), "first_edit_wait"),
 )
 
 
@@ -588,17 +592,23 @@ class TreeBench:
         self.watch.profiler = self.profiler
         return self.watch
 
-    def watcher_round(self, res: ScenarioResult) -> None:
-        assert res.ours is not None and res.rival is not None
+    def _watch_task(self, task: str) -> tuple[OurEngine, SeedGit]:
+        """The watcher engine with `task` started (once), and the seed's repo."""
         if self.ours is not None:
             self.sync()
         rival = self.rival
-        eng = self._watch_engine()
         if rival is None:
             raise RuntimeError("the baseline scenario did not complete")
-        eng.start("watch")
+        eng = self._watch_engine()
+        if task not in eng.baseline_ts:
+            eng.start(task)
         if not eng.has_watcher():
-            raise Skip("EngineOptions(watcher=True) attaches no watcher in this engine yet; command rounds rescan")
+            raise Skip("EngineOptions(watcher=True) attaches no watcher in this engine")
+        return eng, rival
+
+    def watcher_round(self, res: ScenarioResult) -> None:
+        assert res.ours is not None and res.rival is not None
+        eng, rival = self._watch_task("watch")
         path = self.candidates[0]
         for i in range(self.repeat + 1):
             mark = self.tap.mark()
@@ -613,20 +623,62 @@ class TreeBench:
                 res.rival.add(rival_s)
         res.notes.append("includes the flush barrier at the round's end")
 
+    def watcher_nochange(self, res: ScenarioResult) -> None:
+        """A shell command that changes nothing (tests, grep, ls) with a healthy watcher: the
+        round reuses the snapshot without a rescan (SPEC §4)."""
+        assert res.ours is not None and res.rival is not None
+        eng, rival = self._watch_task("watch")
+        for i in range(self.repeat + 1):
+            mark = self.tap.mark()
+            seconds, cp = eng.command_round("watch", None)
+            flags = self._events(mark, "round.checkpointed", "rescan")
+            if any(flags) or not cp.reused:
+                res.notes.append(f"round {i}: rescan={flags} reused={cp.reused} (expected no rescan, reused)")
+            rival_s = rival.round()
+            if i:
+                res.ours.add(seconds)
+                res.rival.add(rival_s)
+        res.notes.append("includes the flush barrier at the round's end; the seed commits an empty round")
+
+    def first_edit_wait(self, res: ScenarioResult) -> None:
+        """A new task's first edit on a workspace whose shadow repo is new: from task/start to
+        the edit's tool/begin returning, while the baseline still builds (SPEC §3)."""
+        assert res.ours is not None and res.rival is not None
+        if self.ours is not None:
+            self.sync()
+        path = self.candidates[0]
+        for i in range(self.heavy_repeat):
+            quiesce_disk()
+            eng = OurEngine(self.root, self.workdir / f"first-edit-{i}", watcher=True, background=self.background)
+            try:
+                seconds, building = eng.first_edit(f"first-{i}", path)
+                before = (self.root / path).read_bytes()
+                self.touch([path], f"fe-{i}")
+                total = eng.finish_first_edit(f"first-{i}", path)
+                if not building:
+                    res.notes.append(f"run {i}: the baseline was already built when the edit returned")
+                if eng.file_in_baseline(f"first-{i}", path) != before:
+                    res.notes.append(f"run {i}: the baseline does not hold the edited file's old bytes")
+                res.ours.add(seconds)
+                res.notes.append(f"run {i}: edit returned after {seconds * 1e3:.0f} ms, baseline ready "
+                                 f"after {total:.1f} s")
+                progress(f"{self.label}:   first edit {i + 1}/{self.heavy_repeat}: {seconds * 1e3:.0f} ms "
+                         f"(baseline {total:.1f} s)")
+            finally:
+                eng.close()
+                shutil.rmtree(eng.docs_dir, ignore_errors=True)
+        base = self.results.get("baseline")
+        if base is None or base.rival is None or not base.rival.samples:
+            raise RuntimeError("the baseline scenario has no seed baseline to compare with")
+        res.rival.samples.extend(base.rival.samples)
+        res.notes.append("rival samples: the seed baselines of this run (its first edit waits for all of it)")
+
     def restore_file_watcher(self, res: ScenarioResult) -> None:
         """Restore of one edited file when the watcher is healthy: the safety checkpoint
         stages what the watcher recorded instead of rescanning the workspace."""
         assert res.ours is not None and res.rival is not None
-        if self.ours is not None:
-            self.sync()
-        rival = self.rival
-        if rival is None:
-            raise RuntimeError("the baseline scenario did not complete")
-        eng = self._watch_engine()
         task = "restore-watch"
-        eng.start(task)
-        if not eng.has_watcher():
-            raise Skip("EngineOptions(watcher=True) attaches no watcher in this engine")
+        eng, rival = self._watch_task(task)
         base_ts = eng.baseline_ts[task]
         rival_base = rival.head()
         path = self.candidates[0]

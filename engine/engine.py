@@ -25,6 +25,7 @@ from shadowpoint.bus import RoundBus
 from shadowpoint.checkpoints import CheckpointRecord, CheckpointStore, TaskRecord, checkpoint_or_raise, fork_record
 from shadowpoint.config import protected_directories
 from shadowpoint.diff import TITLE_NEW, TITLE_SINCE, FileChange, diff_to_wire, file_changes
+from shadowpoint.early_capture import EarlyCapture, ScanHold
 from shadowpoint.errors import (
     CheckpointsDisabledError,
     DamagedCheckpointError,
@@ -59,6 +60,7 @@ from shadowpoint.scanner import StagePlan, StageResult
 from shadowpoint.shadow_repo import delete_task_refs, loose_object_estimate, task_ref
 from shadowpoint.storage import apply_retention
 from shadowpoint.storage import collect_garbage as collect_repo_garbage
+from shadowpoint.verifier import VerifyStats, WatchVerifier, throttled
 from shadowpoint.workspace import PathResolver, RepoPath, Workspace, open_workspaces
 
 __all__ = ["Engine", "EngineOptions", "TaskRuntime"]
@@ -82,6 +84,9 @@ class TaskRuntime:
     state: str = "initializing"  # initializing | ready | disabled | failed
     error: dict[str, str] | None = None
     baseline: Future[None] | None = None
+    # per root: paths edit tools ask the building baseline for first (SPEC §3)
+    captures: dict[str, EarlyCapture] = field(default_factory=dict)
+    waiting_for_baseline: int = 0  # tool/begin calls blocked on the whole baseline now
     recorder: RoundRecorder | None = None
     round_no: int = 0
     generation: int = 0
@@ -129,6 +134,12 @@ class Engine:
         self.bus = RoundBus()
         self._background: list[threading.Thread] = []
         self._checkpoints_made = 0
+        self._verifiers = {name: WatchVerifier(root) for name, root in self.roots.items()}
+        self._verify_lock = threading.Lock()  # one verification pass at a time
+        self._verify_stop = threading.Event()
+        self._verify_thread: threading.Thread | None = None
+        # test seam: holds every baseline scan after some files (early_capture.ScanHold)
+        self.baseline_hold: ScanHold | None = None
         self._subscribe()
 
     def _subscribe(self) -> None:
@@ -207,6 +218,7 @@ class Engine:
                 # the watcher saw nothing of what happened while no shadowpoint ran)
                 for root in self.roots.values():
                     root.start_watcher(self.notify)
+                self._start_verifier()
             # else: the baseline never finished (a crash); task/start or task/retry builds it,
             # never a read or a delete of the task
         return rt
@@ -272,6 +284,9 @@ class Engine:
         rt.state, rt.error = "initializing", None
         fut: Future[None] = Future()
         rt.baseline = fut
+        requested = threading.Event()
+        captures = {name: EarlyCapture(self.baseline_hold, requested) for name in self.roots}
+        rt.captures = captures
         task_id = rt.record.task_id
         started = time.monotonic()
 
@@ -302,7 +317,7 @@ class Engine:
 
         def build() -> None:
             try:
-                self._build_baseline(rt, ts, gen)
+                self._build_baseline(rt, ts, gen, captures, requested)
             except ShadowpointError as exc:
                 with rt.lock:
                     if rt.generation == gen:
@@ -313,6 +328,8 @@ class Engine:
                     if rt.generation == gen:
                         self._fail(rt, InitFailedError(f"Checkpoint initialisation failed: {exc}"))
             finally:
+                for capture in captures.values():
+                    capture.finish()
                 for t in rt.timers:
                     t.cancel()
                 if not fut.done():
@@ -327,15 +344,18 @@ class Engine:
         self.notify("task/initFailed", {"taskId": rt.record.task_id, "kind": kind, "message": str(exc)})
         log.error("task.init_failed", task_id=rt.record.task_id, kind=kind, reason=str(exc))
 
-    def _build_baseline(self, rt: TaskRuntime, ts: int, gen: int) -> None:
+    def _build_baseline(self, rt: TaskRuntime, ts: int, gen: int, captures: dict[str, EarlyCapture],
+                        requested: threading.Event) -> None:
         start = time.perf_counter()
         hashes: dict[str, str] = {}
         warnings: list[dict[str, str]] = []
-        for root in self.roots.values():
-            root.start_watcher(self.notify)
+        self._start_watchers(captures, requested)
         for name, root in self.roots.items():
             with root.lock.held():
-                result = root.stage(StagePlan(rescan=True))
+                try:
+                    result = root.stage(StagePlan(rescan=True), captures[name])
+                finally:
+                    captures[name].finish()  # this root's part is scanned: its edits wait no more
                 assert root.repo is not None
                 commit = root.repo.commit(result.tree, [], f"baseline checkpoint at {ts}", rt.record.task_id)
                 with rt.lock:
@@ -355,14 +375,66 @@ class Engine:
             self._save(rt)
         log.info("task.baseline_built", task_id=rt.record.task_id,
                  duration_ms=round((time.perf_counter() - start) * 1e3, 1))
+        self._start_verifier()
         self._retain()
+
+    def _start_watchers(self, captures: dict[str, EarlyCapture], requested: threading.Event) -> None:
+        """Start every root's watcher before the baseline's scan (so that nothing slips between),
+        serving meanwhile what edit tools ask for: placing one watch per folder takes seconds on
+        a big tree, and the first edit waits only for its paths (SPEC §3)."""
+        started = threading.Event()
+
+        def start_all() -> None:
+            try:
+                for root in self.roots.values():
+                    root.start_watcher(self.notify)
+            finally:
+                started.set()
+                requested.set()
+
+        starter = threading.Thread(target=start_all, name="shadowpoint-watcher-start", daemon=True)
+        starter.start()
+        try:
+            while not started.is_set():
+                requested.wait()
+                requested.clear()
+                for name, capture in captures.items():
+                    if capture.has_pending:
+                        root = self.roots[name]
+                        with root.lock.held():
+                            root.capture_early(capture)
+        finally:
+            starter.join()
 
     def _wait_ready(self, rt: TaskRuntime) -> bool:
         """Block until the baseline is built (the barrier). False if checkpoints are off."""
         fut = rt.baseline
         if rt.state == "initializing" and fut is not None:
-            fut.result()
+            with rt.lock:
+                rt.waiting_for_baseline += 1
+            try:
+                fut.result()
+            finally:
+                with rt.lock:
+                    rt.waiting_for_baseline -= 1
         return rt.state == "ready"
+
+    def _wait_for_paths(self, rt: TaskRuntime, paths: list[tuple[str, str]]) -> None:
+        """An edit tool about to change `paths`: wait until the baseline holds their current
+        content, which a baseline still building captures first (SPEC §3), not for all of it."""
+        fut = rt.baseline
+        if rt.state != "initializing" or fut is None or fut.done():
+            self._wait_ready(rt)
+            return
+        start = time.perf_counter()
+        requests = [rt.captures[name].request(RepoPath(p) for r, p in paths if r == name)
+                    for name in sorted({r for r, _ in paths})]
+        for req in requests:
+            req.done.wait()
+        if any(req.needs_whole_scan for req in requests):
+            self._wait_ready(rt)
+        log.info("task.paths_captured", task_id=rt.record.task_id, paths=len(paths),
+                 wait_ms=round((time.perf_counter() - start) * 1e3, 2))
 
     def _warnings(self, root: str, result: StageResult) -> list[dict[str, str]]:
         return [{"path": self.resolver.display(self.roots[root].ws, s.path), "reason": s.reason_text}
@@ -406,8 +478,10 @@ class Engine:
         rt = self._task(task_id)
         resolved_kind = tool_kind(tool, kind, self.options.read_only_tools)
         resolved = self._resolve_paths(paths) if resolved_kind != "read" else []
-        if resolved_kind != "read":
-            self._wait_ready(rt)
+        if resolved_kind == "edit" and resolved:
+            self._wait_for_paths(rt, resolved)  # its paths first; the rest of the baseline goes on
+        elif resolved_kind != "read":
+            self._wait_ready(rt)  # a command (or an edit with no paths) may change anything
         with rt.lock:
             recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
             recorder.tool_began(tool, resolved_kind, resolved)
@@ -476,11 +550,21 @@ class Engine:
                     rescan = True
                     log.info("stager.rescan_fallback", root=str(root.ws.root),
                              reasons=list(snap.reasons) or ["flush barrier timed out"])
+                elif not root.watched_since_scan:
+                    # the watcher started after the tracked set was scanned: what happened between
+                    # is unknown to it (a resumed task's first round)
+                    rescan = True
+                    log.info("stager.rescan_fallback", root=str(root.ws.root),
+                             reasons=["the watcher started after the latest scan"])
                 else:
+                    # A healthy watcher is authoritative (SPEC §4): what it recorded is all that
+                    # changed, so a command round that recorded nothing reuses the snapshot, O(1).
                     watched = snap.paths
                     # a changed ignore file can re-include what the watcher skipped
-                    rules_changed = any(is_rules_file(p) for p in watched)
-                    rescan = rules_changed or (rec is not None and unknown_changes and not watched)
+                    rescan = any(is_rules_file(p) for p in watched)
+                    if unknown_changes and not watched:
+                        log.debug("stager.watcher_trusted", root=str(root.ws.root),
+                                 reason="a healthy watcher recorded no path")
             plans[name] = StagePlan(forced=forced, watched=watched, rescan=rescan)
         return plans
 
@@ -607,6 +691,46 @@ class Engine:
                         root.open().set_ref(task_ref(rt.record.task_id), old)
                 root.carry(plans[name])
             raise
+
+    # ================================================================== verification
+
+    def _start_verifier(self) -> None:
+        """Start the background verification of the watchers (once, if there are watchers)."""
+        if not self.options.watcher or self.options.verify_interval_s <= 0:
+            return
+        with self._tasks_lock:
+            if self._closed or self._verify_thread is not None:
+                return
+            thread = threading.Thread(target=self._verify_loop, name="shadowpoint-verifier", daemon=True)
+            self._verify_thread = thread
+            thread.start()
+
+    def _verify_loop(self) -> None:
+        pause = throttled(self.options.verify_cpu_share, self._is_idle, self._verify_stop.wait)
+        while not self._verify_stop.wait(self.options.verify_interval_s):
+            if self._is_idle():
+                try:
+                    self._verify(pause)
+                except Exception:  # never fatal: the next pass tries again
+                    log.exception("watcher.verification_failed")
+
+    def _is_idle(self) -> bool:
+        """True while no round is open and no baseline builds (a read, not a lock: a round that
+        begins meanwhile is caught by the pass's own checks)."""
+        if self._verify_stop.is_set():
+            return False
+        with self._tasks_lock:
+            tasks = list(self._tasks.values())
+        return not any(rt.recorder is not None or rt.state == "initializing" for rt in tasks)
+
+    def verify_watchers(self) -> dict[str, VerifyStats]:
+        """Run one verification pass of every root's watcher now, unthrottled (SPEC §4); the
+        background thread runs the same pass, throttled, while no round runs."""
+        return self._verify(lambda busy_s: self._is_idle())
+
+    def _verify(self, pause: Callable[[float], bool]) -> dict[str, VerifyStats]:
+        with self._verify_lock:
+            return {name: verifier.verify(pause) for name, verifier in self._verifiers.items()}
 
     # ================================================================== reading
 
@@ -835,7 +959,11 @@ class Engine:
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        with self._tasks_lock:
+            self._closed = True
+        self._verify_stop.set()
+        if self._verify_thread is not None:
+            self._verify_thread.join()
         with self._tasks_lock:
             tasks = list(self._tasks.values())
         for rt in tasks:

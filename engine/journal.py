@@ -67,6 +67,7 @@ class PathJournal:
         self._journal_lock = threading.Lock()
         self._round = _Round([])
         self._degraded_reason: str | None = None
+        self._swaps = 0
 
     def add(self, path: RepoPath) -> None:
         """Record that `path` was touched in the current round.
@@ -148,6 +149,17 @@ class PathJournal:
         with self._journal_lock:
             return self._degraded_reason is not None
 
+    @property
+    def swaps(self) -> int:
+        """How many rounds `swap()` ended so far (a reader of the current round checks it did not change)."""
+        with self._journal_lock:
+            return self._swaps
+
+    def current_paths(self) -> frozenset[RepoPath]:
+        """The paths the current round recorded so far, without ending it."""
+        with self._journal_lock:
+            return frozenset(self._round.paths | self._round.before_open)
+
     def swap(self) -> JournalSnapshot:
         """End the current round and start a fresh one, atomically.
 
@@ -162,6 +174,7 @@ class PathJournal:
             old = self._round
             carried = [self._degraded_reason] if self._degraded_reason is not None else []
             self._round = _Round(carried)
+            self._swaps += 1
         # `old` is unreachable for writers now, so freezing it needs no lock.
         during = frozenset(old.paths) if old.opened else frozenset()
         return JournalSnapshot(paths=frozenset(old.paths | old.before_open), healthy=not old.reasons,

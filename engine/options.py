@@ -28,6 +28,10 @@ class EngineOptions:
     lock_timeout_s: float = 30.0
     retention: RetentionLimits = field(default_factory=RetentionLimits)
     gc_grace_s: float = 3600.0
+    # The watcher's verification scan (SPEC §4): a pass every `verify_interval_s` while no round
+    # runs (0 turns it off), kept to `verify_cpu_share` of one core.
+    verify_interval_s: float = 60.0
+    verify_cpu_share: float = 0.05
 
     @classmethod
     def from_settings(cls, s: Settings) -> EngineOptions:

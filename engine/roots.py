@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from shadowpoint.blob_workers import BlobWorkerOptions
+from shadowpoint.early_capture import EarlyCapture
 from shadowpoint.errors import RepoError
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.journal import PathJournal
@@ -52,6 +53,11 @@ class RootState:
         # Until this process has scanned the root once, the tracked set may miss changes made
         # while no shadowpoint ran (the watcher only sees what happens after its start).
         self.scanned = False
+        # Whether the watcher was already running when the latest whole-workspace scan began: only
+        # then does "the watcher recorded nothing" prove that nothing changed since (SPEC §4).
+        self.watched_since_scan = False
+        # Stagings so far (a verification that overlapped one gives up its verdict).
+        self.stages = 0
         # Paths of a round whose commit failed, staged again with the next round's plan.
         self._carried: StagePlan | None = None
         # Whether the objects the stat cache reuses were checked to exist in this process: a
@@ -132,33 +138,42 @@ class RootState:
             self.scanned = False
             self.verified = False
 
-    def stage(self, plan: StagePlan) -> StageResult:
-        """Stage `plan` into the cache's tree (lock held)."""
+    def stage(self, plan: StagePlan, capture: EarlyCapture | None = None) -> StageResult:
+        """Stage `plan` into the cache's tree (lock held); `capture`: a baseline's early paths."""
         self.open()
         assert self.scanner is not None
         if not self.verified:
             plan = self._verify(plan)
         if not self.scanned and not plan.rescan:
             plan = StagePlan(forced=plan.forced, watched=plan.watched, rescan=True)
+        self.stages += 1
+        watching = self.watcher is not None and self.watcher.is_running
         if self.watcher is not None and not plan.rescan and self._excluded_tracked:
             # the watcher has no watch in excluded folders: look at their tracked files too
             plan = StagePlan(forced=plan.forced, watched=plan.watched | self.excluded_tracked(), rescan=False)
         try:
-            result = self.scanner.stage(plan, self.cache)
+            result = self.scanner.stage(plan, self.cache, capture)
         except RepoError as exc:
             # Objects vanished under a running engine: repair the tracked set, try once more.
             log.warning("shadow_repo.objects_missing", root=str(self.ws.root), reason=str(exc))
             self.verified = False
             plan = self._verify(StagePlan(forced=plan.forced, watched=plan.watched, rescan=True), damaged=True)
-            result = self._stage_or_reset(plan)
+            result = self._stage_or_reset(plan, capture)
         except BaseException:
             self._reset_or_forget(self.cache.base_commit)
             raise
         self.scanned = True
         if plan.rescan:
             self._excluded_tracked = set(result.stats.outside_walk)
+            self.watched_since_scan = watching
         self.note_tracked(plan.forced)
         return result
+
+    def capture_early(self, capture: EarlyCapture) -> None:
+        """Before the baseline's scan: record now the paths edit tools asked for (lock held)."""
+        self.open()
+        assert self.scanner is not None
+        self.scanner.capture(capture, self.cache)
 
     def note_tracked(self, paths: Iterable[RepoPath]) -> None:
         """Remember which of `paths` (and what lies under them) are tracked despite an exclusion."""
@@ -180,10 +195,10 @@ class RootState:
         self.verified = False
         self._reopen = True
 
-    def _stage_or_reset(self, plan: StagePlan) -> StageResult:
+    def _stage_or_reset(self, plan: StagePlan, capture: EarlyCapture | None) -> StageResult:
         assert self.scanner is not None
         try:
-            return self.scanner.stage(plan, self.cache)
+            return self.scanner.stage(plan, self.cache, capture)
         except BaseException:
             self._reset_or_forget(self.cache.base_commit)
             self.verified = False
@@ -214,6 +229,11 @@ class RootState:
         self.cache.tree = repo.patch_tree(None, {p: st.entry for p, st in self.cache.entries.items()})
         self.scanned = False
         return StagePlan(forced=plan.forced | frozenset(lost_blobs), watched=plan.watched, rescan=True)
+
+    @property
+    def has_carried(self) -> bool:
+        """True while a failed commit's paths wait for the next round."""
+        return self._carried is not None
 
     def carry(self, plan: StagePlan) -> None:
         """Keep `plan` for the next round: its commit failed (engine thread, any lock state)."""
@@ -278,6 +298,7 @@ class RootState:
             self.repo.close()
         self.repo = None
         self.scanned = False
+        self.watched_since_scan = False
         self.scanner = None
         self.cache = StatCache()
 

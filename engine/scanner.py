@@ -29,6 +29,7 @@ from shadowpoint.blob_workers import (
     read_file,
     snapshot_file,
 )
+from shadowpoint.early_capture import EarlyCapture
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
 from shadowpoint.stat_cache import FileState, StatCache
@@ -117,6 +118,8 @@ class _Staging:
     originals: dict[RepoPath, TreeEntry | None] = field(default_factory=dict)
     # rescans only: files queued for the blob worker processes, recorded when they answer
     batch: BlobWorkers | None = None
+    # a baseline's paths to capture first (SPEC §3), None elsewhere
+    capture: EarlyCapture | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +140,14 @@ class Scanner:
 
     # ------------------------------------------------------------------ entry points
 
-    def stage(self, plan: StagePlan, cache: StatCache) -> StageResult:
-        """Apply `plan` to `cache` (the tracked set) and write the resulting tree."""
+    def stage(self, plan: StagePlan, cache: StatCache, capture: EarlyCapture | None = None) -> StageResult:
+        """Apply `plan` to `cache` (the tracked set) and write the resulting tree.
+
+        `capture` (a rescan only): paths edit tools are about to change, captured as soon as they
+        are asked for and kept at that content for the rest of the scan.
+        """
         start = time.perf_counter()
-        run = _Staging(cache, StageStats(rescan=plan.rescan), time.time_ns())
+        run = _Staging(cache, StageStats(rescan=plan.rescan), time.time_ns(), capture=capture if plan.rescan else None)
         self._invalidate_rules(plan.forced | plan.watched)
         if plan.rescan:
             run.batch = BlobWorkers(self.repo.git_dir, self.root, self.options.max_file_bytes, self.options.workers)
@@ -168,6 +175,14 @@ class Scanner:
                   duration_ms=round(run.stats.duration_ms, 2))
         return StageResult(tree, bool(run.changes), run.stats)
 
+    def capture(self, capture: EarlyCapture, cache: StatCache) -> None:
+        """Before a baseline's scan begins: record the paths edit tools asked for so far into
+        `cache` and its tree, pinned for the scan that follows (SPEC §3)."""
+        run = _Staging(cache, StageStats(), time.time_ns(), capture=capture)
+        self._capture_early(run)
+        if run.changes:
+            cache.tree = self.repo.patch_tree(cache.tree, run.changes)
+
     # ------------------------------------------------------------------ internals
 
     def _invalidate_rules(self, paths: Iterable[RepoPath]) -> None:
@@ -184,6 +199,13 @@ class Scanner:
         reached = clean = 0
         root = os.path.join(self.root, "")
         lstat = os.lstat
+        capture = run.capture
+        pinned: set[RepoPath] = capture.pinned if capture is not None else set()
+        files_done = 0
+
+        def serve() -> None:
+            self._capture_early(run)
+
         # The hot loop of a rescan (100k files): one lstat and one stat comparison per file.
         for prefix, names in self.rules.walk_folders():
             walked.append((prefix, names))
@@ -197,6 +219,13 @@ class Scanner:
             try:
                 for name in names:
                     path = RepoPath(prefix + name)
+                    if capture is not None:
+                        files_done += 1
+                        if capture.has_pending:
+                            serve()
+                        capture.hold_point(files_done, serve)
+                        if path in pinned:
+                            continue  # captured early: never a later content
                     try:
                         st = lstat(name, dir_fd=fd) if fd >= 0 else lstat(folder + name)
                     except OSError:
@@ -213,14 +242,43 @@ class Scanner:
                 if fd >= 0:
                     os.close(fd)
         run.stats.examined += clean
+        if capture is not None:
+            serve()  # a request that came after the last file
         if reached == tracked_before:
             return  # every tracked path was walked
         # Tracked paths the walk did not reach: deleted, or tracked despite an exclusion
         # (force-added earlier); git semantics: exclusions apply to untracked files only.
         seen = {prefix + name for prefix, names in walked for name in names}
-        for path in [p for p in entries if p not in seen]:
+        for path in [p for p in entries if p not in seen and p not in pinned]:
             run.stats.outside_walk.append(path)
             self._stage_path(run, path, forced=True, expand_dirs=False)
+
+    def _capture_early(self, run: _Staging) -> None:
+        """Record the current content of the paths edit tools asked for, and pin them (SPEC §3).
+
+        Hashed on this thread, after the files the workers hold were recorded: the captured
+        content is the newest the scan records for them. A folder is not captured (the tool may
+        change anything in it): its request then waits for the whole scan.
+        """
+        assert run.capture is not None
+        capture = run.capture
+        for req in capture.take():
+            batch, run.batch = run.batch, None
+            try:
+                if batch is not None:
+                    self._finish(run, batch.flush())
+                for path in req.paths:
+                    if path in capture.pinned:
+                        continue
+                    if os.path.isdir(self.root / path) and not os.path.islink(self.root / path):
+                        req.needs_whole_scan = True
+                        continue
+                    capture.pinned.add(path)
+                    self._stage_path(run, path, forced=False, expand_dirs=False)
+            finally:
+                run.batch = batch
+                req.done.set()
+        log.debug("scanner.captured_early", root=str(self.root), pinned=len(capture.pinned))
 
     def _stage_path(self, run: _Staging, path: RepoPath, *, forced: bool, expand_dirs: bool = True) -> None:
         if run.batch is not None:

@@ -46,6 +46,9 @@ log = structlog.get_logger(__name__)
 _THREAD_PREFIX = "shadowpoint-watcher"
 _MARKER_PREFIX = "flush-"
 _STOP_JOIN_TIMEOUT_S = 10.0
+# A problem that a restart alone does not clear: the verification scan found a change the watcher
+# never reported; only a clean verification after a restart clears it (SPEC §4).
+MISSED_CHANGE = "missed_change"
 
 # Only what can change a file's content, mode or existence. The default mask also subscribes to
 # "opened"/"closed-no-write": the recursive set-up alone then queues ~35,000 "directory opened"
@@ -431,6 +434,10 @@ class WorkspaceWatcher:
     (watches are rebuilt); a dead thread triggers a restart in the background; a watch limit lasts
     until `restart()` (after the limit is raised).
 
+    A verification scan (verifier.py) that finds a change the watcher should have reported calls
+    `report_missed()`: the watcher is unhealthy and restarted, and stays unhealthy until
+    `verified()` reports a clean verification that began after that restart.
+
     Rounds are observed from `start()` on: start the watcher before building the baseline.
     """
 
@@ -481,6 +488,7 @@ class WorkspaceWatcher:
         self._flush_seen = 0
         self._overflows = 0
         self._generation = 0  # observers started so far
+        self._missed_generation = 0  # the observer that missed a change (MISSED_CHANGE)
 
     # ----------------------------------------------------------------------------------- lifecycle
 
@@ -497,8 +505,9 @@ class WorkspaceWatcher:
                 self._stopping = False
             with self._health_lock:
                 # Problems of the previous observer; the new set-up finds any that still hold. The
-                # journal stays degraded until the start succeeds.
-                self._problems.clear()
+                # journal stays degraded until the start succeeds. A missed change is cleared by
+                # a verification only.
+                self._problems = {k: v for k, v in self._problems.items() if k == MISSED_CHANGE}
             started_ns = time.perf_counter_ns()
             try:
                 self._start_observer()
@@ -627,6 +636,11 @@ class WorkspaceWatcher:
         return self._running and observer is not None and _all_alive(observer)
 
     @property
+    def is_running(self) -> bool:
+        """True between a successful `start()` and `stop()` (healthy or not)."""
+        return self._running
+
+    @property
     def watch_count(self) -> int | None:
         """OS watches placed on the workspace (inotify only; None elsewhere or when stopped)."""
         observer = self._observer
@@ -698,6 +712,50 @@ class WorkspaceWatcher:
         if not self._running:
             self._journal.mark_unhealthy("watcher not running")
         return self._journal.swap()
+
+    # ------------------------------------------------------------------------------- verification
+
+    @property
+    def generation(self) -> int:
+        """How many observers this watcher started so far (a restart starts a new one)."""
+        with self._flush_cond:
+            return self._generation
+
+    @property
+    def has_missed_change(self) -> bool:
+        """True from `report_missed()` until a verification after a restart cleared it."""
+        with self._health_lock:
+            return MISSED_CHANGE in self._problems
+
+    def report_missed(self, paths: list[RepoPath]) -> None:
+        """A verification scan found `paths` changed with no event: unhealthy, and restart.
+
+        Args:
+            paths: The paths that differ from the snapshot and that the journal never recorded.
+        """
+        example = paths[0] if paths else "?"
+        more = f" and {len(paths) - 1} more" if len(paths) > 1 else ""
+        reason = (f"the verification scan found {example}{more} changed without a watcher event; "
+                  "rounds use the rescan until the restarted watcher is verified again")
+        with self._flush_cond:
+            self._missed_generation = self._generation
+        self._degrade(MISSED_CHANGE, reason)
+        self._schedule_restart()
+
+    def verified(self, generation: int) -> bool:
+        """A verification that began under observer `generation` found nothing missed.
+
+        Clears a missed change when that observer was started after it (a restart, then a clean
+        check). Returns True if the watcher recovered from a missed change.
+        """
+        with self._flush_cond:
+            restarted = generation > self._missed_generation
+        with self._health_lock:
+            if MISSED_CHANGE not in self._problems or not restarted:
+                return False
+        log.info("watcher.verified", root=self._root, generation=generation)
+        self._recover(MISSED_CHANGE)
+        return True
 
     # ------------------------------------------------------------------------------------- health
 

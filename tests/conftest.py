@@ -79,6 +79,14 @@ def make_tree(root: Path, tree: dict[str, Any]) -> Path:
     return root
 
 
+def wait_for(predicate: Any, what: str, timeout_s: float = 60.0) -> None:
+    """Wait for a state another thread reaches (a marker, never a duration to assert on)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def read_tree(root: Path) -> dict[str, Any]:
     """{path: bytes | Link | Exe} for a directory, `.git` folders skipped, links not followed."""
     out: dict[str, Any] = {}

@@ -192,3 +192,11 @@ def test_put_back_keeps_which_paths_came_during_the_round() -> None:
     snap = journal.swap()
     assert snap.paths == {"outside.txt", "inside.txt", "later.txt"}
     assert snap.during == {"inside.txt", "later.txt"} and snap.reasons == ("lost an event",)
+
+
+def test_current_paths_reads_the_round_without_ending_it() -> None:
+    journal = PathJournal()
+    journal.add(RepoPath("a.txt"))
+    assert journal.current_paths() == {"a.txt"} and journal.swaps == 0
+    snap = journal.swap()
+    assert snap.paths == {"a.txt"} and journal.swaps == 1 and journal.current_paths() == frozenset()

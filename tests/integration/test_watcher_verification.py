@@ -1,0 +1,167 @@
+"""SPEC §4: a healthy watcher is authoritative, and checked.
+
+A command round through which the watcher stayed healthy and recorded nothing reuses the
+snapshot without a rescan. A verification scan, off the agent's path, compares the workspace
+with the newest snapshot: a change made without an event (here, honestly: a file written in
+place through a hard link outside the workspace, which no watch inside it sees) makes the
+watcher unhealthy, and the next round rescans and includes it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from structlog.testing import capture_logs
+
+from shadowpoint.engine import Engine
+from shadowpoint.verifier import Verdict
+from tests.conftest import make_tree, wait_for
+
+TREE = {f"pkg{i % 20:02d}/mod{i:04d}.py": f"x = {i}\n" for i in range(400)}
+
+
+def _ready(workspace: Path, make_engine: Any, notes: list[tuple[str, dict[str, Any]]] | None = None) -> Engine:
+    make_tree(workspace, TREE)
+    eng = make_engine(workspace, watcher=True, verify_interval_s=0)
+    if notes is not None:
+        eng.notify = lambda method, params: notes.append((method, params))
+    eng.start_task("t", ts=1)
+    eng.tool_began("t", "write_to_file", "edit", None)  # the barrier: returns once the baseline is built
+    eng.tool_ended("t", "write_to_file", None, "edit")
+    eng.end_round("t", 2)  # the set-up round
+    return eng
+
+
+def _command_round(eng: Engine, ts: int, action: Any = None) -> tuple[Any, list[dict[str, Any]]]:
+    with capture_logs() as logs:
+        eng.begin_round("t")
+        eng.tool_began("t", "execute_command", "command", None)
+        if action is not None:
+            action()
+        eng.tool_ended("t", "execute_command", None, "command")
+        cp = eng.end_round("t", ts)
+    return cp, logs
+
+
+def _write_behind_the_watchers_back(outside: Path, data: bytes) -> None:
+    """Rewrite a file in place through its hard link outside the workspace: inotify reports the
+    change to the watches on the folder of the name used, so none inside the workspace hears it."""
+    with open(outside, "r+b") as fh:
+        fh.write(data)
+        fh.truncate()
+
+
+def _file_at(eng: Engine, ts: int, path: str) -> bytes | None:
+    root = eng.roots["proj"]
+    assert root.repo is not None
+    cp = eng._task("t").record.checkpoint(ts)
+    entry = root.repo.lookup(root.repo.commit_tree(cp.hashes["proj"]), path)  # type: ignore[arg-type]
+    return root.repo.read_blob(entry.oid) if entry else None
+
+
+def test_a_no_change_command_round_with_a_healthy_watcher_makes_no_rescan(workspace: Path, make_engine: Any) -> None:
+    eng = _ready(workspace, make_engine)
+    assert eng.roots["proj"].watcher is not None and eng.roots["proj"].watcher.is_healthy
+    cp, logs = _command_round(eng, 3, lambda: os.listdir(workspace))  # a shell command that changes nothing
+    assert cp is not None and cp.reused, "SPEC §3: no change, the checkpoint reuses the current snapshot"
+    assert cp.hashes == eng._task("t").record.checkpoint(1).hashes
+    rounds = [e for e in logs if e["event"] == "round.checkpointed"]
+    assert len(rounds) == 1 and rounds[0]["rescan"] is False and rounds[0]["paths"] == 0, rounds
+    staged = [e for e in logs if e["event"] == "scanner.staged"]
+    assert staged and all(e["examined"] == 0 and not e["rescan"] for e in staged), staged
+    assert any(e["event"] == "stager.watcher_trusted" for e in logs)
+
+
+def test_a_change_without_an_event_is_found_by_the_verification_and_the_next_round_rescans(
+        workspace: Path, make_engine: Any, tmp_path: Path) -> None:
+    notes: list[tuple[str, dict[str, Any]]] = []
+    eng = _ready(workspace, make_engine, notes)
+    outside = tmp_path / "elsewhere" / "alias.py"
+    outside.parent.mkdir()
+    os.link(workspace / "pkg03/mod0003.py", outside)
+    _write_behind_the_watchers_back(outside, b"x = 'changed behind its back'\n")
+    watcher = eng.roots["proj"].watcher
+    assert watcher is not None
+    # the watcher heard nothing: trusted, the round misses the change (what verification is for)
+    cp, _ = _command_round(eng, 3)
+    assert cp is not None and cp.reused and _file_at(eng, 3, "pkg03/mod0003.py") == b"x = 3\n"
+
+    with capture_logs() as logs:
+        outcome = eng.verify_watchers()["proj"]
+    assert outcome.verdict is Verdict.MISSED and outcome.missed == ("pkg03/mod0003.py",), outcome
+    assert [e["path"] for e in logs if e["event"] == "watcher.change_missed"] == ["pkg03/mod0003.py"]
+    degraded = [p for m, p in notes if m == "watcher/degraded"]
+    assert len(degraded) == 1 and "pkg03/mod0003.py" in degraded[0]["reason"], notes
+    assert degraded[0]["root"] == str(workspace)
+    assert not watcher.is_healthy
+
+    cp, logs = _command_round(eng, 4)
+    rounds = [e for e in logs if e["event"] == "round.checkpointed"]
+    assert rounds[0]["rescan"] is True, "an unhealthy watcher: the rescan fallback"
+    assert cp is not None and not cp.reused
+    assert _file_at(eng, 4, "pkg03/mod0003.py") == b"x = 'changed behind its back'\n"
+
+    # restarted (in the background) and verified again: healthy, rounds trust it again
+    wait_for(lambda: watcher.generation >= 2 and watcher.is_running, "the watcher was never restarted")
+    assert eng.verify_watchers()["proj"].verdict is Verdict.CLEAN
+    assert watcher.is_healthy
+    _command_round(eng, 5)  # the round the recovery happened in is still unhealthy
+    cp, logs = _command_round(eng, 6)
+    assert cp is not None and cp.reused
+    assert [e["rescan"] for e in logs if e["event"] == "round.checkpointed"] == [False]
+
+
+def test_changes_the_watcher_heard_are_not_misses(workspace: Path, make_engine: Any) -> None:
+    eng = _ready(workspace, make_engine)
+    (workspace / "node_modules/dep").mkdir(parents=True)
+    eng.begin_round("t")  # force-add a file in an excluded, unwatched folder
+    eng.tool_began("t", "write_to_file", "edit", ["node_modules/dep/index.js"])
+    (workspace / "node_modules/dep/index.js").write_text("v1\n")
+    eng.tool_ended("t", "write_to_file", ["node_modules/dep/index.js"], "edit")
+    eng.end_round("t", 3)
+    # between rounds: a person edits, deletes and creates files; an unwatched tracked file changes
+    (workspace / "pkg01/mod0001.py").write_text("edited by a person\n")
+    (workspace / "pkg02/mod0002.py").unlink()
+    (workspace / "pkg04/brand_new.py").write_text("new\n")
+    (workspace / "node_modules/dep/index.js").write_text("v2\n")
+    outcome = eng.verify_watchers()["proj"]
+    assert outcome.verdict is Verdict.CLEAN and outcome.examined >= len(TREE), outcome
+    watcher = eng.roots["proj"].watcher
+    assert watcher is not None and watcher.is_healthy
+    _command_round(eng, 4)
+    assert _file_at(eng, 4, "pkg01/mod0001.py") == b"edited by a person\n"
+    assert _file_at(eng, 4, "node_modules/dep/index.js") == b"v2\n"
+    assert _file_at(eng, 4, "pkg02/mod0002.py") is None and _file_at(eng, 4, "pkg04/brand_new.py") == b"new\n"
+
+
+def test_the_verification_gives_way_to_a_round(workspace: Path, make_engine: Any, tmp_path: Path) -> None:
+    eng = _ready(workspace, make_engine)
+    outside = tmp_path / "alias.py"
+    os.link(workspace / "pkg05/mod0005.py", outside)
+    _write_behind_the_watchers_back(outside, b"changed\n")
+    eng.begin_round("t")  # a round is open: the pass yields at once, decides nothing
+    assert eng.verify_watchers()["proj"].verdict is Verdict.INTERRUPTED
+    watcher = eng.roots["proj"].watcher
+    assert watcher is not None and watcher.is_healthy
+    eng.end_round("t", 3)
+
+
+def test_the_background_verification_degrades_the_watcher(workspace: Path, make_engine: Any, tmp_path: Path) -> None:
+    degraded = threading.Event()
+    make_tree(workspace, TREE)
+    eng = make_engine(workspace, watcher=True, verify_interval_s=0.05, verify_cpu_share=0.5)
+    eng.notify = lambda method, params: degraded.set() if method == "watcher/degraded" else None
+    eng.start_task("t", ts=1)
+    eng.tool_began("t", "write_to_file", "edit", None)
+    eng.tool_ended("t", "write_to_file", None, "edit")
+    eng.end_round("t", 2)
+    outside = tmp_path / "alias.py"
+    os.link(workspace / "pkg06/mod0006.py", outside)
+    _write_behind_the_watchers_back(outside, b"changed behind its back\n")
+    assert degraded.wait(60), "the background verification never found the change"
+    _, logs = _command_round(eng, 3)
+    assert [e["rescan"] for e in logs if e["event"] == "round.checkpointed"] == [True]
+    assert _file_at(eng, 3, "pkg06/mod0006.py") == b"changed behind its back\n"
