@@ -1,5 +1,5 @@
 """Deleting a task and collecting garbage on a big shadow repository, beside `git gc --prune=now`
-(issue 13). Standalone: `python benchmarks/delete_gc_probe.py --files 100k`.
+(issue 13). Standalone: `python -m benchmarks.delete_gc_probe --files 100k`.
 
 Generates a workspace (benchmarks.treegen), checkpoints it in two tasks (a baseline each and
 a few rounds), then times, as a person runs them, `shadowpoint delete-task --yes` and

@@ -157,7 +157,7 @@ def write_pack(repo: pygit2.Repository, oids: list[str], folder: Path, progress:
     odb = repo.odb
     tmp_pack = folder / "tmp_pack_sp"
     entries: list[tuple[bytes, int, int]] = []  # (raw oid, crc32, offset)
-    digest = hashlib.sha1()  # noqa: S324 - git's pack checksum
+    digest = hashlib.sha1()  # git's pack checksum
     with open(tmp_pack, "wb") as fh, ThreadPoolExecutor(2, thread_name_prefix="shadowpoint-pack") as pool:
         head = b"PACK" + struct.pack(">II", 2, len(oids))
         fh.write(head)
@@ -224,7 +224,7 @@ def _write_index(path: Path, entries: list[tuple[bytes, int, int]], pack_checksu
     ])
     with open(path, "wb") as fh:
         fh.write(body)
-        fh.write(hashlib.sha1(body).digest())  # noqa: S324 - git's index checksum
+        fh.write(hashlib.sha1(body).digest())  # git's index checksum
         fh.flush()
         os.fsync(fh.fileno())
 
