@@ -325,18 +325,21 @@ def serve(ctx: _Ctx, socket_path: str | None, idle_timeout: float | None) -> Non
 
 
 @cli.command()
-@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@click.argument("positional_dir", metavar="[DIR]", required=False, type=click.Path(file_okay=False, exists=True))
+@_dir_option
 @click.option("--debounce", type=float, default=None, help="quiet period in seconds (default: watch_debounce_s)")
-@click.option("--task-id", "task_id", default=None, help="task id (default: cli-<workspace hash>)")
+@click.option("--task-id", "task_id", default=None,
+              help="task id (default: the workspace's latest; cli-<workspace hash> for a new one)")
 @pass_ctx
-def watch(ctx: _Ctx, directory: str | None, debounce: float | None, task_id: str | None) -> None:
+def watch(ctx: _Ctx, positional_dir: str | None, directory: str | None, debounce: float | None,
+          task_id: str | None) -> None:
     """Checkpoint DIR after every quiet period, until Ctrl-C (the standalone main job).
 
     Also serves the workspace's sidecar socket, so agent hooks and other commands share
     this process's engine while it runs.
     """
     from shadowpoint.engine import Engine, EngineOptions
-    from shadowpoint.sidecar.backend import BaselineProgress, cli_task_id, workspace_root
+    from shadowpoint.sidecar.backend import BaselineProgress, default_task
     from shadowpoint.sidecar.client import SidecarError, connect_live, socket_path
     from shadowpoint.sidecar.server import Host
     from shadowpoint.sidecar.socket_server import SidecarRunningError, SocketServer
@@ -344,8 +347,12 @@ def watch(ctx: _Ctx, directory: str | None, debounce: float | None, task_id: str
 
     settings = ctx.settings
     _isolate()
-    root = workspace_root(directory)
-    task = task_id or cli_task_id(root)
+    root = workspace_for(ctx, directory or positional_dir)
+    task = task_id or default_task(settings.resolved_docs_dir(), root, create=True)
+    from shadowpoint.checkpoints import CheckpointStore
+
+    # the baseline this run builds (a new task) is a checkpoint too, as `list` shows
+    baseline = 0 if CheckpointStore(settings.resolved_docs_dir()).task_dir(task).is_dir() else 1
     debounce_s = debounce if debounce is not None else settings.watch_debounce_s
     stop = threading.Event()
 
@@ -407,7 +414,7 @@ def watch(ctx: _Ctx, directory: str | None, debounce: float | None, task_id: str
         mode = "watching" if loop.is_watching else f"polling every {loop.poll_s:.0f} s (watcher unavailable)"
         header = f"shadowpoint: {mode} {root} (task {task}, quiet period {debounce_s:g} s); Ctrl-C to stop"
         if tty:
-            _watch_live(ctx, loop, stop, header)
+            _watch_live(ctx, loop, stop, header, baseline)
         else:
             sys.stdout.write(header + "\n")
             sys.stdout.flush()
@@ -420,7 +427,8 @@ def watch(ctx: _Ctx, directory: str | None, debounce: float | None, task_id: str
             accept.join(5)
         host.close()
     if tty:
-        out.print(f"shadowpoint: stopped ({loop.checkpoints} checkpoint{'s' if loop.checkpoints != 1 else ''}).")
+        made = loop.checkpoints + baseline
+        out.print(f"shadowpoint: stopped ({made} checkpoint{'s' if made != 1 else ''} this session).")
 
 
 class _EngineStatus:
@@ -437,7 +445,7 @@ class _EngineStatus:
         return state
 
 
-def _watch_live(ctx: _Ctx, loop: Any, stop: threading.Event, header: str) -> None:
+def _watch_live(ctx: _Ctx, loop: Any, stop: threading.Event, header: str, baseline: int) -> None:
     from rich.live import Live
     from rich.text import Text
 
@@ -448,7 +456,8 @@ def _watch_live(ctx: _Ctx, loop: Any, stop: threading.Event, header: str) -> Non
         pending = loop.pending_paths()
         mode = "watching" if loop.is_watching else "polling"
         tail = f" · {pending} path{'s' if pending != 1 else ''} changed, waiting for quiet" if pending else ""
-        return Text(f"● {mode} · {loop.checkpoints} checkpoint{'s' if loop.checkpoints != 1 else ''} · "
+        made = loop.checkpoints + baseline
+        return Text(f"● {mode} · {made} checkpoint{'s' if made != 1 else ''} · "
                     f"last: {last}{tail}", style="cyan")
 
     with Live(status(), console=ctx.out, refresh_per_second=4, transient=True) as live:
@@ -955,16 +964,16 @@ def delete_task(ctx: _Ctx, task_id: str, yes: bool, no_collect: bool, as_json: b
 
 
 @cli.command()
-@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@click.argument("positional_dir", metavar="[DIR]", required=False, type=click.Path(file_okay=False, exists=True))
+@_dir_option
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @pass_ctx
-def doctor(ctx: _Ctx, directory: str | None, as_json: bool) -> None:
+def doctor(ctx: _Ctx, positional_dir: str | None, directory: str | None, as_json: bool) -> None:
     """Check watch limits, storage, locks, sidecars and every shadow repo's health."""
-    from shadowpoint.sidecar.backend import workspace_root
     from shadowpoint.sidecar.doctor import run_checks
 
     _isolate()
-    report = run_checks(ctx.settings, workspace_root(directory))
+    report = run_checks(ctx.settings, workspace_for(ctx, directory or positional_dir))
     problems = [c for c in report if c["status"] == "problem"]
     if as_json:
         _print_json({"checks": report, "problems": len(problems)})
@@ -1066,7 +1075,12 @@ def install_hooks(ctx: _Ctx, agent: str, directory: str | None, remove: bool, co
 @click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
 @pass_ctx
 def mcp(ctx: _Ctx, directory: str | None) -> None:
-    """Run an MCP server (stdio) with tools to list, diff and restore checkpoints."""
+    """Run an MCP server (stdio) with tools to list, diff and restore checkpoints (needs the
+    optional extra: pip install 'shadowpoint[mcp]')."""
+    try:
+        import mcp as _sdk  # noqa: F401 - only: is the optional extra installed?
+    except ImportError:
+        _fail("`shadowpoint mcp` needs the MCP SDK: pip install 'shadowpoint[mcp]'", "usage")
     from shadowpoint.mcp_server import run
 
     _isolate()
@@ -1117,8 +1131,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def people_words(message: str) -> str:
+    """An engine message as a person reads it: times instead of raw `ts=…` milliseconds,
+    commands instead of protocol methods."""
+    import re
+    from datetime import datetime
+
+    def stamp(m: re.Match[str]) -> str:
+        try:
+            return datetime.fromtimestamp(int(m.group(1)) / 1000).strftime("%Y-%m-%d %H:%M:%S")
+        except (OverflowError, OSError, ValueError):
+            return m.group(0)
+
+    message = re.sub(r"\bts=['\"]?(\d{10,16})['\"]?", stamp, message)
+    message = message.replace("start it with task/start first", "it has no checkpoints yet (`shadowpoint save` "
+                              "makes the first)")
+    return message.replace("task/start", "`shadowpoint save`")
+
+
 def _report(message: str, kind: str, as_json: bool = False) -> int:
     """One line on stderr (and with --json, the error as JSON on stdout); the kind's exit code."""
+    message = people_words(message)
     first = message.strip().splitlines()[0] if message.strip() else kind
     code = EXIT_CODES.get(kind, EXIT_CODES["internal"])
     sys.stderr.write(f"shadowpoint: error: {first}\n")

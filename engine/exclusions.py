@@ -79,12 +79,16 @@ def ignored_changes(root: Path, since: float, *, extra: Sequence[str] = (), max_
     `max_file_bytes` count too (the scanner skips them). Sorted by path.
     """
     rules_extra = list(extra)
+    store: str | None = None
     if docs_dir is not None:
         with contextlib.suppress(ValueError):
-            rules_extra.append("/" + str(Path(os.path.realpath(docs_dir)).relative_to(root)) + "/")
+            store = str(Path(os.path.realpath(docs_dir)).relative_to(root))
+            rules_extra.append(f"/{store}/")
     rules = ExclusionRules(root, extra=rules_extra)
     out: list[dict[str, str]] = []
     for path, entry, reason in rules.walk_excluded():
+        if path == store:
+            continue  # the checkpoint store itself: never a project file
         try:
             is_dir = entry.is_dir(follow_symlinks=False)
             newest = entry.stat(follow_symlinks=False).st_mtime

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import html
+import itertools
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -187,7 +188,7 @@ def _render(line: _Line, marks: list[tuple[int, int]] | None) -> str:
     for cls, value in tokens:
         end = pos + len(value)
         cuts = sorted({pos, end, *(m for r in marks for m in r if pos < m < end)})
-        for s, e in zip(cuts, cuts[1:], strict=False):
+        for s, e in itertools.pairwise(cuts):
             piece = html.escape(value[s - pos:e - pos])
             if cls:
                 piece = f"<span class='{cls}'>{piece}</span>"

@@ -112,7 +112,9 @@ def stat_lines(diff: Mapping[str, Any], *, color: bool = False, width: int = 40)
             yield f" {f['path']:<{name_w}} | Bin\n"
             continue
         scale = min(1.0, width / most) if most else 1.0
-        plus, minus = round(a * scale), round(r * scale)
+        # a changed file always shows at least one mark of each kind it has (as git does)
+        plus = max(1, round(a * scale)) if a else 0
+        minus = max(1, round(r * scale)) if r else 0
         bar = _paint("+" * plus, "add", color) + _paint("-" * minus, "del", color) if (plus or minus) else ""
         yield f" {f['path']:<{name_w}} | {a + r:>4} {bar}\n"
     yield (f" {len(files)} file{'s' if len(files) != 1 else ''} changed, "

@@ -4,6 +4,7 @@ git itself (`fsck`, `verify-pack`) is the oracle for the files written."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,14 @@ import pytest
 from shadowpoint import packing, shadow_repo
 from shadowpoint.shadow_repo import ShadowRepo, task_ref
 from shadowpoint.workspace import RepoPath
-from tests.unit.test_shadow_repo import blob, build, git, repo  # noqa: F401 - the fixture
+from tests.unit.test_shadow_repo import blob, build, git
+
+
+@pytest.fixture
+def repo(tmp_path: Path, workspace: Path) -> Iterator[ShadowRepo]:
+    r = ShadowRepo.open_or_init(tmp_path / "shadow" / ".git", workspace)
+    yield r
+    r.close()
 
 
 @pytest.fixture
