@@ -579,25 +579,29 @@ def _list_tasks(ctx: _Ctx, directory: str | None, as_json: bool) -> None:
 # ---------------------------------------------------------------------------- diff / status
 
 
-def split_refs_and_paths(args: tuple[str, ...], after_dashes: int, cwd: Path,
+def split_refs_and_paths(args: tuple[str, ...], after_dashes: int | None, cwd: Path,
                          root: Path) -> tuple[list[str], list[str]]:
-    """`diff [REF [REF2]] [--] [PATH…]` as git reads it: the last `after_dashes` arguments came
-    after `--` (paths); before it, up to two arguments that name checkpoints and are not
-    existing paths are refs, the rest paths. Paths become workspace-relative.
+    """`diff [REF [REF2]] [--] [PATH…]` as git reads it. With `--` (`after_dashes` is how many
+    arguments followed it), what precedes it are refs; without, leading arguments that name
+    checkpoints and are not existing paths are refs (up to two), the rest paths. Paths become
+    workspace-relative.
 
     Raises:
-        CliError: a path outside the workspace (path_outside_workspace).
+        CliError: more than two refs (usage); a path outside the workspace (path_outside_workspace).
     """
     from shadowpoint.sidecar.backend import looks_like_checkpoint
 
-    before = list(args[: len(args) - after_dashes])
-    refs: list[str] = []
-    paths = list(args[len(args) - after_dashes:])
-    for arg in before:
-        if len(refs) < 2 and not paths and looks_like_checkpoint(arg) and not (cwd / arg).exists():
-            refs.append(arg)
-        else:
-            paths.append(arg)
+    if after_dashes is not None:
+        refs, paths = list(args[: len(args) - after_dashes]), list(args[len(args) - after_dashes:])
+        if len(refs) > 2:
+            _fail(f"At most two checkpoints before `--`, got {len(refs)}: {' '.join(refs)}.", "usage")
+    else:
+        refs, paths = [], []
+        for arg in args:
+            if len(refs) < 2 and not paths and looks_like_checkpoint(arg) and not (cwd / arg).exists():
+                refs.append(arg)
+            else:
+                paths.append(arg)
     rel: list[str] = []
     for p in paths:
         full = Path(os.path.normpath(cwd / p))
@@ -667,10 +671,10 @@ def diff(ctx: _Ctx, args: tuple[str, ...], directory: str | None, task_id: str |
 _ARGV: list[str] = []  # this invocation's arguments (main): where `--` was, which click drops
 
 
-def _args_after_dashes(args: tuple[str, ...]) -> int:
-    """How many of a command's trailing positional `args` came after a `--`."""
+def _args_after_dashes(args: tuple[str, ...]) -> int | None:
+    """How many of a command's trailing positional `args` came after a `--` (None: no `--`)."""
     if "--" not in _ARGV:
-        return 0
+        return None
     return min(len(args), len(_ARGV) - _ARGV.index("--") - 1)
 
 

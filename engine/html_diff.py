@@ -46,8 +46,8 @@ table.sbs td.code { white-space: pre-wrap; overflow-wrap: anywhere; }
 table.sbs td.code.old { border-right: 1px solid var(--line); }
 td.del { background: var(--del); } td.add { background: var(--add); }
 td.empty { background: var(--empty); }
-td.del .w { background: var(--del-word); border-radius: 2px; }
-td.add .w { background: var(--add-word); border-radius: 2px; }
+td.del .chg-word { background: var(--del-word); border-radius: 2px; }
+td.add .chg-word { background: var(--add-word); border-radius: 2px; }
 tr.fold td { background: var(--panel); color: var(--muted); text-align: center; padding: .2em; }
 tbody.folded { display: none; }
 tbody.folded:target { display: table-row-group; }
@@ -178,7 +178,7 @@ def _offsets(words: list[str]) -> list[int]:
 
 
 def _render(line: _Line, marks: list[tuple[int, int]] | None) -> str:
-    """A line's coloured tokens, with the `marks` ranges wrapped in `<span class='w'>`."""
+    """A line's coloured tokens, with the `marks` ranges wrapped in `<span class='chg-word'>`."""
     text, tokens = line
     if not text:
         return ""
@@ -193,7 +193,7 @@ def _render(line: _Line, marks: list[tuple[int, int]] | None) -> str:
             if cls:
                 piece = f"<span class='{cls}'>{piece}</span>"
             if any(a <= s and e <= b for a, b in marks):
-                piece = f"<span class='w'>{piece}</span>"
+                piece = f"<span class='chg-word'>{piece}</span>"
             out.append(piece)
         pos = end
     return "".join(out)
