@@ -23,9 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.storage_probe import edit_round
 from benchmarks.treegen import generate, git_env, parse_size
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
+from shadowpoint.logs import configure_logging
 from shadowpoint.shadow_repo import disk_usage
 
 
@@ -48,13 +50,7 @@ def _rounds(eng: Engine, task: str, root: Path, paths: list[str], rng: random.Ra
     for _ in range(n):
         ts += 10
         chosen = rng.sample(paths, min(20, len(paths)))
-        eng.begin_round(task)
-        eng.tool_began(task, "write_to_file", "edit", chosen)
-        for rel in chosen:
-            with open(root / rel, "a") as fh:
-                fh.write(f"edit {task} {ts} {rng.random():.12f}\n")
-        eng.tool_ended(task, "write_to_file", chosen, "edit")
-        eng.end_round(task, ts)
+        edit_round(eng, task, root, chosen, ts, f"edit {task} {ts} {rng.random():.12f}\n")
     return ts
 
 
@@ -65,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workdir", default=None, help="where the temporary tree goes")
     args = ap.parse_args(argv)
+    configure_logging("error", "console", None)  # stdout carries only the JSON
     files = parse_size(args.files)
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="sp-delete-gc-", dir=args.workdir) as tmp:

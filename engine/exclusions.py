@@ -377,11 +377,7 @@ class ExclusionRules:
         while pending:
             rel, name, parent_info = pending.pop()
             folder = os.path.join(self._root, rel) if rel else self._root
-            try:
-                with os.scandir(folder) as it:
-                    entries = list(it)
-            except OSError:
-                continue
+            entries = _scan(folder)
             info = self._listed_dir_info(rel, name, parent_info, folder, entries) if rel else parent_info
             prefix = f"{rel}/" if rel else ""
             for entry in entries:

@@ -214,7 +214,7 @@ def _lexer(path: str, text: str) -> Lexer:
 def _css_class(ttype: _TokenType) -> str:
     while ttype not in STANDARD_TYPES:
         ttype = ttype.parent
-    return STANDARD_TYPES[ttype]
+    return str(STANDARD_TYPES[ttype])
 
 
 def _highlighted(path: str, text: str) -> list[_Line]:
