@@ -831,9 +831,11 @@ def storage(ctx: _Ctx, gc: bool, grace: float, only: tuple[str, ...], quiet: boo
     from the packs already written.
     """
     from shadowpoint import storage as store
+    from shadowpoint.shadow_repo import limit_mapped_memory
 
     settings = ctx.settings
     _isolate()
+    limit_mapped_memory(STORAGE_MAPPED_BYTES)
     docs = settings.resolved_docs_dir()
     collected: dict[str, Any] = {}
     if gc:
@@ -865,6 +867,9 @@ def storage(ctx: _Ctx, gc: bool, grace: float, only: tuple[str, ...], quiet: boo
         ctx.out.print(table)
     for h, info in collected.items():
         ctx.out.print(f"collected {h}: kept {info['kept']} objects, freed {_size(info['freedBytes'])}")
+
+
+STORAGE_MAPPED_BYTES = 64 << 20  # pack memory `storage` keeps mapped: it reads every object once
 
 
 def _collect(ctx: _Ctx, docs: Path, grace: float, lock_timeout_s: float, only: tuple[str, ...] = (),

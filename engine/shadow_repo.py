@@ -73,6 +73,15 @@ def isolate_libgit2() -> None:
     _configured = True
 
 
+def limit_mapped_memory(limit_bytes: int) -> None:
+    """Cap how much of the pack files libgit2 keeps mapped (process-wide; default 8 GiB, in
+    1 GiB windows): reading every object of a big repository (`storage`, a collection)
+    otherwise keeps the whole pack resident."""
+    with contextlib.suppress(Exception):
+        pygit2.settings.mwindow_size = min(pygit2.settings.mwindow_size, max(1 << 20, limit_bytes // 4))
+        pygit2.settings.mwindow_mapped_limit = limit_bytes
+
+
 @contextlib.contextmanager
 def translated(action: str) -> Iterator[None]:
     """Turn libgit2 failures into `RepoError` (the one place that catches pygit2 errors)."""
