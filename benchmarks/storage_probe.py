@@ -32,6 +32,17 @@ def make_workspace(root: Path, files: int, seed: int) -> list[str]:
     return paths
 
 
+def edit_round(eng: Engine, task: str, root: Path, chosen: list[str], ts: int, line: str) -> None:
+    """One round of an edit tool appending `line` to each chosen file."""
+    eng.begin_round(task)
+    eng.tool_began(task, "write_to_file", "edit", chosen)
+    for rel in chosen:
+        with open(root / rel, "a") as fh:
+            fh.write(line)
+    eng.tool_ended(task, "write_to_file", chosen, "edit")
+    eng.end_round(task, ts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--files", type=int, default=10_000)
@@ -55,14 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             eng.start_task(task, ts)
             for _ in range(per_task):
                 ts += 10
-                chosen = rng.sample(paths, args.edits)
-                eng.begin_round(task)
-                eng.tool_began(task, "write_to_file", "edit", chosen)
-                for rel in chosen:
-                    with open(root / rel, "a") as fh:
-                        fh.write(f"edit {ts} {rng.random():.12f}\n")
-                eng.tool_ended(task, "write_to_file", chosen, "edit")
-                eng.end_round(task, ts)
+                edit_round(eng, task, root, rng.sample(paths, args.edits), ts, f"edit {ts} {rng.random():.12f}\n")
         rounds_s = time.perf_counter() - start
         git_dir = eng.workspaces[0].git_dir
         after_rounds = disk_usage(git_dir)

@@ -10,6 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+DEPENDENCY_LOCK_FILES: tuple[str, ...] = (
+    "uv.lock", "poetry.lock", "pdm.lock", "Pipfile.lock", "Cargo.lock", "yarn.lock", "bun.lock", "Gemfile.lock",
+    "composer.lock", "flake.lock", "mix.lock", "pubspec.lock", "Podfile.lock", "Package.resolved",
+    "package-lock.json", "npm-shrinkwrap.json", "pnpm-lock.yaml", "deno.lock", "gradle.lockfile",
+    "conan.lock", "packages.lock.json", "paket.lock", "Manifest.toml", "renv.lock", "go.sum",
+)
+"""Snapshotted although `*.lock` is excluded (SPEC §4): an agent that adds a dependency changes
+the manifest and its lock file together, and restoring one without the other breaks the project."""
+
 BUILTIN_EXCLUSIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         # Other version-control systems' metadata; the user's own `.git` is excluded by
@@ -105,6 +114,7 @@ BUILTIN_EXCLUSIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "cache_and_logs": (
             "*.log",
             "*.lock",
+            *(f"!{name}" for name in DEPENDENCY_LOCK_FILES),
             "*.tmp",
             "*.temp",
             "*.swp",

@@ -162,22 +162,37 @@ def _print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def workspace_for(ctx: _Ctx, directory: str | None) -> Path:
+    """The workspace a command means: searched upwards from DIR or the current folder (as git
+    finds its repository; see `backend.find_workspace`)."""
+    from shadowpoint.sidecar.backend import find_workspace
+
+    return find_workspace(directory, ctx.settings.resolved_docs_dir())
+
+
 @contextlib.contextmanager
 def _backend(ctx: _Ctx, directory: str | None) -> Iterator[Backend]:
-    from shadowpoint.sidecar.backend import open_backend, workspace_root
+    from shadowpoint.sidecar.backend import open_backend
 
     _isolate()
-    backend = open_backend(workspace_root(directory), ctx.settings)
+    backend = open_backend(workspace_for(ctx, directory), ctx.settings)
     try:
         yield backend
     finally:
         backend.close()
 
 
-def _task_for(ctx: _Ctx, backend: Backend, task_id: str | None) -> str:
+def _task_for(ctx: _Ctx, backend: Backend, task_id: str | None, *, create: bool = False) -> str:
+    """The task a command acts on: --task-id, else the workspace's one default task (its most
+    recently active; with `create`, a new `cli-<hash>` when there is none)."""
     from shadowpoint.sidecar.backend import default_task
 
-    return task_id or default_task(ctx.settings.resolved_docs_dir(), backend.root)
+    return task_id or default_task(ctx.settings.resolved_docs_dir(), backend.root, create=create)
+
+
+def header(task: str, root: Path, extra: str = "") -> str:
+    """The line every command's output starts with: which task of which workspace."""
+    return f"Task {task} · {root}" + (f" · {extra}" if extra else "")
 
 
 def _checkpoints(backend: Backend, task_id: str) -> list[dict[str, Any]]:
@@ -217,14 +232,19 @@ def wait_ready(ctx: _Ctx, backend: _Waitable, task_id: str, stop: threading.Even
     return state
 
 
-def _confirm(ctx: _Ctx, question: str, yes: bool) -> None:
+class Declined(Exception):
+    """The person answered no: a calm line, exit code 51 (`aborted`)."""
+
+
+def _confirm(ctx: _Ctx, question: str, yes: bool, refusal: str | None = None) -> None:
     """Ask before a destructive step; refuse without a terminal unless --yes."""
     if yes:
         return
     if not sys.stdin.isatty():
-        _fail("This overwrites work: pass --yes to confirm (there is no terminal to ask on).", "confirmation_required")
+        _fail(refusal or "This overwrites work: pass --yes to confirm (there is no terminal to ask on).",
+              "confirmation_required")
     if not click.confirm(question, default=False, err=True):
-        _fail("Nothing was changed.", "aborted")
+        raise Declined()
 
 
 # ---------------------------------------------------------------------------- the group
@@ -232,18 +252,55 @@ def _confirm(ctx: _Ctx, question: str, yes: bool) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="shadowpoint")
-def cli() -> None:
+@click.option("-C", "chdir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="run as if started in this folder (like git -C)")
+def cli(chdir: str | None) -> None:
     """Checkpoints for AI coding agents: snapshots in a shadow git repository, compare and restore.
 
     Checkpoints are named by their position in `shadowpoint list` (1 = newest; `@N` works
-    too) or by a hash prefix (5+ hex digits). Commands act on the current directory's
-    workspace unless told otherwise (-C DIR), and on its most recent task unless --task-id.
+    too) or by a hash prefix (5+ hex digits); positions stay the same until a new
+    checkpoint is saved. The workspace is found like git finds a repository: the nearest
+    folder upwards from the current one (or -C DIR) that has checkpoints, else the nearest
+    holding a .git, else the current folder. Every command acts on the workspace's one
+    default task (its most recently active) unless --task-id says otherwise.
     """
+    if chdir:
+        os.chdir(chdir)
 
 
-_dir_option = click.option("-C", "--dir", "directory", type=click.Path(file_okay=False), default=None,
-                           help="workspace folder (default: the current directory)")
+_dir_option = click.option("-C", "--dir", "directory", type=click.Path(file_okay=False, exists=True), default=None,
+                           help="workspace folder, searched upwards (default: the current folder)")
 _task_option = click.option("--task-id", "task_id", default=None, help="task id (default: the workspace's latest)")
+_pager_option = click.option("--no-pager", "no_pager", is_flag=True, help="do not page long output on a terminal")
+
+
+@contextlib.contextmanager
+def paged(enabled: bool) -> Iterator[IO[str]]:
+    """stdout, through a pager when `enabled` and stdout is a terminal: $SHADOWPOINT_PAGER, else
+    $PAGER, else `less -FRX` (which exits at once when the text fits the screen)."""
+    import subprocess
+
+    command = os.environ.get("SHADOWPOINT_PAGER") or os.environ.get("PAGER") or "less -FRX"
+    if not enabled or not sys.stdout.isatty() or command.strip() in ("", "cat"):
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    env = {**os.environ, "LESS": os.environ.get("LESS", "FRX")}
+    try:
+        pager = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, env=env, text=True,
+                                 encoding="utf-8", errors="replace")
+    except OSError:
+        yield sys.stdout
+        return
+    assert pager.stdin is not None
+    try:
+        yield pager.stdin
+    except BrokenPipeError:
+        pass
+    finally:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            pager.stdin.close()
+        pager.wait()
 
 
 @cli.command()
@@ -274,18 +331,21 @@ def serve(ctx: _Ctx, socket_path: str | None, idle_timeout: float | None, http_r
 
 
 @cli.command()
-@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@click.argument("positional_dir", metavar="[DIR]", required=False, type=click.Path(file_okay=False, exists=True))
+@_dir_option
 @click.option("--debounce", type=float, default=None, help="quiet period in seconds (default: watch_debounce_s)")
-@click.option("--task-id", "task_id", default=None, help="task id (default: cli-<workspace hash>)")
+@click.option("--task-id", "task_id", default=None,
+              help="task id (default: the workspace's latest; cli-<workspace hash> for a new one)")
 @pass_ctx
-def watch(ctx: _Ctx, directory: str | None, debounce: float | None, task_id: str | None) -> None:
+def watch(ctx: _Ctx, positional_dir: str | None, directory: str | None, debounce: float | None,
+          task_id: str | None) -> None:
     """Checkpoint DIR after every quiet period, until Ctrl-C (the standalone main job).
 
     Also serves the workspace's sidecar socket, so agent hooks and other commands share
     this process's engine while it runs.
     """
     from shadowpoint.engine import Engine, EngineOptions
-    from shadowpoint.sidecar.backend import BaselineProgress, cli_task_id, workspace_root
+    from shadowpoint.sidecar.backend import BaselineProgress, default_task
     from shadowpoint.sidecar.client import SidecarError, connect_live, socket_path
     from shadowpoint.sidecar.server import Host
     from shadowpoint.sidecar.socket_server import SidecarRunningError, SocketServer
@@ -293,8 +353,12 @@ def watch(ctx: _Ctx, directory: str | None, debounce: float | None, task_id: str
 
     settings = ctx.settings
     _isolate()
-    root = workspace_root(directory)
-    task = task_id or cli_task_id(root)
+    root = workspace_for(ctx, directory or positional_dir)
+    task = task_id or default_task(settings.resolved_docs_dir(), root, create=True)
+    from shadowpoint.checkpoints import CheckpointStore
+
+    # the baseline this run builds (a new task) is a checkpoint too, as `list` shows
+    baseline = 0 if CheckpointStore(settings.resolved_docs_dir()).task_dir(task).is_dir() else 1
     debounce_s = debounce if debounce is not None else settings.watch_debounce_s
     stop = threading.Event()
 
@@ -356,7 +420,7 @@ def watch(ctx: _Ctx, directory: str | None, debounce: float | None, task_id: str
         mode = "watching" if loop.is_watching else f"polling every {loop.poll_s:.0f} s (watcher unavailable)"
         header = f"shadowpoint: {mode} {root} (task {task}, quiet period {debounce_s:g} s); Ctrl-C to stop"
         if tty:
-            _watch_live(ctx, loop, stop, header)
+            _watch_live(ctx, loop, stop, header, baseline)
         else:
             sys.stdout.write(header + "\n")
             sys.stdout.flush()
@@ -369,7 +433,8 @@ def watch(ctx: _Ctx, directory: str | None, debounce: float | None, task_id: str
             accept.join(5)
         host.close()
     if tty:
-        out.print(f"shadowpoint: stopped ({loop.checkpoints} checkpoint{'s' if loop.checkpoints != 1 else ''}).")
+        made = loop.checkpoints + baseline
+        out.print(f"shadowpoint: stopped ({made} checkpoint{'s' if made != 1 else ''} this session).")
 
 
 class _EngineStatus:
@@ -386,7 +451,7 @@ class _EngineStatus:
         return state
 
 
-def _watch_live(ctx: _Ctx, loop: Any, stop: threading.Event, header: str) -> None:
+def _watch_live(ctx: _Ctx, loop: Any, stop: threading.Event, header: str, baseline: int) -> None:
     from rich.live import Live
     from rich.text import Text
 
@@ -397,7 +462,8 @@ def _watch_live(ctx: _Ctx, loop: Any, stop: threading.Event, header: str) -> Non
         pending = loop.pending_paths()
         mode = "watching" if loop.is_watching else "polling"
         tail = f" · {pending} path{'s' if pending != 1 else ''} changed, waiting for quiet" if pending else ""
-        return Text(f"● {mode} · {loop.checkpoints} checkpoint{'s' if loop.checkpoints != 1 else ''} · "
+        made = loop.checkpoints + baseline
+        return Text(f"● {mode} · {made} checkpoint{'s' if made != 1 else ''} · "
                     f"last: {last}{tail}", style="cyan")
 
     with Live(status(), console=ctx.out, refresh_per_second=4, transient=True) as live:
@@ -412,17 +478,20 @@ def _watch_live(ctx: _Ctx, loop: Any, stop: threading.Event, header: str) -> Non
 
 
 @cli.command()
-@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@click.argument("positional_dir", metavar="[DIR]", required=False, type=click.Path(file_okay=False, exists=True))
+@_dir_option
 @click.option("-m", "--message", default=None, help="a note stored with the checkpoint")
-@click.option("--task-id", "task_id", default=None, help="task id (default: cli-<workspace hash>)")
+@click.option("--task-id", "task_id", default=None,
+              help="task id (default: the workspace's latest; cli-<workspace hash> for a new one)")
 @click.option("--json", "as_json", is_flag=True, help="print the checkpoint as JSON")
 @pass_ctx
-def save(ctx: _Ctx, directory: str | None, message: str | None, task_id: str | None, as_json: bool) -> None:
-    """Checkpoint DIR now."""
-    from shadowpoint.sidecar.backend import cli_task_id, now_ms
+def save(ctx: _Ctx, positional_dir: str | None, directory: str | None, message: str | None, task_id: str | None,
+         as_json: bool) -> None:
+    """Checkpoint the workspace now (in its default task, the one `list` shows)."""
+    from shadowpoint.sidecar.backend import now_ms
 
-    with _backend(ctx, directory) as backend:
-        task = task_id or cli_task_id(backend.root)
+    with _backend(ctx, directory or positional_dir) as backend:
+        task = _task_for(ctx, backend, task_id, create=True)
         try:
             backend.task_state(task)
             is_new = False
@@ -444,24 +513,28 @@ def save(ctx: _Ctx, directory: str | None, message: str | None, task_id: str | N
         else:
             cp = backend.save(task, max(ts + 1, now_ms()), message) or {}
     if as_json:
-        _print_json({"taskId": task, "checkpoint": cp})
+        _print_json({"taskId": task, "workspace": str(backend.root), "checkpoint": cp})
         return
     what = "baseline" if is_new else ("unchanged since the last one" if cp.get("reused") else "saved")
-    ctx.out.print(f"checkpoint {str(cp.get('hash') or '—')[:10]} ({what}) in task {task}")
+    ctx.out.print(header(task, backend.root))
+    ctx.out.print(f"checkpoint #1 {str(cp.get('hash') or '—')[:10]} ({what})")
 
 
 @cli.command(name="list")
-@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@click.argument("positional_dir", metavar="[DIR]", required=False, type=click.Path(file_okay=False, exists=True))
+@_dir_option
 @click.option("--task", "--task-id", "task_id", default=None, help="task id (default: the workspace's latest)")
 @click.option("--tasks", "show_tasks", is_flag=True, help="list the workspace's tasks instead")
 @click.option("--all", "show_all", is_flag=True, help="also list the safety checkpoints of restores, undos, redos")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
+@_pager_option
 @pass_ctx
-def list_cmd(ctx: _Ctx, directory: str | None, task_id: str | None, show_tasks: bool, show_all: bool,
-             as_json: bool) -> None:
+def list_cmd(ctx: _Ctx, positional_dir: str | None, directory: str | None, task_id: str | None, show_tasks: bool,
+             show_all: bool, as_json: bool, no_pager: bool) -> None:
     """List the checkpoints of a task, newest first (# is what other commands accept)."""
     from shadowpoint.render import checkpoint_table
 
+    directory = directory or positional_dir
     if show_tasks:
         _list_tasks(ctx, directory, as_json)
         return
@@ -477,13 +550,21 @@ def list_cmd(ctx: _Ctx, directory: str | None, task_id: str | None, show_tasks: 
         _print_json({"taskId": task, "workspace": str(backend.root), "state": result.get("state"),
                      "checkpoints": cps, **({"safety": safety} if show_all else {})})
         return
-    title = f"Task {task} · {backend.root} · {result.get('state')}"
-    ctx.out.print(checkpoint_table(cps, messages, title))
-    if show_all:
-        ctx.out.print(f"Safety checkpoints ({len(safety)}; name one by its hash in diff or restore):")
-        for row in safety:
-            ctx.out.print(f"  {str(row['hash'])[:10]}  {str(row['createdAt'] or '')[:19].replace('T', ' ')}  "
-                          f"{describe_safety(row)}")
+    state = str(result.get("state"))
+    state = {"ready": "", "initializing": "baseline being built"}.get(state, state)
+    table = checkpoint_table(cps, messages, header(task, backend.root, state))
+    with paged(not no_pager) as out:
+        if out is sys.stdout:
+            ctx.out.print(table)
+        else:
+            from rich.console import Console
+
+            Console(file=out, force_terminal=ctx.out.is_terminal, width=ctx.out.width, highlight=False).print(table)
+        if show_all:
+            out.write(f"Safety checkpoints ({len(safety)}; name one by its hash in diff or restore):\n")
+            for row in safety:
+                out.write(f"  {str(row['hash'])[:10]}  {str(row['createdAt'] or '')[:19].replace('T', ' ')}  "
+                          f"{describe_safety(row)}\n")
 
 
 def _list_tasks(ctx: _Ctx, directory: str | None, as_json: bool) -> None:
@@ -491,31 +572,66 @@ def _list_tasks(ctx: _Ctx, directory: str | None, as_json: bool) -> None:
 
     from rich.table import Table
 
-    from shadowpoint.sidecar.backend import last_activity, workspace_root, workspace_tasks
+    from shadowpoint.sidecar.backend import last_activity, workspace_tasks
 
-    root = workspace_root(directory)
+    root = workspace_for(ctx, directory)
     tasks = workspace_tasks(ctx.settings.resolved_docs_dir(), root)
     rows: list[dict[str, Any]] = [
         {"taskId": t.task_id, "checkpoints": len(t.checkpoints), "createdAt": t.created_at,
          "lastActivity": datetime.fromtimestamp(last_activity(t)).astimezone().isoformat(timespec="seconds")}
         for t in tasks]
     if as_json:
-        _print_json({"workspace": str(root), "tasks": rows})
+        _print_json({"workspace": str(root), "tasks": rows, "default": rows[0]["taskId"] if rows else None})
         return
-    table = Table(title=f"Tasks of {root}", title_justify="left")
+    table = Table(title=f"Tasks of {root} (the first is the default)", title_justify="left")
     for col in ("task", "checkpoints", "last activity"):
         table.add_column(col)
     for r in rows:
-        table.add_row(str(r["taskId"]), str(r["checkpoints"]), str(r["lastActivity"]))
+        table.add_row(str(r["taskId"]), str(r["checkpoints"]), str(r["lastActivity"]).replace("T", " "))
     ctx.out.print(table)
 
 
-# ---------------------------------------------------------------------------- diff
+# ---------------------------------------------------------------------------- diff / status
 
 
-@cli.command()
-@click.argument("ref", required=False)
-@click.argument("ref2", required=False)
+def split_refs_and_paths(args: tuple[str, ...], after_dashes: int | None, cwd: Path,
+                         root: Path) -> tuple[list[str], list[str]]:
+    """`diff [REF [REF2]] [--] [PATH…]` as git reads it. With `--` (`after_dashes` is how many
+    arguments followed it), what precedes it are refs; without, leading arguments that name
+    checkpoints and are not existing paths are refs (up to two), the rest paths. Paths become
+    workspace-relative.
+
+    Raises:
+        CliError: more than two refs (usage); a path outside the workspace (path_outside_workspace).
+    """
+    from shadowpoint.sidecar.backend import looks_like_checkpoint
+
+    if after_dashes is not None:
+        refs, paths = list(args[: len(args) - after_dashes]), list(args[len(args) - after_dashes:])
+        if len(refs) > 2:
+            _fail(f"At most two checkpoints before `--`, got {len(refs)}: {' '.join(refs)}.", "usage")
+    else:
+        refs, paths = [], []
+        for arg in args:
+            if len(refs) < 2 and not paths and looks_like_checkpoint(arg) and not (cwd / arg).exists():
+                refs.append(arg)
+            else:
+                paths.append(arg)
+    rel: list[str] = []
+    for p in paths:
+        full = Path(os.path.normpath(cwd / p))
+        if full != root and root not in full.parents:
+            _fail(f"{p} is outside the workspace {root}.", "path_outside_workspace")
+        rel.append("" if full == root else full.relative_to(root).as_posix())
+    return refs, rel
+
+
+def _under(path: str, wanted: list[str]) -> bool:
+    return not wanted or any(not w or path == w or path.startswith(w + "/") for w in wanted)
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("args", nargs=-1, metavar="[REF [REF2]] [--] [PATH]...")
 @_dir_option
 @click.option("--task", "--task-id", "task_id", default=None, help="task id (default: the workspace's latest)")
 @click.option("--json", "as_json", is_flag=True, help="print the Diff as JSON")
@@ -523,38 +639,124 @@ def _list_tasks(ctx: _Ctx, directory: str | None, as_json: bool) -> None:
               help="also write a side-by-side HTML page to this file")
 @click.option("--stat", "stat_only", is_flag=True, help="a summary per file instead of the diff")
 @click.option("--color/--no-color", "color", default=None, help="force colour on or off (default: on a terminal)")
+@_pager_option
 @pass_ctx
-def diff(ctx: _Ctx, ref: str | None, ref2: str | None, directory: str | None, task_id: str | None,
-         as_json: bool, html_file: str | None, stat_only: bool, color: bool | None) -> None:
-    """Compare checkpoint REF (default: the newest) with the workspace, or with REF2."""
+def diff(ctx: _Ctx, args: tuple[str, ...], directory: str | None, task_id: str | None,
+         as_json: bool, html_file: str | None, stat_only: bool, color: bool | None, no_pager: bool) -> None:
+    """Compare checkpoint REF (default: the newest) with the workspace, or with REF2; PATHs
+    (files or folders) limit the comparison to them."""
     from shadowpoint.cli_history import resolve_ref
-    from shadowpoint.render import html_page, stat_lines, unified_diff_lines, use_color
+    from shadowpoint.render import stat_lines, unified_diff_lines, use_color
     from shadowpoint.sidecar.backend import resolve_checkpoint
 
     with _backend(ctx, directory) as backend:
+        refs, paths = split_refs_and_paths(args, _args_after_dashes(args), Path(os.getcwd()), backend.root)
         task = _task_for(ctx, backend, task_id)
         cps = _checkpoints(backend, task)
-        old = resolve_ref(ctx, backend, task, ref or "@1")  # a safety checkpoint's hash too
-        new = resolve_checkpoint(cps, ref2) if ref2 else None
+        old = resolve_ref(ctx, backend, task, refs[0] if refs else "@1")  # a safety checkpoint's hash too
+        new = resolve_checkpoint(cps, refs[1]) if len(refs) > 1 else None
         result = backend.diff(task, old["ts"], new["ts"] if new else None) if old.get("safety") is None or new \
             else backend.diff_safety(task, int(old["safety"]))
+    result = {**result, "files": [f for f in result["files"]
+                                  if _under(f["path"], paths) or _under(f.get("oldPath") or "", paths)]}
     against = f"checkpoint #{new['position']}" if new else "the workspace"
     title = f"{result['title']}: #{old['position']} ({str(old.get('hash') or '')[:10]}) → {against}"
     if html_file:
-        Path(html_file).write_text(html_page(result, title), encoding="utf-8")
+        from shadowpoint.html_diff import diff_page
+
+        Path(html_file).write_text(diff_page(result, title, task=task, workspace=str(backend.root)),
+                                   encoding="utf-8")
     if as_json:
-        _print_json({"taskId": task, "from": old, "to": new, **result})
+        _print_json({"taskId": task, "workspace": str(backend.root), "from": old, "to": new, **result})
         return
     painted = use_color(sys.stdout, color)
     lines = stat_lines(result, color=painted) if stat_only else unified_diff_lines(result, color=painted)
-    out: IO[str] = sys.stdout
-    if not result["files"]:
-        out.write(f"No changes ({title}).\n")
-    for line in lines:
-        out.write(line)
+    head = f"{header(task, backend.root)}\n{title}\n"
+    with paged(not no_pager) as out:
+        if out is not sys.stdout or sys.stdout.isatty():
+            out.write(head)
+        else:
+            sys.stderr.write(head)  # piped: stdout stays a clean diff
+        if not result["files"]:
+            out.write("No changes.\n")
+        for line in lines:
+            out.write(line)
     if html_file:
         sys.stderr.write(f"side-by-side page written to {html_file}\n")
-    out.flush()
+
+
+_ARGV: list[str] = []  # this invocation's arguments (main): where `--` was, which click drops
+
+
+def _args_after_dashes(args: tuple[str, ...]) -> int | None:
+    """How many of a command's trailing positional `args` came after a `--` (None: no `--`)."""
+    if "--" not in _ARGV:
+        return None
+    return min(len(args), len(_ARGV) - _ARGV.index("--") - 1)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, metavar="[PATH]...")
+@_dir_option
+@_task_option
+@click.option("--ignored", is_flag=True, help="also the changed files the exclusion rules leave out, and why")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@pass_ctx
+def status(ctx: _Ctx, paths: tuple[str, ...], directory: str | None, task_id: str | None, ignored: bool,
+           as_json: bool) -> None:
+    """What changed since the newest checkpoint (--ignored: and what the rules leave out)."""
+    from shadowpoint.exclusions import ignored_changes
+    from shadowpoint.sidecar.backend import resolve_checkpoint
+
+    with _backend(ctx, directory) as backend:
+        _, wanted = split_refs_and_paths(paths, len(paths), Path(os.getcwd()), backend.root)
+        task = _task_for(ctx, backend, task_id)
+        newest = resolve_checkpoint(_checkpoints(backend, task), "@1")
+        changed = [f for f in backend.diff(task, newest["ts"], None)["files"] if _under(f["path"], wanted)]
+    left_out: list[dict[str, Any]] = []
+    if ignored:
+        since = _stamp_s(newest.get("createdAt", ""))
+        left_out = [e for e in ignored_changes(backend.root, since, extra=ctx.settings.extra_exclusions,
+                                               max_file_bytes=ctx.settings.max_file_bytes,
+                                               docs_dir=ctx.settings.resolved_docs_dir())
+                    if _under(e["path"].rstrip("/"), wanted)]
+    if as_json:
+        data: dict[str, Any] = {"taskId": task, "workspace": str(backend.root), "since": newest,
+                                "changed": [{"path": f["path"], "status": f["status"]} for f in changed]}
+        if ignored:
+            data["ignored"] = left_out
+        _print_json(data)
+        return
+    out = ctx.out
+    out.print(header(task, backend.root))
+    out.print(f"Since checkpoint #1 ({str(newest.get('hash') or '')[:10]}, {_when_text(newest)}):")
+    marks = {"added": "A", "modified": "M", "deleted": "D", "renamed": "R"}
+    if not changed:
+        out.print("  nothing changed")
+    for f in changed:
+        name = f"{f['oldPath']} → {f['path']}" if f.get("oldPath") else f["path"]
+        out.print(f"  {marks.get(f['status'], '?')} {name}")
+    if ignored:
+        out.print("Changed but left out of checkpoints (re-include one with a `!pattern` in extra_exclusions):")
+        if not left_out:
+            out.print("  none")
+        for e in left_out:
+            out.print(f"  {e['path']}  ({e['why']})")
+
+
+def _stamp_s(stamp: str) -> float:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _when_text(cp: dict[str, Any]) -> str:
+    from shadowpoint.render import when
+
+    return when(cp.get("createdAt", ""))
 
 
 # ---------------------------------------------------------------------------- restore / undo
@@ -656,19 +858,29 @@ def undo(ctx: _Ctx, directory: str | None, task_id: str | None, as_json: bool) -
 @cli.command()
 @click.option("--gc", "gc", is_flag=True, help="collect garbage: drop objects no task reaches")
 @click.option("--grace", type=float, default=None,
-              help="with --gc: keep unreachable objects younger than this (s; default: gc_grace_s)")
+              help="with --gc: keep unreachable loose objects younger than this (s; default: gc_grace_s)")
+@click.option("--only", "only", multiple=True, hidden=True, help="with --gc: only this workspace hash")
+@click.option("--quiet", is_flag=True, hidden=True, help="print nothing (the background collection)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @pass_ctx
-def storage(ctx: _Ctx, gc: bool, grace: float | None, as_json: bool) -> None:
-    """What each workspace's shadow repo and each task uses; --gc reclaims space."""
+def storage(ctx: _Ctx, gc: bool, grace: float | None, only: tuple[str, ...], quiet: bool, as_json: bool) -> None:
+    """What each workspace's shadow repo and each task uses; --gc reclaims space.
+
+    A collection can be interrupted (Ctrl-C) at any time without harm; the next one goes on
+    from the packs already written.
+    """
     from shadowpoint import storage as store
+    from shadowpoint.shadow_repo import limit_mapped_memory
 
     settings = ctx.settings
     _isolate()
+    limit_mapped_memory(STORAGE_MAPPED_BYTES)
     docs = settings.resolved_docs_dir()
     collected: dict[str, Any] = {}
     if gc:
-        collected = _collect(ctx, docs, settings.gc_grace_s if grace is None else grace, settings.lock_timeout_s)
+        collected = _collect(ctx, docs, settings.gc_grace_s if grace is None else grace, settings.lock_timeout_s, only, show=not quiet and not as_json)
+    if quiet:
+        return
     report = store.storage_report(docs)
     if as_json:
         _print_json({**report, "collected": collected} if gc else report)
@@ -681,6 +893,8 @@ def storage(ctx: _Ctx, gc: bool, grace: float | None, as_json: bool) -> None:
         ctx.out.print(f"\n{name}: shadow repo {_size(ws['bytes'])} ({ws['shadowGitDir']})")
         if ws.get("error"):
             ctx.out.print(f"  unreadable: {ws['error']}")
+        if ws.get("collectionPending") and ws["workspaceHash"] not in collected:
+            ctx.out.print("  a deleted task's space is not reclaimed yet: `shadowpoint storage --gc` does it")
         if not ws["tasks"]:
             continue
         table = Table(box=None, padding=(0, 2), show_edge=False)
@@ -694,25 +908,46 @@ def storage(ctx: _Ctx, gc: bool, grace: float | None, as_json: bool) -> None:
         ctx.out.print(f"collected {h}: kept {info['kept']} objects, freed {_size(info['freedBytes'])}")
 
 
-def _collect(ctx: _Ctx, docs: Path, grace: float, lock_timeout_s: float) -> dict[str, Any]:
+STORAGE_MAPPED_BYTES = 64 << 20  # pack memory `storage` keeps mapped: it reads every object once
+
+
+def _collect(ctx: _Ctx, docs: Path, grace: float, lock_timeout_s: float, only: tuple[str, ...] = (),
+             show: bool = True) -> dict[str, Any]:
     from shadowpoint import storage as store
 
     root = docs / "checkpoints"
     git_dirs = sorted(d / ".git" for d in root.iterdir() if (d / ".git").is_dir()) if root.is_dir() else []
-    out: dict[str, Any] = {}
-    if not ctx.err.is_terminal:
-        for g in git_dirs:
-            out.update(store.collect_garbage(docs, grace_s=grace, lock_timeout_s=lock_timeout_s, only=[g]))
-        return out
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    if only:
+        git_dirs = [g for g in git_dirs if g.parent.name in only]
+    if not show or not ctx.err.is_terminal:
+        return store.collect_garbage(docs, grace_s=grace, lock_timeout_s=lock_timeout_s, only=git_dirs)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("Collecting garbage"), BarColumn(), MofNCompleteColumn(), console=ctx.err,
-                  transient=True) as progress:
-        bar = progress.add_task("gc", total=len(git_dirs))
+    out: dict[str, Any] = {}
+    with Progress(TextColumn("Collecting garbage in {task.fields[name]}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("objects"), TimeElapsedColumn(), console=ctx.err, transient=True) as progress:
         for g in git_dirs:
-            out.update(store.collect_garbage(docs, grace_s=grace, lock_timeout_s=lock_timeout_s, only=[g]))
-            progress.advance(bar)
+            bar = progress.add_task("gc", total=None, name=g.parent.name)
+
+            def step(_: Path, done: int, total: int, bar: Any = bar) -> None:
+                progress.update(bar, completed=done, total=total)
+
+            out.update(store.collect_garbage(docs, grace_s=grace, lock_timeout_s=lock_timeout_s, only=[g],
+                                             progress=step))
+            progress.remove_task(bar)
     return out
+
+
+def collect_in_background(git_dirs: list[Path], grace_s: float) -> None:
+    """Start a detached `shadowpoint storage --gc` for these shadow repos (it outlives us)."""
+    import subprocess
+
+    if not git_dirs:
+        return
+    only = [arg for g in git_dirs for arg in ("--only", g.parent.name)]
+    subprocess.Popen([sys.executable, "-m", "shadowpoint", "storage", "--gc", "--quiet", "--grace", str(grace_s),
+                      *only], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
 
 
 def _size(n: float) -> str:
@@ -726,52 +961,67 @@ def _size(n: float) -> str:
 @cli.command(name="delete-task")
 @click.argument("task_id")
 @click.option("-y", "--yes", is_flag=True, help="do not ask for confirmation")
+@click.option("--no-collect", "no_collect", is_flag=True,
+              help="leave the freed space for a later `shadowpoint storage --gc`")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
 @pass_ctx
-def delete_task(ctx: _Ctx, task_id: str, yes: bool) -> None:
-    """Delete a task's checkpoints (the shared shadow repo stays for the other tasks)."""
+def delete_task(ctx: _Ctx, task_id: str, yes: bool, no_collect: bool, as_json: bool) -> None:
+    """Delete a task's checkpoints (the shared shadow repo stays for the other tasks).
+
+    Returns at once; the space the task alone used is reclaimed in the background.
+    Your files are not touched.
+    """
+    from shadowpoint import storage as store
     from shadowpoint.checkpoints import CheckpointStore
-    from shadowpoint.sidecar.backend import open_backend
+    from shadowpoint.sidecar.client import connect_live
 
     settings = ctx.settings
     _isolate()
-    rec = CheckpointStore(settings.resolved_docs_dir()).load(task_id)
+    docs = settings.resolved_docs_dir()
+    tasks = CheckpointStore(docs)
+    rec = tasks.load(task_id)
     roots = list(rec.roots.values())
     if not roots:
         _fail(f"Task {task_id} names no workspace.", "unknown_task")
-    if sys.stdin.isatty() and not yes:
-        sys.stderr.write(f"Delete task {task_id} ({len(rec.checkpoints)} checkpoints of {', '.join(roots)})?\n")
-    _confirm(ctx, "Delete it?", yes)
-    from shadowpoint.errors import WorkspaceError
-
-    try:
-        backend = open_backend(Path(roots[0]), settings)
-    except WorkspaceError:
-        # The workspace is gone (moved, deleted): drop the task's refs and folder directly.
-        from shadowpoint.storage import delete_task_storage
-
-        delete_task_storage(settings.resolved_docs_dir(), rec)
-    else:
-        try:
+    _confirm(ctx, f"Delete task {task_id}: its {len(rec.checkpoints)} checkpoint(s) and conversation marks "
+                  f"for {', '.join(roots)}? Your files stay as they are.", yes,
+             refusal=f"Deleting task {task_id} removes its {len(rec.checkpoints)} checkpoint(s): pass --yes to "
+                     "confirm (there is no terminal to ask on).")
+    live = connect_live(Path(roots[0]))
+    background = False
+    if live is not None:
+        # The sidecar serving the workspace holds the task: it deletes it and collects itself.
+        live.close()
+        with _backend(ctx, roots[0]) as backend:
             backend.delete_task(task_id)
-        finally:
-            backend.close()
-    ctx.out.print(f"deleted task {task_id}")
+    else:
+        git_dirs = store.delete_task_storage(docs, rec)
+        if not tasks.has_any_task():
+            store.remove_all_checkpoints(docs)
+        elif not no_collect:
+            collect_in_background(git_dirs, settings.gc_grace_s)
+            background = bool(git_dirs)
+    if as_json:
+        _print_json({"taskId": task_id, "deleted": True, "collecting": background})
+        return
+    tail = "; its space is being reclaimed in the background" if background else ""
+    ctx.out.print(f"deleted task {task_id} ({len(rec.checkpoints)} checkpoint(s)){tail}")
 
 
 # ---------------------------------------------------------------------------- doctor / bench
 
 
 @cli.command()
-@click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@click.argument("positional_dir", metavar="[DIR]", required=False, type=click.Path(file_okay=False, exists=True))
+@_dir_option
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @pass_ctx
-def doctor(ctx: _Ctx, directory: str | None, as_json: bool) -> None:
+def doctor(ctx: _Ctx, positional_dir: str | None, directory: str | None, as_json: bool) -> None:
     """Check watch limits, storage, locks, sidecars and every shadow repo's health."""
-    from shadowpoint.sidecar.backend import workspace_root
     from shadowpoint.sidecar.doctor import run_checks
 
     _isolate()
-    report = run_checks(ctx.settings, workspace_root(directory))
+    report = run_checks(ctx.settings, workspace_for(ctx, directory or positional_dir))
     problems = [c for c in report if c["status"] == "problem"]
     if as_json:
         _print_json({"checks": report, "problems": len(problems)})
@@ -866,7 +1116,12 @@ def install_hooks(ctx: _Ctx, agent: str, directory: str | None, remove: bool, co
 @click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
 @pass_ctx
 def mcp(ctx: _Ctx, directory: str | None) -> None:
-    """Run an MCP server (stdio) with tools to list, diff and restore checkpoints."""
+    """Run an MCP server (stdio) with tools to list, diff and restore checkpoints (needs the
+    optional extra: pip install 'shadowpoint[mcp]')."""
+    try:
+        import mcp as _sdk  # noqa: F401 - only: is the optional extra installed?
+    except ImportError:
+        _fail("`shadowpoint mcp` needs the MCP SDK: pip install 'shadowpoint[mcp]'", "usage")
     from shadowpoint.mcp_server import run
 
     _isolate()
@@ -885,6 +1140,8 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) == 2 and args[0] == "hook" and not args[1].startswith("-"):
         return run_hook_command(args[1])
+    _ARGV[:] = args
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
         cli.main(args=args, prog_name="shadowpoint", standalone_mode=False)
     except click.exceptions.Abort:
@@ -893,10 +1150,17 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.ClickException as exc:
+        if as_json:
+            return _report(exc.format_message(), "usage", as_json)
         exc.show()
         return EXIT_CODES["usage"]
+    except Declined:
+        sys.stderr.write("Nothing was changed.\n")
+        if as_json:
+            _print_json({"aborted": True, "changed": False})
+        return EXIT_CODES["aborted"]
     except CliError as exc:
-        return _report(str(exc), exc.kind)
+        return _report(str(exc), exc.kind, as_json)
     except KeyboardInterrupt:
         sys.stderr.write("shadowpoint: interrupted\n")
         return EXIT_CODES["interrupted"]
@@ -904,18 +1168,41 @@ def main(argv: list[str] | None = None) -> int:
         from shadowpoint.errors import ShadowpointError
 
         if isinstance(exc, ShadowpointError):
-            return _report(str(exc), exc.kind)
+            return _report(str(exc), exc.kind, as_json)
         import traceback
 
         traceback.print_exc()
-        return _report(f"internal error: {exc}", "internal")
+        return _report(f"internal error: {exc}", "internal", as_json)
     return 0
 
 
-def _report(message: str, kind: str) -> int:
+def people_words(message: str) -> str:
+    """An engine message as a person reads it: times instead of raw `ts=…` milliseconds,
+    commands instead of protocol methods."""
+    import re
+    from datetime import datetime
+
+    def stamp(m: re.Match[str]) -> str:
+        try:
+            return datetime.fromtimestamp(int(m.group(1)) / 1000).strftime("%Y-%m-%d %H:%M:%S")
+        except (OverflowError, OSError, ValueError):
+            return m.group(0)
+
+    message = re.sub(r"\bts=['\"]?(\d{10,16})['\"]?", stamp, message)
+    message = message.replace("start it with task/start first", "it has no checkpoints yet (`shadowpoint save` "
+                              "makes the first)")
+    return message.replace("task/start", "`shadowpoint save`")
+
+
+def _report(message: str, kind: str, as_json: bool = False) -> int:
+    """One line on stderr (and with --json, the error as JSON on stdout); the kind's exit code."""
+    message = people_words(message)
     first = message.strip().splitlines()[0] if message.strip() else kind
+    code = EXIT_CODES.get(kind, EXIT_CODES["internal"])
     sys.stderr.write(f"shadowpoint: error: {first}\n")
-    return EXIT_CODES.get(kind, EXIT_CODES["internal"])
+    if as_json:
+        _print_json({"error": {"kind": kind, "message": message.strip(), "exitCode": code}})
+    return code
 
 
 if __name__ == "__main__":

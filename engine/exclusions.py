@@ -7,6 +7,7 @@ or the baseline future. It only reads: never writes, renames, or follows a symli
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
@@ -20,6 +21,7 @@ import structlog
 
 from shadowpoint.config.exclusion_data import BUILTIN_EXCLUSIONS
 from shadowpoint.patterns import (
+    NEGATED,
     PatternSet,
     lfs_patterns,
     parse_ignore_line,
@@ -46,6 +48,68 @@ _RACY_MARGIN_NS: Final = 1_000_000_000
 
 
 # ---------------------------------------------------------------- the rules
+
+
+def _scan(folder: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except OSError:
+        return []
+
+
+def _deciding_line(lines: Sequence[str], rel: str, name: str, is_dir: bool, *,
+                   casefold: bool = False) -> tuple[int, str] | None:
+    """(1-based line number, text) of the last line of a rule list that matches, if it excludes."""
+    for number in range(len(lines), 0, -1):
+        line = lines[number - 1]
+        pattern = parse_ignore_line(line)
+        if pattern is None:
+            continue
+        label = PatternSet([(pattern, "x")], casefold=casefold).decide(rel, name, is_dir)
+        if label is not None:
+            return (number, line.strip()) if label else None
+    return None
+
+
+def ignored_changes(root: Path, since: float, *, extra: Sequence[str] = (), max_file_bytes: int | None = None,
+                    docs_dir: Path | None = None) -> list[dict[str, str]]:
+    """Files (and folders) changed after `since` (a POSIX time) that checkpoints leave out, each
+    with the rule that does: `{path, why, rule}` (a folder's path ends in "/"). Files above
+    `max_file_bytes` count too (the scanner skips them). Sorted by path.
+    """
+    rules_extra = list(extra)
+    store: str | None = None
+    if docs_dir is not None:
+        with contextlib.suppress(ValueError):
+            store = str(Path(os.path.realpath(docs_dir)).relative_to(root))
+            rules_extra.append(f"/{store}/")
+    rules = ExclusionRules(root, extra=rules_extra)
+    out: list[dict[str, str]] = []
+    for path, entry, reason in rules.walk_excluded():
+        if path == store:
+            continue  # the checkpoint store itself: never a project file
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+            newest = entry.stat(follow_symlinks=False).st_mtime
+            if is_dir:
+                newest = max([newest, *(e.stat(follow_symlinks=False).st_mtime for e in _scan(entry.path))])
+        except OSError:
+            continue
+        if newest > since:
+            out.append({"path": path + ("/" if is_dir else ""), "rule": reason,
+                        "why": rules.explain(path, reason, is_dir=is_dir)})
+    if max_file_bytes is not None:
+        for path, entry in rules.walk():
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_size > max_file_bytes and st.st_mtime > since:
+                out.append({"path": path, "rule": "size_cap",
+                            "why": f"larger than the size cap ({st.st_size:,} > {max_file_bytes:,} bytes, "
+                                   "max_file_bytes)"})
+    return sorted(out, key=lambda e: e["path"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +145,9 @@ class ExclusionRules:
     A path is excluded when any rule says so (the rules are a union): a `.git` component
     (any letter case), a nested repository or submodule, a built-in category, an extra
     pattern, the `.gitignore` files (git's semantics, nested files included), or a Git LFS
-    pattern of the root `.gitattributes`. Folder decisions are cached per folder; call
+    pattern of the root `.gitattributes`. An extra `!pattern` re-includes what a built-in
+    category leaves out (not what the project's `.gitignore` or LFS rules do). Folder decisions
+    are cached per folder; call
     `invalidate` when a rule file or a `.git` changes. Built-in type patterns (`*.png`)
     ignore letter case; everything else is case-sensitive, like git on Linux.
     """
@@ -116,6 +182,8 @@ class ExclusionRules:
             (pattern, "extra") for line in extra if (pattern := parse_ignore_line(line)) is not None
         )
         self._builtin = None if builtin_set.is_empty else builtin_set
+        self._builtin_source = None if builtin is None else builtin
+        self._extra_lines = tuple(extra)
         self._extra = None if extra_set.is_empty else extra_set
         self._lfs: PatternSet | None = None
         self._submodules: frozenset[str] = frozenset()
@@ -298,6 +366,62 @@ class ExclusionRules:
                 (dirs if is_dir else files).append(entry)
         return files, dirs
 
+    def walk_excluded(self) -> Iterator[tuple[RepoPath, os.DirEntry[str], str]]:
+        """Every entry the rules leave out whose parent folder is included, with its reason
+        (an excluded folder is yielded once, not entered; the workspace's own `.git` is not
+        yielded). For `shadowpoint status --ignored`.
+        """
+        with self._dirs_lock:
+            self._dirs.clear()
+        pending: list[tuple[str, str, _DirInfo]] = [("", "", self._load_root())]
+        while pending:
+            rel, name, parent_info = pending.pop()
+            folder = os.path.join(self._root, rel) if rel else self._root
+            entries = _scan(folder)
+            info = self._listed_dir_info(rel, name, parent_info, folder, entries) if rel else parent_info
+            prefix = f"{rel}/" if rel else ""
+            for entry in entries:
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    is_dir = False
+                path = prefix + entry.name
+                reason = self._entry_reason(info, path, entry.name, is_dir)
+                if reason is None and is_dir:
+                    sub = self._listed_dir_info(path, entry.name, info, entry.path, _scan(entry.path))
+                    if sub.reason is not None:
+                        yield RepoPath(path), entry, sub.reason
+                    else:
+                        pending.append((path, entry.name, info))
+                elif reason is not None and not (reason == "git_dir" and not rel):
+                    yield RepoPath(path), entry, reason
+
+    def explain(self, path: RepoPath, reason: str, *, is_dir: bool) -> str:
+        """`reason` (from `excluded_reason`) in people's words, with the deciding rule: the
+        built-in category and its pattern, the `.gitignore` file and line, and so on."""
+        name = path.rpartition("/")[2]
+        if reason.startswith("builtin:"):
+            category = reason.partition(":")[2]
+            lines = (BUILTIN_EXCLUSIONS if self._builtin_source is None else self._builtin_source).get(category, ())
+            rule = _deciding_line(lines, path, name, is_dir, casefold=True)
+            return f"built-in category {category}" + (f", pattern {rule[1]}" if rule else "")
+        if reason.startswith("gitignore:"):
+            file_rel = reason.partition(":")[2]
+            base = file_rel[: -len(GITIGNORE)]
+            text = read_rule_file(os.path.join(self._root, file_rel)) or ""
+            rule = _deciding_line(list(rule_lines(text)), path[len(base):], name, is_dir)
+            return f"{file_rel} line {rule[0]}: {rule[1]}" if rule else file_rel
+        if reason == "extra":
+            rule = _deciding_line(self._extra_lines, path, name, is_dir)
+            return f"extra_exclusions pattern {rule[1]}" if rule else "extra_exclusions"
+        return {
+            "lfs": "Git LFS (filter=lfs in .gitattributes)",
+            "nested_repo": "a nested repository (it has its own .git)",
+            "submodule": "a submodule (.gitmodules)",
+            "git_dir": "a .git folder",
+            "beyond_symlink": "behind a symlink to a folder",
+        }.get(reason, reason)
+
     def is_excluded(self, path: RepoPath, *, is_dir: bool) -> bool:
         """Whether a scan leaves `path` out, its ancestors' rules included.
 
@@ -393,14 +517,16 @@ class ExclusionRules:
             return "git_dir"
         if self._submodules and rel in self._submodules:
             return "submodule"
-        builtin = self._builtin
-        if builtin is not None:
-            label = builtin.decide(rel, name, is_dir)
-            if label:
-                return label
         extra = self._extra
+        reincluded = False
         if extra is not None:
             label = extra.decide(rel, name, is_dir)
+            if label:
+                return label
+            reincluded = label == NEGATED  # `!pattern` in extra_exclusions overrides the built-ins
+        builtin = self._builtin
+        if builtin is not None and not reincluded:
+            label = builtin.decide(rel, name, is_dir)
             if label:
                 return label
         for rules, prefix in info.chain:

@@ -1,5 +1,5 @@
 """Rendering for people: unified diffs (ANSI-coloured on a terminal), `--stat` summaries,
-side-by-side HTML pages, and the checkpoint table of `shadowpoint list`.
+and the checkpoint table (the HTML page is `html_diff`) of `shadowpoint list`.
 
 Pure functions over the protocol's `Diff` and `Checkpoint` dicts, called by the CLI and the
 MCP server on their own thread. Colour is decided once by the caller (`use_color`): only on
@@ -9,7 +9,6 @@ a terminal, never when `NO_COLOR` is set or `TERM=dumb`.
 from __future__ import annotations
 
 import difflib
-import html
 import os
 from collections.abc import Iterator, Mapping
 from datetime import datetime
@@ -113,50 +112,17 @@ def stat_lines(diff: Mapping[str, Any], *, color: bool = False, width: int = 40)
             yield f" {f['path']:<{name_w}} | Bin\n"
             continue
         scale = min(1.0, width / most) if most else 1.0
-        plus, minus = round(a * scale), round(r * scale)
+        # a changed file always shows at least one mark of each kind it has (as git does)
+        plus = max(1, round(a * scale)) if a else 0
+        minus = max(1, round(r * scale)) if r else 0
         bar = _paint("+" * plus, "add", color) + _paint("-" * minus, "del", color) if (plus or minus) else ""
         yield f" {f['path']:<{name_w}} | {a + r:>4} {bar}\n"
     yield (f" {len(files)} file{'s' if len(files) != 1 else ''} changed, "
            f"{total_a} insertion{'s' if total_a != 1 else ''}(+), {total_r} deletion{'s' if total_r != 1 else ''}(-)\n")
 
 
-_PAGE_CSS = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #1f2328; }
-h1 { font-size: 1.3em; } h2 { font-size: 1.05em; margin-top: 2em; font-family: ui-monospace, monospace; }
-.status { font-size: .8em; padding: .1em .5em; border-radius: 1em; background: #eaeef2; margin-left: .5em; }
-table.diff { border-collapse: collapse; width: 100%; font-family: ui-monospace, monospace; font-size: 12px; }
-table.diff td { padding: 0 .4em; vertical-align: top; white-space: pre-wrap; word-break: break-all; }
-.diff_header { background: #f6f8fa; color: #59636e; text-align: right; }
-td.diff_next { display: none; } .diff_add { background: #dafbe1; } .diff_chg { background: #fff8c5; }
-.diff_sub { background: #ffebe9; } .note { color: #59636e; font-style: italic; }
-"""
-
-
-def html_page(diff: Mapping[str, Any], title: str) -> str:
-    """A self-contained HTML page showing every changed file side by side (before | after)."""
-    maker = difflib.HtmlDiff(tabsize=4, wrapcolumn=None)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{_PAGE_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
-    files = list(diff.get("files", []))
-    parts.append(f"<p>{len(files)} file{'s' if len(files) != 1 else ''} changed.</p>")
-    for f in files:
-        path, status = f["path"], f["status"]
-        label = f"{f.get('oldPath')} → {path}" if f.get("oldPath") else path
-        parts.append(f"<h2>{html.escape(label)}<span class='status'>{html.escape(status)}</span></h2>")
-        if f.get("binary"):
-            parts.append("<p class='note'>Binary file: contents not shown.</p>")
-            continue
-        before = (f.get("before") or "").splitlines()
-        after = (f.get("after") or "").splitlines()
-        if before == after:
-            parts.append("<p class='note'>Same content (moved, or mode changed).</p>")
-            continue
-        parts.append(maker.make_table(before, after, "before", "after", context=True, numlines=CONTEXT_LINES))
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
-
-
-def _when(stamp: str) -> str:
+def when(stamp: str) -> str:
+    """An ISO timestamp as local `YYYY-MM-DD HH:MM:SS` (the text itself if it is not one)."""
     try:
         return datetime.fromisoformat(stamp.replace("Z", "+00:00")).astimezone().strftime("%Y-%m-%d %H:%M:%S")
     except ValueError:
@@ -184,5 +150,5 @@ def checkpoint_table(checkpoints: list[dict[str, Any]], messages: Mapping[int, s
             first = text.strip().splitlines()[0] if text.strip() else ""
             notes.append(f"“{first[:60]}”")
         table.add_row(str(cp["position"]), (cp.get("hash") or "—")[:10], cp["kind"],
-                      _when(cp.get("createdAt", "")), Text(", ".join(notes)))
+                      when(cp.get("createdAt", "")), Text(", ".join(notes)))
     return table

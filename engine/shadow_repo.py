@@ -1,4 +1,4 @@
-"""The shadow repository: the only module that imports pygit2.
+"""The shadow repository: the only module that imports pygit2 (with `packing`, its pack writer).
 
 Owns libgit2's process-wide isolation (no user/system/XDG git config, no filters, hooks
 or fsmonitor), blob/tree/commit writing (trees are patched from the previous tree, so a
@@ -26,6 +26,7 @@ from typing import Any
 import pygit2
 import structlog
 
+from shadowpoint import packing
 from shadowpoint.errors import (
     FileNotStorableError,
     ObjectMissingError,
@@ -49,6 +50,10 @@ TASK_TRAILER = "Shadowpoint-Task"
 HEAD_REF = "refs/shadowpoint/head"
 GC_STAGING_PREFIX = "gc-"  # objects/gc-*: where a collection writes its new pack
 GC_BUSY_FILE = ".busy"  # flocked inside a staging folder by the collection using it
+GC_PACK_OBJECTS = 50_000  # objects per pack a collection writes (each installed when complete)
+# Packs this big that hold no garbage are kept by a collection; smaller ones are merged into
+# its new pack (cheap), so that the number of packs stays small.
+GC_KEEP_PACK_OBJECTS = 5_000
 
 _configured = False
 
@@ -75,6 +80,15 @@ def isolate_libgit2() -> None:
     with contextlib.suppress(Exception):
         pygit2.settings.owner_validation = False
     _configured = True
+
+
+def limit_mapped_memory(limit_bytes: int) -> None:
+    """Cap how much of the pack files libgit2 keeps mapped (process-wide; default 8 GiB, in
+    1 GiB windows): reading every object of a big repository (`storage`, a collection)
+    otherwise keeps the whole pack resident."""
+    with contextlib.suppress(Exception):
+        pygit2.settings.mwindow_size = min(pygit2.settings.mwindow_size, max(1 << 20, limit_bytes // 4))
+        pygit2.settings.mwindow_mapped_limit = limit_bytes
 
 
 @contextlib.contextmanager
@@ -840,21 +854,26 @@ class ShadowRepo:
         return self.git_dir / "objects" / oid[:2] / oid[2:]
 
     def collect_garbage(self, grace_s: float = 3600.0,
-                        locked: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> tuple[int, int]:
-        """Repack what every ref reaches into one pack and drop everything else.
+                        locked: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+                        progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+        """Pack what every ref reaches and drop everything else (`packing` says how).
 
-        libgit2 has no gc: reachability is computed here and a fresh pack written with
-        PackBuilder, without holding the workspace lock (that part is long on a big repo);
-        then, under `locked()`, what the refs reach now is checked against it, the pack is
-        installed before anything is removed, loose objects now in the pack are removed,
-        and unreachable loose objects older than `grace_s` too (younger ones may be about
-        to be referenced by another process). If a ref now reaches an object that only an
-        old pack holds, nothing is removed (the next collection will do it). Returns
-        (objects kept, bytes freed).
+        Big packs holding only reachable objects stay; the other reachable objects are written
+        into new packs without holding the workspace lock (the long part), each installed as
+        soon as it is complete, so an interrupted collection leaves a valid repository and
+        the next one resumes from the packs already written. Then, under `locked()`, what
+        the refs reach now is checked, old packs holding garbage are removed, loose objects
+        now packed are removed, and unreachable loose objects older than `grace_s` too
+        (younger ones may be about to be referenced by another process). If a ref now
+        reaches an object that only an old pack holds, nothing is removed (the next
+        collection will do it). `progress(done, total)` follows the objects written.
+        Returns (objects kept, bytes freed).
         """
         before = disk_usage(self.git_dir)
         tips = self.list_refs()
-        keep = self.reachable_objects(tips.values())
+        with translated("walk history"):
+            reach = packing.reachable(self._repo, tips.values())
+        keep = reach.objects
         objects = self.git_dir / "objects"
         pack_dir = objects / "pack"
         pack_dir.mkdir(parents=True, exist_ok=True)
@@ -864,13 +883,31 @@ class ShadowRepo:
         busy = os.open(staging / GC_BUSY_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(busy, fcntl.LOCK_EX)
         try:
+            kept_packs: set[str] = set()
+            packed: set[str] = set()
+            for idx in sorted(pack_dir.glob("pack-*.idx")):
+                listed = packing.pack_objects(idx)
+                if len(listed) >= GC_KEEP_PACK_OBJECTS and all(o in keep for o in listed):
+                    kept_packs.add(idx.stem)
+                    packed.update(listed)
+            todo = keep - packed
+            deltas = sorted(todo & reach.multi, key=lambda o: reach.names.get(o, ""))
+            plain = sorted(todo - reach.multi, key=lambda o: reach.names.get(o, ""))
+            if len(plain) < GC_KEEP_PACK_OBJECTS:
+                deltas, plain = sorted(todo, key=lambda o: reach.names.get(o, "")), []  # small: one pack
+            total, done = len(todo), 0
             with translated("collect garbage"):
-                if keep:
-                    pb = pygit2.PackBuilder(self._repo)
-                    pb.set_threads(0)
-                    for oid in keep:
-                        pb.add(pygit2.Oid(hex=oid))
-                    pb.write(str(staging))
+                for i in range(0, len(plain), GC_PACK_OBJECTS):
+                    chunk = plain[i:i + GC_PACK_OBJECTS]
+                    packing.write_pack(self._repo, chunk, staging, progress, done, total)
+                    kept_packs.add(self._install_packs(staging, pack_dir))
+                    done += len(chunk)
+                if deltas:
+                    packing.write_delta_pack(self._repo, deltas, reach.names, staging)
+                    kept_packs.add(self._install_packs(staging, pack_dir))
+                    done += len(deltas)
+                    if progress is not None:
+                        progress(done, total)
             with locked() if locked is not None else contextlib.nullcontext():
                 now_tips = self.list_refs()
                 moved = [t for name, t in now_tips.items() if tips.get(name) != t]
@@ -879,17 +916,8 @@ class ShadowRepo:
                 if only_in_old_packs:
                     log.info("storage.collect_deferred", git_dir=str(self.git_dir), objects=len(only_in_old_packs))
                     return len(keep), 0
-                old_packs = sorted(pack_dir.glob("pack-*"))
-                new_packs = sorted(staging.glob("pack-*"))
-                if keep and not any(q.suffix == ".idx" for q in new_packs):
-                    # never remove anything without the new pack in place
-                    raise RepoError(f"Garbage collection of {self.git_dir} lost its new pack; nothing was removed.")
-                # the new pack (its .pack before its .idx) is in place before anything is removed
-                for p in sorted(new_packs, key=lambda q: q.suffix != ".pack"):
-                    os.replace(p, pack_dir / p.name)
-                new_names = {p.name for p in new_packs}
-                for p in old_packs:
-                    if p.name not in new_names:
+                for p in pack_dir.glob("pack-*"):
+                    if p.name.partition(".")[0] not in kept_packs:
                         with contextlib.suppress(OSError):
                             p.unlink()
                 self._prune_loose(keep, extra, grace_s)
@@ -900,6 +928,21 @@ class ShadowRepo:
         freed = max(0, before - disk_usage(self.git_dir))
         log.info("storage.collected", git_dir=str(self.git_dir), kept=len(keep), freed_bytes=freed)
         return len(keep), freed
+
+    @staticmethod
+    def _install_packs(staging: Path, pack_dir: Path) -> str:
+        """Move the one pack written into `staging` into place (.pack before .idx); its name.
+
+        Raises:
+            RepoError: no complete pack is there (nothing is removed without one).
+        """
+        idx = sorted(staging.glob("pack-*.idx"))
+        if len(idx) != 1 or not idx[0].with_suffix(".pack").is_file():
+            raise RepoError(f"Garbage collection lost its new pack in {staging}; nothing was removed.")
+        stem = idx[0].stem
+        for p in sorted(staging.glob(f"{stem}.*"), key=lambda q: q.suffix != ".pack"):
+            os.replace(p, pack_dir / p.name)
+        return stem
 
     def _prune_loose(self, packed: set[str], reachable_loose: set[str], grace_s: float) -> None:
         """Remove loose objects that the new pack holds, and old unreachable ones."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +26,18 @@ from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo, delete_task_refs, disk
 from shadowpoint.workspace import workspace_hash
 
 log = structlog.get_logger(__name__)
+
+PENDING_FILE = "shadowpoint-gc-pending"  # in a shadow git dir: a deleted task's objects await collection
+
+
+def mark_collection_pending(git_dir: Path) -> None:
+    """Note that `git_dir` holds objects a deleted task freed (cleared by `collect_garbage`)."""
+    with contextlib.suppress(OSError):
+        (git_dir / PENDING_FILE).touch()
+
+
+def collection_pending(git_dir: Path) -> bool:
+    return (git_dir / PENDING_FILE).exists()
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +94,7 @@ def storage_report(docs_dir: Path, *, per_task_objects: bool = True) -> dict[str
         h = git_dir.parent.name
         tasks = by_hash.get(h, [])
         entry: dict[str, Any] = {"workspaceHash": h, "shadowGitDir": str(git_dir), "bytes": disk_usage(git_dir),
-                                 "worktree": None, "tasks": []}
+                                 "worktree": None, "tasks": [], "collectionPending": collection_pending(git_dir)}
         try:
             repo = ShadowRepo.open_existing(git_dir)
         except ShadowpointError as exc:
@@ -123,12 +135,15 @@ def storage_report(docs_dir: Path, *, per_task_objects: bool = True) -> dict[str
 
 def collect_garbage(docs_dir: Path, *, grace_s: float = 3600.0, lock_timeout_s: float = 300.0,
                     only: Iterable[Path] | None = None,
-                    locks: Mapping[Path, WorkspaceLock] | None = None) -> dict[str, Any]:
+                    locks: Mapping[Path, WorkspaceLock] | None = None,
+                    progress: Callable[[Path, int, int], None] | None = None) -> dict[str, Any]:
     """Drop unreachable objects from every shadow repo (or those in `only`).
 
-    The long part (reachability, writing the pack) runs without the workspace lock; it is
-    held only to install the pack and remove objects. `locks` gives the lock objects of
-    this process's engine (a second flock on the same file in one process would conflict).
+    The long part (reachability, writing the packs) runs without the workspace lock; it is
+    held only to remove packs and objects. `locks` gives the lock objects of this process's
+    engine (a second flock on the same file in one process would conflict). `progress(git
+    dir, objects written, objects to write)` follows each repo's packing. A repo's "pending"
+    mark (`mark_collection_pending`) is cleared when its collection completes.
     """
     out: dict[str, Any] = {}
     wanted = {Path(p) for p in only} if only is not None else None
@@ -138,10 +153,13 @@ def collect_garbage(docs_dir: Path, *, grace_s: float = 3600.0, lock_timeout_s: 
         lock = (locks or {}).get(git_dir) or WorkspaceLock(git_dir.parent / "shadowpoint.lock", lock_timeout_s)
         start = time.perf_counter()
         repo = ShadowRepo.open_existing(git_dir)
+        step = None if progress is None else (lambda done, total, g=git_dir: progress(g, done, total))
         try:
-            kept, freed = repo.collect_garbage(grace_s, locked=lock.held)
+            kept, freed = repo.collect_garbage(grace_s, locked=lock.held, progress=step)
         finally:
             repo.close()
+        with contextlib.suppress(OSError):
+            (git_dir / PENDING_FILE).unlink()
         out[git_dir.parent.name] = {"kept": kept, "freedBytes": freed,
                                     "durationMs": round((time.perf_counter() - start) * 1e3, 1)}
     return out
@@ -193,8 +211,13 @@ def _estimate(rec: TaskRecord, docs_dir: Path) -> int:
     return 0
 
 
-def delete_task_storage(docs_dir: Path, rec: TaskRecord) -> None:
-    """Remove a task's refs from its shadow repos and its folder (the repos stay)."""
+def delete_task_storage(docs_dir: Path, rec: TaskRecord) -> list[Path]:
+    """Remove a task's refs from its shadow repos and its folder (the repos stay).
+
+    Fast whatever the repo's size: the objects it alone reached stay until the next
+    `collect_garbage` (each repo is marked pending). Returns the shadow git dirs touched.
+    """
+    touched: list[Path] = []
     for root in rec.roots.values():
         git_dir = docs_dir / "checkpoints" / workspace_hash(Path(root)) / ".git"
         if not git_dir.is_dir():
@@ -208,7 +231,10 @@ def delete_task_storage(docs_dir: Path, rec: TaskRecord) -> None:
                 delete_task_refs(repo, rec.task_id)
             finally:
                 repo.close()
+            mark_collection_pending(git_dir)
+            touched.append(git_dir)
     CheckpointStore(docs_dir).delete(rec.task_id)
+    return touched
 
 
 def remove_all_checkpoints(docs_dir: Path) -> None:

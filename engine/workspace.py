@@ -67,21 +67,60 @@ class Workspace:
         return self.root / path if path else self.root
 
 
-def canonical_root(raw: str | os.PathLike[str], protected: Mapping[str, Path]) -> Path:
-    """Validate a workspace root and return its canonical real path.
+# Folders that are never a project themselves (SPEC §7); projects inside them are fine
+# (`/srv/app`, `/opt/tool`, and `/tmp/x`, where every test lives).
+SYSTEM_FOLDERS: frozenset[str] = frozenset({
+    "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt",
+    "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib",
+    "/usr/local", "/usr/share", "/usr/src", "/var", "/var/lib", "/var/tmp", "/snap", "/nix", "/nix/store",
+    # macOS
+    "/Applications", "/Library", "/System", "/Users", "/Volumes", "/private", "/private/tmp",
+    "/private/var", "/private/etc", "/cores",
+})
+# Pseudo file systems: nothing under them is a project either.
+PSEUDO_FOLDERS: tuple[str, ...] = ("/proc", "/sys", "/dev")
+
+
+def refusal(real: Path, protected: Mapping[str, Path], docs_dir: Path | None = None) -> str | None:
+    """Why `real` (a canonical path) may not be a workspace, in SPEC §7's words; None if it may.
+
+    Refused: the file-system root, a system folder (or anything under /proc, /sys, /dev), a
+    protected folder (home, Desktop, Documents, Downloads), the docs root and any folder
+    that contains it (its checkpoints would snapshot themselves) or lies inside it.
+    """
+    text = str(real)
+    if real == Path(real.anchor):
+        return "Cannot use checkpoints in the file-system root directory"
+    if text in SYSTEM_FOLDERS or any(text.startswith(p + "/") for p in PSEUDO_FOLDERS):
+        return f"Cannot use checkpoints in system {text} directory"
+    for name, folder in protected.items():
+        if os.path.realpath(folder) == text:
+            return f"Cannot use checkpoints in {name} directory"
+    if docs_dir is not None:
+        docs = Path(os.path.realpath(docs_dir))
+        if docs == real or docs in real.parents:
+            return f"Cannot use checkpoints in the checkpoint store's {text} directory"
+        if real in docs.parents:
+            return (f"Cannot use checkpoints in {text} directory: it holds the checkpoint store {docs} "
+                    "(choose a project folder inside it, or move the store with SHADOWPOINT_DOCS_DIR)")
+    return None
+
+
+def canonical_root(raw: str | os.PathLike[str], protected: Mapping[str, Path], docs_dir: Path | None = None) -> Path:
+    """Validate a workspace root and return its canonical real path (nothing is scanned).
 
     Raises:
         NoWorkspaceError: empty, missing or not a directory.
-        ProtectedDirectoryError: the root is the home, Desktop, Documents or Downloads folder.
+        ProtectedDirectoryError: a folder `refusal` names.
     """
     if not str(raw).strip():
         raise NoWorkspaceError()
     real = Path(os.path.realpath(os.path.expanduser(str(raw))))
     if not real.is_dir():
         raise NoWorkspaceError(f"No workspace detected: {raw} is not a directory.")
-    for name, folder in protected.items():
-        if os.path.realpath(folder) == str(real):
-            raise ProtectedDirectoryError(f"Cannot use checkpoints in {name} directory")
+    why = refusal(real, protected, docs_dir)
+    if why is not None:
+        raise ProtectedDirectoryError(why)
     return real
 
 
@@ -92,11 +131,11 @@ def open_workspaces(
 
     Raises:
         NoWorkspaceError: no roots, or a root that is not a directory.
-        ProtectedDirectoryError: a root is a protected folder.
+        ProtectedDirectoryError: a root is a protected folder, a system folder or holds the docs root.
     """
     if not roots:
         raise NoWorkspaceError()
-    reals = [canonical_root(r, protected) for r in roots]
+    reals = [canonical_root(r, protected, docs_dir) for r in roots]
     if len(set(reals)) != len(reals):
         dup = next(r for r in reals if reals.count(r) > 1)
         raise InvalidParamsError(f"The workspace root {dup} is given twice.")

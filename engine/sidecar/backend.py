@@ -53,6 +53,29 @@ def workspace_root(directory: str | os.PathLike[str] | None) -> Path:
     return Path(os.path.realpath(os.path.expanduser(str(directory) if directory else os.getcwd())))
 
 
+def find_workspace(directory: str | os.PathLike[str] | None, docs_dir: Path) -> Path:
+    """The workspace a command run in `directory` (default: the current one) means, as git finds
+    its repository: the nearest folder upwards that has checkpoints, else the nearest holding a
+    `.git`, else `directory` itself. Folders that cannot be workspaces (the home folder, system
+    folders: `workspace.refusal`) are passed over.
+    """
+    from shadowpoint.config import protected_directories
+    from shadowpoint.workspace import refusal
+
+    start = workspace_root(directory)
+    chain = [start, *start.parents]
+    protected = protected_directories()
+    usable = [p for p in chain if refusal(p, protected, docs_dir) is None]
+    checkpoints = docs_dir / "checkpoints"
+    for folder in usable:
+        if (checkpoints / workspace_hash(folder) / ".git").is_dir():
+            return folder
+    for folder in usable:
+        if os.path.lexists(folder / ".git"):
+            return folder
+    return start
+
+
 def cli_task_id(root: Path) -> str:
     """The task `shadowpoint watch` and `save` use for a workspace: `cli-<workspace hash>`."""
     return f"cli-{workspace_hash(root)}"
@@ -87,14 +110,17 @@ def workspace_tasks(docs_dir: Path, root: Path) -> list[TaskRecord]:
     return out
 
 
-def default_task(docs_dir: Path, root: Path) -> str:
-    """The most recently active task of the workspace.
+def default_task(docs_dir: Path, root: Path, *, create: bool = False) -> str:
+    """The workspace's one default task, the same for every command: its most recently active
+    task; with `create`, `cli-<workspace hash>` when it has none yet (`save`, `watch`).
 
     Raises:
-        UnknownTaskError: the workspace has no task yet.
+        UnknownTaskError: the workspace has no task yet (and not `create`).
     """
     tasks = workspace_tasks(docs_dir, root)
     if not tasks:
+        if create:
+            return cli_task_id(root)
         raise UnknownTaskError(
             f"No checkpoints for {root} yet: run `shadowpoint save` or `shadowpoint watch` there first.")
     return tasks[0].task_id
@@ -104,6 +130,15 @@ def default_task(docs_dir: Path, root: Path) -> str:
 
 _POSITION = re.compile(r"^@?(\d{1,4})$")
 _HASH = re.compile(r"^[0-9a-fA-F]{4,40}$")
+
+
+def looks_like_checkpoint(ref: str) -> bool:
+    """Whether `ref` has the shape of a checkpoint name (`@N`, `N`, or 5+ hex digits)."""
+    ref = ref.strip()
+    m = _POSITION.match(ref)
+    if m and (ref.startswith("@") or len(ref) <= 4):
+        return True
+    return bool(_HASH.match(ref)) and len(ref) >= 5
 
 
 def by_position(checkpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -289,6 +289,7 @@ def test_builtin_categories_exclude_their_files(tmp_path: Path) -> None:
             "photos/IMG_0001.JPG": b"jpg",
             "app.log": "x",
             "Cargo.lock": "x",
+            "deps.lock": "x",
             ".env": "SECRET=1",
             ".env.local": "SECRET=1",
             "prod.env": "SECRET=1",
@@ -305,13 +306,15 @@ def test_builtin_categories_exclude_their_files(tmp_path: Path) -> None:
         },
     )
     # Type patterns ignore case (IMG_0001.JPG); names do not (`Build/` is not `build/`).
-    assert walked(root) == {"src/main.py", "src/app.environment.ts", "src/build.py", "README.md", "Build/out.js"}
+    # Dependency lock files are snapshotted although `*.lock` is left out (SPEC §4).
+    assert walked(root) == {"src/main.py", "src/app.environment.ts", "src/build.py", "README.md", "Build/out.js",
+                            "Cargo.lock"}
     rules = ExclusionRules(root)
     reasons = {
         "img.png": "builtin:media",
         "photos/IMG_0001.JPG": "builtin:media",
         "app.log": "builtin:cache_and_logs",
-        "Cargo.lock": "builtin:cache_and_logs",
+        "deps.lock": "builtin:cache_and_logs",
         ".env": "builtin:environment",
         ".env.local": "builtin:environment",
         "prod.env": "builtin:environment",

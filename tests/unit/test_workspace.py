@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,37 @@ def test_project_inside_protected_directory_is_fine(protected: dict[str, Path]) 
     proj = protected["Documents"] / "proj"
     proj.mkdir()
     assert canonical_root(proj, protected) == Path(os.path.realpath(proj))
+
+
+@pytest.mark.parametrize("folder", ["/", "/usr", "/etc", "/var", "/proc", "/sys", "/dev", "/tmp", "/proc/self"])
+def test_root_and_system_folders_refused_before_any_scan(folder: str, tmp_path: Path) -> None:
+    if not os.path.isdir(folder):
+        pytest.skip(f"{folder} does not exist here")
+    with pytest.raises(ProtectedDirectoryError) as info:
+        open_workspaces([folder], tmp_path / "docs", {})
+    assert re.fullmatch(r"Cannot use checkpoints in .+ directory", str(info.value))
+    assert not (tmp_path / "docs").exists()
+
+
+def test_projects_under_tmp_and_srv_stay_usable(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    assert canonical_root(proj, {}, tmp_path / "docs") == Path(os.path.realpath(proj))
+
+
+def test_the_docs_root_and_its_ancestors_are_refused(tmp_path: Path) -> None:
+    docs = tmp_path / "store" / "shadowpoint"
+    docs.mkdir(parents=True)
+    with pytest.raises(ProtectedDirectoryError, match="checkpoint store"):
+        canonical_root(docs, {}, docs)
+    with pytest.raises(ProtectedDirectoryError, match=r"holds the checkpoint store"):
+        canonical_root(tmp_path / "store", {}, docs)
+    with pytest.raises(ProtectedDirectoryError, match=r"holds the checkpoint store"):
+        canonical_root(tmp_path, {}, docs)
+    inside = docs / "checkpoints"
+    inside.mkdir()
+    with pytest.raises(ProtectedDirectoryError, match="checkpoint store"):
+        canonical_root(inside, {}, docs)
 
 
 @pytest.mark.parametrize("raw", ["", "   "])

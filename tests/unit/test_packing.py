@@ -1,0 +1,99 @@
+"""Garbage collection's own pack writer and its packs kept between collections (issue 13):
+git itself (`fsck`, `verify-pack`) is the oracle for the files written."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shadowpoint import packing, shadow_repo
+from shadowpoint.shadow_repo import ShadowRepo, task_ref
+from shadowpoint.workspace import RepoPath
+from tests.unit.test_shadow_repo import blob, build, git
+
+
+@pytest.fixture
+def repo(tmp_path: Path, workspace: Path) -> Iterator[ShadowRepo]:
+    r = ShadowRepo.open_or_init(tmp_path / "shadow" / ".git", workspace)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def small_packs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pack sizes of a big repository, scaled down to a test's."""
+    monkeypatch.setattr(shadow_repo, "GC_PACK_OBJECTS", 7)
+    monkeypatch.setattr(shadow_repo, "GC_KEEP_PACK_OBJECTS", 5)
+
+
+def _history(repo: ShadowRepo, task: str, files: int, rounds: int, seed: int) -> tuple[str, dict[str, bytes]]:
+    rng = random.Random(seed)
+    content = {f"d{i % 4}/f{i}.txt": rng.randbytes(rng.randint(0, 3000)) for i in range(files)}
+    content["big.bin"] = rng.randbytes(70_000)  # a size header of several bytes
+    tree = build(repo, {p: blob(repo, d) for p, d in content.items()})
+    head = repo.commit(tree, [], "baseline", task)
+    for r in range(rounds):
+        path = f"d0/f{r % 3 * 4}.txt"
+        content[path] = content[path] + f"round {r}\n".encode()
+        tree = repo.patch_tree(tree, {RepoPath(path): blob(repo, content[path])})
+        head = repo.commit(tree, [head], f"round {r}", task)
+    repo.set_ref(task_ref(task), head)
+    return head, content
+
+
+def _packs(repo: ShadowRepo) -> set[str]:
+    return {p.stem for p in (repo.git_dir / "objects" / "pack").glob("pack-*.pack")}
+
+
+def test_collection_packs_everything_git_can_verify(repo: ShadowRepo, small_packs: None) -> None:
+    head, content = _history(repo, "t1", files=30, rounds=6, seed=1)
+    doomed, _ = _history(repo, "t2", files=12, rounds=1, seed=2)
+    repo.delete_ref(task_ref("t2"))
+    seen: list[tuple[int, int]] = []
+    kept, freed = repo.collect_garbage(grace_s=0, progress=lambda done, total: seen.append((done, total)))
+    assert kept == len(repo.reachable_objects([head])) and freed > 0
+    assert not repo.has_object(doomed)
+    assert git(repo, "fsck", "--full", "--strict", "--no-dangling").returncode == 0
+    packs = _packs(repo)
+    assert len(packs) >= 2, "the plain packs (several, GC_PACK_OBJECTS each) and the delta pack"
+    for stem in packs:
+        verify = git(repo, "verify-pack", "-v", str(repo.git_dir / "objects" / "pack" / f"{stem}.idx"))
+        assert "ok" in verify.stdout.splitlines()[-1]
+    assert seen and seen[-1][0] == seen[-1][1] == kept
+    assert not any((repo.git_dir / "objects").glob("[0-9a-f][0-9a-f]/*")), "no loose object is left"
+    listed = repo.list_tree(repo.commit_tree(head))
+    for path, data in content.items():
+        assert repo.read_blob(listed[RepoPath(path)].oid) == data
+
+
+def test_packs_without_garbage_are_kept_and_an_interrupted_collection_resumes(
+        repo: ShadowRepo, small_packs: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    head, _ = _history(repo, "t1", files=40, rounds=4, seed=3)
+    written: list[str] = []
+    real_write = packing.write_pack
+
+    def interrupted_after_two(*args: object, **kwargs: object) -> Path:
+        if len(written) == 2:
+            raise KeyboardInterrupt  # Ctrl-C in the middle of a collection
+        idx: Path = real_write(*args, **kwargs)  # type: ignore[arg-type]
+        written.append(idx.stem)
+        return idx
+
+    monkeypatch.setattr(packing, "write_pack", interrupted_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        repo.collect_garbage(grace_s=0)
+    assert git(repo, "fsck", "--full", "--no-dangling").returncode == 0, "an interrupted collection breaks nothing"
+    assert set(written) <= _packs(repo)
+    monkeypatch.setattr(packing, "write_pack", real_write)
+    repo.collect_garbage(grace_s=0)
+    assert set(written) <= _packs(repo), "the packs an interrupted collection installed are kept"
+    assert git(repo, "fsck", "--full", "--no-dangling").returncode == 0
+    before = _packs(repo)
+    repo.collect_garbage(grace_s=0)
+    big = {s for s in before if len(packing.pack_objects(repo.git_dir / "objects" / "pack" / f"{s}.idx")) >= 5}
+    assert big <= _packs(repo), "a collection with nothing to free rewrites no big pack"
+    assert repo.reachable_objects([head]) <= {o for s in _packs(repo) for o in
+                                              packing.pack_objects(repo.git_dir / "objects" / "pack" / f"{s}.idx")}
