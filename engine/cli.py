@@ -878,7 +878,8 @@ def storage(ctx: _Ctx, gc: bool, grace: float | None, only: tuple[str, ...], qui
     docs = settings.resolved_docs_dir()
     collected: dict[str, Any] = {}
     if gc:
-        collected = _collect(ctx, docs, settings.gc_grace_s if grace is None else grace, settings.lock_timeout_s, only, show=not quiet and not as_json)
+        grace_s = settings.gc_grace_s if grace is None else grace
+        collected = _collect(ctx, docs, grace_s, settings.lock_timeout_s, only, show=not quiet and not as_json)
     if quiet:
         return
     report = store.storage_report(docs)
