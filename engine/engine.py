@@ -251,6 +251,7 @@ class Engine:
         with rt.lock:
             if rt.state in ("failed", "disabled") or (rt.state == "initializing" and rt.baseline is None):
                 rt.record.disabled = False
+                rt.record.full_write = True  # not a logged change: the next write is task.json
                 ts = rt.record.messages[0].ts if rt.record.messages else 0
                 if rt.record.last_snapshot() is None:
                     self._begin_baseline(rt, ts)
@@ -274,7 +275,13 @@ class Engine:
         return out
 
     def _save(self, rt: TaskRuntime) -> None:
+        """Write the task's whole record (after a structural change: restores, cuts, forks)."""
         self.store.save(rt.record)
+
+    def _append(self, rt: TaskRuntime) -> None:
+        """Write what changed since the last write (messages, scope, checkpoints added by
+        `TaskRecord`'s logged methods) as one line of the task's log: O(1) per round."""
+        self.store.append(rt.record)
 
     # ------------------------------------------------------------------ baseline
 
@@ -502,16 +509,14 @@ class Engine:
             rt.recorder = None
             self._touch_message(rt, ts)
             if rec is None or not rec.mutating:
-                self._save(rt)
+                self._append(rt)
                 return None
             for root_name, path in rec.edited:
-                bucket = rt.record.edited.setdefault(root_name, [])
-                if path not in bucket:
-                    bucket.append(path)
+                rt.record.note_edited(root_name, path)
                 rt.record.note_scope(root_name, [path], ts)
         if not self._wait_ready(rt):
             with rt.lock:
-                self._save(rt)
+                self._append(rt)
             return None
         with rt.lock:
             during: dict[str, frozenset[RepoPath]] = {}
@@ -585,7 +590,7 @@ class Engine:
             self._touch_message(rt, ts)
             cp = CheckpointRecord(ts=ts, kind="compaction", hashes={})
             rt.record.add_checkpoint(cp)
-            self._save(rt)
+            self._append(rt)
             return cp
 
     @staticmethod
@@ -598,7 +603,7 @@ class Engine:
         rt = self._task(task_id)
         with rt.lock:
             rt.record.add_message(ts, role, text)
-            self._save(rt)
+            self._append(rt)
 
     def _checkpoint(self, rt: TaskRuntime, kind: str, ts: int, plans: dict[str, StagePlan],
                     dedup_completion: bool = False,
@@ -675,13 +680,12 @@ class Engine:
         (`storage_failed`) the task is left as before the round: the checkpoint and its refs
         are taken back and the next round stages the round's paths again."""
         before = [(c, c.restored) for c in rt.record.checkpoints]
+        base = rt.record.base
         rt.record.add_checkpoint(cp)
         try:
-            self._save(rt)
+            self._append(rt)
         except StorageFailedError:
-            rt.record.checkpoints = [c for c, _ in before]
-            for c, mark in before:
-                c.restored = mark
+            rt.record.take_back_checkpoint(cp, before, base)
             for name, root in self.roots.items():
                 old = prev.hashes.get(name) if prev else None
                 if old and old != cp.hashes.get(name):

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from shadowpoint.checkpoints import CheckpointStore
 from shadowpoint.engine import Engine
 from shadowpoint.errors import ShadowpointError
 from shadowpoint.shadow_repo import task_ref
@@ -282,8 +283,8 @@ def test_task_folder_deleted_under_a_running_engine(make_engine: MakeEngine, wor
     engine_edit(eng, workspace, 2, {"a.txt": "a1\n"})
     shutil.rmtree(docs / "tasks" / "t")
     _checkpoints_go_on(eng, workspace, docs, 3)
-    record = json.loads((docs / "tasks" / "t" / "task.json").read_text())
-    assert [c["ts"] for c in record["checkpoints"]] == [1, 2, 3]
+    record = CheckpointStore(docs).load("t")  # task.json and its log
+    assert [c.ts for c in record.checkpoints] == [1, 2, 3]
 
 
 def test_task_folder_deleted_while_stopped_is_rebuilt_from_the_shadow_refs(
