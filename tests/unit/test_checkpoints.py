@@ -300,7 +300,8 @@ def test_400_rounds_load_as_the_whole_record_written_every_round(tmp_path: Path,
 
     monkeypatch.setattr(module, "LOG_COMPACT_MIN", 4096)  # several compactions on the way
     logged, whole = CheckpointStore(tmp_path / "logged"), CheckpointStore(tmp_path / "whole")
-    rec, ref = task(cp(0, "baseline")), task(cp(0, "baseline"))
+    rec, ref = task(cp(0, "baseline", created_at="at 0")), task(cp(0, "baseline", created_at="at 0"))
+    ref.created_at = rec.created_at  # the same record twice, not two made a millisecond apart
     logged.save(rec)
     whole.save(ref)
     log_file = logged.task_dir("t") / module.LOG_FILE
