@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rounds: {len(times)}; median {statistics.median(times) * 1e3:.2f} ms; first {n}: "
               f"{statistics.median(times[:n]) * 1e3:.2f} ms; last {n}: {statistics.median(times[-n:]) * 1e3:.2f} ms"
               + (" (under cProfile)" if prof is not None else ""))
+        tenth = max(1, len(times) // 10)
+        print("median of each tenth: " + ", ".join(f"{statistics.median(times[k:k + tenth]) * 1e3:.2f} ms"
+                                                    for k in range(0, len(times) - tenth + 1, tenth)))
         if prof is not None:
             for key, restrict in (("tottime", ()), ("cumulative", ("shadowpoint",))):
                 out = io.StringIO()
