@@ -66,15 +66,22 @@ class Series:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A quality bar (issue 6): ours/rival at most `max_ratio`, or ours at most `max_value`."""
+    """A quality bar (issue 6): ours/rival at most `max_ratio`, or ours at most `max_value`,
+    or ours at most `max_growth` times our own earlier figure (issue 14: a task's late rounds
+    against its first ones)."""
 
     text: str
     max_ratio: float | None = None
     max_value: float | None = None
+    max_growth: float | None = None
 
-    def check(self, ours: float | None, ratio: float | None) -> str:
+    def check(self, ours: float | None, ratio: float | None, growth: float | None = None) -> str:
         if ours is None:
             return "—"
+        if self.max_growth is not None:
+            if growth is None:
+                return "—"
+            return "PASS" if growth <= self.max_growth else "MISS"
         if self.max_ratio is not None:
             if ratio is None:
                 return "—"
@@ -84,13 +91,16 @@ class Target:
         return "—"
 
     def to_json(self) -> dict[str, Any]:
-        return {"text": self.text, "max_ratio": self.max_ratio, "max_value": self.max_value}
+        out: dict[str, Any] = {"text": self.text, "max_ratio": self.max_ratio, "max_value": self.max_value}
+        if self.max_growth is not None:
+            out["max_growth"] = self.max_growth
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> Target | None:
         if not data:
             return None
-        return cls(data["text"], data.get("max_ratio"), data.get("max_value"))
+        return cls(data["text"], data.get("max_ratio"), data.get("max_value"), data.get("max_growth"))
 
 
 @dataclass(slots=True)
@@ -107,6 +117,15 @@ class ScenarioResult:
     skipped: str | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    early: Series | None = None  # our own earlier figure (`Target.max_growth`): a long task's first rounds
+
+    @property
+    def growth(self) -> float | None:
+        """Ours against our own earlier figure (`early`)."""
+        if self.ours is None or not self.ours.samples or self.early is None or not self.early.samples \
+                or self.early.median <= 0:
+            return None
+        return self.ours.median / self.early.median
 
     @property
     def ratio(self) -> float | None:
@@ -122,7 +141,8 @@ class ScenarioResult:
             return "skipped"
         if self.target is None:
             return "—"
-        return self.target.check(self.ours.median if self.ours and self.ours.samples else None, self.ratio)
+        return self.target.check(self.ours.median if self.ours and self.ours.samples else None, self.ratio,
+                                 self.growth)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -138,6 +158,7 @@ class ScenarioResult:
             "skipped": self.skipped,
             "error": self.error,
             "notes": list(self.notes),
+            **({"early": self.early.to_json(), "growth": self.growth} if self.early and self.early.samples else {}),
         }
 
     @classmethod
@@ -153,6 +174,7 @@ class ScenarioResult:
             skipped=data.get("skipped"),
             error=data.get("error"),
             notes=list(data.get("notes", [])),
+            early=Series.from_json(data["early"]) if data.get("early") else None,
         )
 
 

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from shadowpoint.cli import main
+from shadowpoint.entry import main
 
 sys.exit(main())

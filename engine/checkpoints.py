@@ -2,16 +2,22 @@
 
 Owns the timeline of a task (messages and checkpoints by `ts`), the restored marks, the
 files edit tools reported, the undo record of the last file restore and the restore
-journal; every change is written atomically (temp file, rename), so a killed process leaves
-the old or the new file, never a torn one. Not synced to disk: a power cut may lose the last
-changes, like the loose objects libgit2 writes without fsync (only the user's files that a
-restore writes are synced, in safe_fs). Used by the engine under the task's lock; knows
-nothing of git.
+journal. A task's record is `task.json` (its compacted form, written atomically: temp file,
+rename) plus `task.log`, an append-only log of what changed since: a round adds one line
+(one `write`), so a round costs the same at the 400th round of a task as at the 4th (SPEC
+§9). Structural changes (restores, cuts, forks) and a log grown past the size of task.json
+rewrite task.json with the next generation number, then remove the log; a log line carries
+its generation, so one left by a kill between the two is never applied twice, and a torn
+last line (a kill mid-append) is ignored on load and cut off before the next append.
+Not synced to disk: a power cut may lose the last changes, like the loose objects libgit2
+writes without fsync (only the user's files that a restore writes are synced, in safe_fs).
+Used by the engine under the task's lock; knows nothing of git.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -30,6 +36,10 @@ from shadowpoint.shadow_repo import ref_component
 log = structlog.get_logger(__name__)
 
 TASK_FILE = "task.json"
+LOG_FILE = "task.log"
+# the log is compacted into task.json when it would pass this or the size of task.json (so the
+# rewrite's cost, O(task), is spread over as many rounds as the task has: O(1) per round)
+LOG_COMPACT_MIN = 64 * 1024
 JOURNAL_FILE = "restore-journal.json"
 SNAPSHOT_KINDS = ("baseline", "round", "completion")
 
@@ -102,6 +112,13 @@ class TaskRecord:
     forks: list[dict[str, Any]] = field(default_factory=list)  # {taskId, ts, createdAt} made from this task
     disabled: bool = False
     created_at: str = field(default_factory=now_iso)
+    # ---- persistence state (not part of the record's value)
+    # the changes since the record was last written, as log operations (see `apply_op`)
+    pending: list[dict[str, Any]] = field(default_factory=list, compare=False, repr=False)
+    full_write: bool = field(default=True, compare=False, repr=False)  # next write: task.json
+    log_gen: int = field(default=0, compare=False, repr=False)  # generation of task.json's log
+    log_size: int = field(default=0, compare=False, repr=False)  # bytes of the log's whole lines
+    json_size: int = field(default=0, compare=False, repr=False)  # bytes of task.json
 
     # ---------------------------------------------------------------- timeline
 
@@ -123,22 +140,54 @@ class TaskRecord:
             other.restored = False
         if cp.has_snapshot:
             self.base = None  # the task's newest state is this snapshot now
-        self.checkpoints = [c for c in self.checkpoints if c.ts != cp.ts]
-        self.checkpoints.append(cp)
-        self.checkpoints.sort(key=lambda c: c.ts)
+        if self.checkpoints and self.checkpoints[-1].ts < cp.ts:
+            self.checkpoints.append(cp)  # the usual case, without a copy of the whole list
+        else:
+            self.checkpoints = [c for c in self.checkpoints if c.ts != cp.ts]
+            self.checkpoints.append(cp)
+            self.checkpoints.sort(key=lambda c: c.ts)
+        self.pending.append({"op": "cp", "ts": cp.ts, "kind": cp.kind, "hashes": cp.hashes, "reused": cp.reused,
+                             "created_at": cp.created_at, "warnings": cp.warnings})
+
+    def take_back_checkpoint(self, cp: CheckpointRecord, before: list[tuple[CheckpointRecord, bool]],
+                             base: dict[str, str] | None) -> None:
+        """Undo `add_checkpoint(cp)` whose write failed: `before` are the checkpoints and their
+        restored marks before it, `base` the base. Its log operation goes too; the other pending
+        ones (the round's message and scope) stay for the next write, as they stay in memory."""
+        self.checkpoints = [c for c, _ in before]
+        for c, mark in before:
+            c.restored = mark
+        self.base = base
+        for i in range(len(self.pending) - 1, -1, -1):
+            op = self.pending[i]
+            if op.get("op") == "cp" and op.get("ts") == cp.ts and op.get("hashes") is cp.hashes:
+                del self.pending[i]
+                break
 
     def add_message(self, ts: int, role: str, text: str | None) -> None:
-        for m in self.messages:
+        self.pending.append({"op": "msg", "ts": ts, "role": role, "text": text})
+        # newest first: a round's message is the last one or a new one
+        for m in reversed(self.messages):
             if m.ts == ts:
                 m.role = role
                 if text is not None:
                     m.text = text
                 return
+            if m.ts < ts:
+                break
+        if self.messages and self.messages[-1].ts < ts:
+            self.messages.append(MessageRecord(ts, role, text))
+            return
         self.messages.append(MessageRecord(ts, role, text))
         self.messages.sort(key=lambda m: m.ts)
 
     def message(self, ts: int) -> MessageRecord | None:
-        return next((m for m in self.messages if m.ts == ts), None)
+        for m in reversed(self.messages):
+            if m.ts == ts:
+                return m
+            if m.ts < ts:
+                return None
+        return None
 
     def cut_after(self, keep_through: int) -> None:
         """Drop the messages and checkpoints after `keep_through` (the baseline always stays)."""
@@ -150,8 +199,39 @@ class TaskRecord:
     def note_scope(self, root: str, paths: Iterable[str], ts: int) -> None:
         """Add `paths` of `root` to the restore scope, first recorded at the round `ts`."""
         bucket = self.scope.setdefault(root, {})
-        for path in paths:
-            bucket.setdefault(path, ts)
+        added = [p for p in paths if p not in bucket]
+        for path in added:
+            bucket[path] = ts
+        if added:
+            self.pending.append({"op": "scope", "root": root, "paths": added, "ts": ts})
+
+    def note_edited(self, root: str, path: str) -> None:
+        """Record `path` of `root` as reported by an edit tool."""
+        bucket = self.edited.setdefault(root, [])
+        if path not in bucket:
+            bucket.append(path)
+            self.pending.append({"op": "edited", "root": root, "path": path})
+
+    def apply_op(self, op: dict[str, Any]) -> None:
+        """Replay one log operation, through the method that recorded it (same effect)."""
+        kind = op["op"]
+        if kind == "cp":
+            cp = CheckpointRecord(ts=op["ts"], kind=op["kind"], hashes=dict(op["hashes"]), reused=bool(op["reused"]),
+                                  created_at=op["created_at"], warnings=list(op["warnings"]))
+            if not (isinstance(cp.ts, int) and isinstance(cp.kind, str)
+                    and all(isinstance(v, str) for v in cp.hashes.values())):
+                raise ValueError(f"a checkpoint of the wrong shape: {op!r}")
+            self.add_checkpoint(cp)
+        elif kind == "msg":
+            if not isinstance(op["ts"], int):
+                raise ValueError(f"a message of the wrong shape: {op!r}")
+            self.add_message(op["ts"], str(op["role"]), op["text"])
+        elif kind == "scope":
+            self.note_scope(str(op["root"]), [str(p) for p in op["paths"]], int(op["ts"]))
+        elif kind == "edited":
+            self.note_edited(str(op["root"]), str(op["path"]))
+        else:
+            raise ValueError(f"unknown log operation {kind!r}")
 
     def scope_paths(self, root: str) -> list[str]:
         """The restore scope of `root`: every path the task changed (PROTOCOL 1.1 "Scope")."""
@@ -227,9 +307,47 @@ class TaskRecord:
         return rec
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def append_line(path: Path, line: bytes, expected: int) -> bool:
+    """Append `line` to the log `path` in one `write`; False (nothing written) when the log
+    is shorter than the `expected` bytes its record holds (removed or cut under us). Bytes
+    past `expected` are a torn line of a killed append: cut off first. A failed or short write
+    is cut off too, so the log ends with whole lines.
+
+    Raises:
+        OSError: the write failed (disk full, quota, I/O error); FileNotFoundError when the
+            task folder is gone.
+    """
+    with open(path, "ab", buffering=0) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < expected:
+            return False
+        if size > expected:
+            fh.truncate(expected)
+        try:
+            written = fh.write(line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                fh.truncate(expected)
+            raise
+    return True
+
+
+def drop_log(path: Path) -> None:
+    """Remove a log whose lines task.json holds now (a failure only leaves lines ignored on load)."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("task.log_not_removed", path=str(path), reason=str(exc))
+
+
+def write_json_atomic(path: Path, data: Any) -> int:
     """Write `data` as JSON to `path` so that a killed process leaves the old or the new file,
-    whole. No fsync (two per write cost ~1 ms of a 4 ms round; see the module docstring).
+    whole; returns its size in bytes. No fsync (two per write cost ~1 ms of a 4 ms round; see
+    the module docstring).
 
     Raises:
         StorageFailedError: the docs root refused the write (disk full, quota, I/O error); the
@@ -241,8 +359,9 @@ def write_json_atomic(path: Path, data: Any) -> None:
         with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as fh:
             # compact: with `indent` json falls back to its pure-Python encoder (measured: 5 ms
             # of a 15 ms round on a 130-checkpoint task)
-            fh.write(json.dumps(data, ensure_ascii=True, separators=(",", ":")))
+            size = fh.write(json.dumps(data, ensure_ascii=True, separators=(",", ":")))
         os.replace(tmp, path)
+        return size
     except BaseException as exc:
         # a failed write (unserialisable data, disk full) must not leave its temp file behind
         with contextlib.suppress(OSError):
@@ -268,22 +387,59 @@ class CheckpointStore:
         return (self.task_dir(task_id) / TASK_FILE).is_file()
 
     def load(self, task_id: str) -> TaskRecord:
-        """Raises UnknownTaskError when the task has no (readable) folder."""
-        path = self.task_dir(task_id) / TASK_FILE
+        """task.json, then the lines of its log generation replayed in order.
+
+        Raises UnknownTaskError when the task has no (readable) folder.
+        """
+        folder = self.task_dir(task_id)
+        path = folder / TASK_FILE
         try:
             with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-                data = json.load(fh)
+                text = fh.read()
+            data = json.loads(text)
         except FileNotFoundError:
             raise UnknownTaskError(f"Unknown task {task_id!r}: start it with task/start first.") from None
         except (OSError, ValueError) as exc:
             raise TaskMetadataError(f"Task {task_id!r} has unreadable metadata ({exc}).") from exc
         try:
             rec = TaskRecord.from_json(data)
+            gen = data.get("log_gen", 0)
+            if not isinstance(gen, int):
+                raise ValueError("log_gen is not a number")
         except Exception as exc:  # valid JSON of the wrong shape: any field may be off
             raise TaskMetadataError(f"Task {task_id!r} has unreadable metadata ({exc!r}).") from exc
         if rec.task_id != task_id:
             raise TaskMetadataError(f"Task folder {path.parent} belongs to {rec.task_id!r}, not {task_id!r}.")
+        rec.log_gen, rec.json_size = gen, len(text)
+        rec.log_size = self._replay(rec, folder / LOG_FILE)
+        rec.pending.clear()
+        rec.full_write = False
         return rec
+
+    @staticmethod
+    def _replay(rec: TaskRecord, log_path: Path) -> int:
+        """Apply the log lines of `rec.log_gen` to `rec`; the bytes of its whole lines (a torn
+        last line, a killed append, is not one: the next append cuts it off)."""
+        try:
+            with open(log_path, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise TaskMetadataError(f"Task {rec.task_id!r} has an unreadable log ({exc}).") from exc
+        whole = raw.rfind(b"\n") + 1
+        if whole < len(raw):
+            log.warning("task.log_torn_line_ignored", task_id=rec.task_id, bytes=len(raw) - whole)
+        for n, line in enumerate(raw[:whole].splitlines(), 1):
+            try:
+                entry = json.loads(line)
+                if not isinstance(entry, dict) or entry.get("g") != rec.log_gen:
+                    continue  # an older generation, already in task.json (a kill before the log went)
+                for op in entry["ops"]:
+                    rec.apply_op(op)
+            except Exception as exc:  # a damaged line: the others still count
+                log.warning("task.log_line_skipped", task_id=rec.task_id, line=n, reason=repr(exc)[:200])
+        return whole
 
     def set_aside(self, task_id: str) -> Path | None:
         """Rename an unreadable task.json out of the way, keeping it for a person to inspect."""
@@ -293,6 +449,9 @@ class CheckpointStore:
             os.replace(path, aside)
         except OSError:
             return None
+        # its log goes with it: its lines belong to that file, not to the record rebuilt next
+        with contextlib.suppress(OSError):
+            os.replace(path.with_name(LOG_FILE), aside.with_name(aside.name.replace(TASK_FILE, LOG_FILE)))
         return aside
 
     def has_any_task(self) -> bool:
@@ -302,7 +461,64 @@ class CheckpointStore:
         return any((d / TASK_FILE).is_file() for d in self.tasks_dir.iterdir())
 
     def save(self, rec: TaskRecord) -> None:
-        write_json_atomic(self.task_dir(rec.task_id) / TASK_FILE, rec.to_json())
+        """Write the whole record: task.json of the next log generation, then the log goes.
+
+        Raises:
+            StorageFailedError: task.json could not be written; the old files are intact and
+                the next write (`save` or `append`) writes the whole record again.
+        """
+        folder = self.task_dir(rec.task_id)
+        data = rec.to_json()
+        data["log_gen"] = rec.log_gen + 1
+        try:
+            rec.json_size = write_json_atomic(folder / TASK_FILE, data)
+        except BaseException:
+            rec.full_write = True
+            raise
+        rec.log_gen += 1
+        rec.pending.clear()
+        rec.full_write = False
+        # a kill here leaves a log of the previous generation: ignored on load, cut below
+        drop_log(folder / LOG_FILE)
+        rec.log_size = 0
+
+    def append(self, rec: TaskRecord) -> None:
+        """Write the changes since the last write as one log line (one `write`); the whole
+        record instead when it was never written, a write of it failed, the log has gone
+        missing or would pass the compaction size.
+
+        Raises:
+            StorageFailedError: the docs root refused the write; nothing was added to the
+                record on disk and `rec.pending` still holds the changes.
+        """
+        if rec.full_write:
+            self.save(rec)
+            return
+        if not rec.pending:
+            return
+        line = json.dumps({"g": rec.log_gen, "ops": rec.pending}, ensure_ascii=True,
+                          separators=(",", ":")).encode("ascii") + b"\n"
+        if rec.log_size + len(line) > max(LOG_COMPACT_MIN, rec.json_size):
+            log.debug("task.log_compacted", task_id=rec.task_id, log_bytes=rec.log_size)
+            self.save(rec)
+            return
+        folder = self.task_dir(rec.task_id)
+        try:
+            intact = append_line(folder / LOG_FILE, line, rec.log_size)
+            if intact and rec.log_size == 0 and not (folder / TASK_FILE).is_file():
+                intact = False  # the task folder went away: the log alone would be no record
+        except FileNotFoundError:
+            intact = False  # the task folder is gone (deleted under a running engine)
+        except OSError as exc:
+            raise StorageFailedError(
+                f"Could not write {folder / LOG_FILE} (the log of {TASK_FILE}): {exc.strerror or exc}. Nothing was "
+                "half-written; free space in the docs root (or fix the disk) and repeat the request.") from exc
+        if not intact:
+            log.warning("task.log_lost", task_id=rec.task_id, hint="the whole record is written again")
+            self.save(rec)
+            return
+        rec.log_size += len(line)
+        rec.pending.clear()
 
     def delete(self, task_id: str) -> None:
         shutil.rmtree(self.task_dir(task_id), ignore_errors=True)

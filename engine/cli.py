@@ -113,12 +113,45 @@ def _fail(message: str, kind: str) -> NoReturn:
 # ---------------------------------------------------------------------------- shared helpers
 
 
+class _PlainOut:
+    """stdout when it is not a terminal: plain text is written as the rich console would
+    write it (no markup, highlighting or wrapping there), without importing rich (~100 ms of
+    a short command, issue 13); anything else (tables, tabs, control characters, options)
+    goes to the rich console."""
+
+    is_terminal = False
+
+    def __init__(self) -> None:
+        self._rich: Console | None = None
+
+    @property
+    def rich(self) -> Console:
+        if self._rich is None:
+            from rich.console import Console
+
+            self._rich = Console(highlight=False, emoji=False, markup=False, soft_wrap=True)
+        return self._rich
+
+    @property
+    def width(self) -> int:
+        return self.rich.width
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        texts = [o for o in objects if isinstance(o, str)]
+        text = " ".join(texts)
+        if options or len(texts) != len(objects) or not text.replace("\n", "").isprintable():
+            self.rich.print(*objects, **options)
+            return
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
 class _Ctx:
     """Per-invocation state: settings (loaded once) and the consoles."""
 
     def __init__(self) -> None:
         self._settings: Settings | None = None
-        self._out: Console | None = None
+        self._out: Console | _PlainOut | None = None
         self._err: Console | None = None
 
     @property
@@ -132,12 +165,21 @@ class _Ctx:
         return self._settings
 
     @property
-    def out(self) -> Console:
+    def out(self) -> Console | _PlainOut:
         if self._out is None:
-            from rich.console import Console
+            if not sys.stdout.isatty() and "FORCE_COLOR" not in os.environ and "TTY_COMPATIBLE" not in os.environ:
+                self._out = _PlainOut()
+            else:
+                from rich.console import Console
 
-            self._out = Console(highlight=False, emoji=False, markup=False, soft_wrap=True)
+                self._out = Console(highlight=False, emoji=False, markup=False, soft_wrap=True)
         return self._out
+
+    @property
+    def rich_out(self) -> Console:
+        """The rich console of stdout (for rich's own widgets)."""
+        out = self.out
+        return out.rich if isinstance(out, _PlainOut) else out
 
     @property
     def err(self) -> Console:
@@ -466,7 +508,7 @@ def _watch_live(ctx: _Ctx, loop: Any, stop: threading.Event, header: str, baseli
         return Text(f"● {mode} · {made} checkpoint{'s' if made != 1 else ''} · "
                     f"last: {last}{tail}", style="cyan")
 
-    with Live(status(), console=ctx.out, refresh_per_second=4, transient=True) as live:
+    with Live(status(), console=ctx.rich_out, refresh_per_second=4, transient=True) as live:
         while not stop.wait(0.1):
             event = loop.tick()
             if event is not None:

@@ -251,6 +251,7 @@ class Engine:
         with rt.lock:
             if rt.state in ("failed", "disabled") or (rt.state == "initializing" and rt.baseline is None):
                 rt.record.disabled = False
+                rt.record.full_write = True  # not a logged change: the next write is task.json
                 ts = rt.record.messages[0].ts if rt.record.messages else 0
                 if rt.record.last_snapshot() is None:
                     self._begin_baseline(rt, ts)
@@ -274,7 +275,13 @@ class Engine:
         return out
 
     def _save(self, rt: TaskRuntime) -> None:
+        """Write the task's whole record (after a structural change: restores, cuts, forks)."""
         self.store.save(rt.record)
+
+    def _append(self, rt: TaskRuntime) -> None:
+        """Write what changed since the last write (messages, scope, checkpoints added by
+        `TaskRecord`'s logged methods) as one line of the task's log: O(1) per round."""
+        self.store.append(rt.record)
 
     # ------------------------------------------------------------------ baseline
 
@@ -502,16 +509,14 @@ class Engine:
             rt.recorder = None
             self._touch_message(rt, ts)
             if rec is None or not rec.mutating:
-                self._save(rt)
+                self._append(rt)
                 return None
             for root_name, path in rec.edited:
-                bucket = rt.record.edited.setdefault(root_name, [])
-                if path not in bucket:
-                    bucket.append(path)
+                rt.record.note_edited(root_name, path)
                 rt.record.note_scope(root_name, [path], ts)
         if not self._wait_ready(rt):
             with rt.lock:
-                self._save(rt)
+                self._append(rt)
             return None
         with rt.lock:
             during: dict[str, frozenset[RepoPath]] = {}
@@ -585,7 +590,7 @@ class Engine:
             self._touch_message(rt, ts)
             cp = CheckpointRecord(ts=ts, kind="compaction", hashes={})
             rt.record.add_checkpoint(cp)
-            self._save(rt)
+            self._append(rt)
             return cp
 
     @staticmethod
@@ -598,7 +603,7 @@ class Engine:
         rt = self._task(task_id)
         with rt.lock:
             rt.record.add_message(ts, role, text)
-            self._save(rt)
+            self._append(rt)
 
     def _checkpoint(self, rt: TaskRuntime, kind: str, ts: int, plans: dict[str, StagePlan],
                     dedup_completion: bool = False,
@@ -620,6 +625,7 @@ class Engine:
                     assert root.repo is not None
                     parent = prev.hashes.get(name) if prev else None
                     parent_tree = root.repo.tree_of_commit_or_none(parent) if parent else None
+                    committed = False
                     if parent is not None and parent_tree == result.tree and root.repo.has_object(parent):
                         commit = parent
                     else:
@@ -630,7 +636,9 @@ class Engine:
                         commit = root.repo.commit(result.tree, parents, f"{kind} checkpoint at {ts}",
                                                   rt.record.task_id)
                         root.repo.set_ref(task_ref(rt.record.task_id), commit)
-                    root.set_head(result.tree)
+                        committed = True
+                    # the task ref just moved reaches the tree: the head ref is written later
+                    root.set_head(result.tree, committed=committed)
             except BaseException as exc:
                 if isinstance(exc, RepoError):
                     root.verified = False  # check the objects it reuses before the next round
@@ -675,15 +683,19 @@ class Engine:
         (`storage_failed`) the task is left as before the round: the checkpoint and its refs
         are taken back and the next round stages the round's paths again."""
         before = [(c, c.restored) for c in rt.record.checkpoints]
+        base = rt.record.base
         rt.record.add_checkpoint(cp)
         try:
-            self._save(rt)
+            self._append(rt)
         except StorageFailedError:
-            rt.record.checkpoints = [c for c, _ in before]
-            for c, mark in before:
-                c.restored = mark
+            rt.record.take_back_checkpoint(cp, before, base)
             for name, root in self.roots.items():
                 old = prev.hashes.get(name) if prev else None
+                try:
+                    with root.lock.held():
+                        root.flush_head()  # the task ref stops reaching the tracked set's tree
+                except ShadowpointError:
+                    root.verified = False  # unanchored: check the objects it reuses before the next round
                 if old and old != cp.hashes.get(name):
                     # best effort: a ref the full disk cannot move back names an orphan commit,
                     # which the next checkpoint's ref move replaces
@@ -892,6 +904,15 @@ class Engine:
         dirs = [root.ws.git_dir for root in self.roots.values() if root.ws.git_dir.is_dir()]
         if not dirs or self._closed:
             return
+        for root in self.roots.values():
+            # the collection reads the refs: the head must name the tracked set's tree
+            if root.repo is not None and root.ws.git_dir.is_dir():
+                try:
+                    with root.lock.held():
+                        root.flush_head()
+                except ShadowpointError as exc:
+                    log.warning("storage.collect_skipped", reason=str(exc))  # the next one tries again
+                    return
 
         def run() -> None:
             try:
@@ -932,7 +953,9 @@ class Engine:
             if name not in record.roots or not root.ws.git_dir.is_dir():
                 continue
             with root.lock.held():
-                delete_task_refs(root.open(), record.task_id)
+                repo = root.open()
+                root.flush_head()  # the task's refs may be all that reaches the tracked set's tree
+                delete_task_refs(repo, record.task_id)
 
     def _remove_checkpoints_folder(self) -> None:
         for root in self.roots.values():
@@ -948,7 +971,9 @@ class Engine:
             if not root.ws.git_dir.is_dir():
                 continue
             with root.lock.held():
-                kept, freed = root.open().collect_garbage(grace_s)
+                repo = root.open()
+                root.flush_head()
+                kept, freed = repo.collect_garbage(grace_s)
                 # the stat cache may name blobs of uncommitted scans (a diff): forget them
                 root.reset_cache(root.cache.base_commit)
             out[name] = {"kept": kept, "freedBytes": freed}

@@ -12,8 +12,18 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
+from structlog.typing import ExcInfo
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def _rich_traceback(sio: TextIO, exc_info: ExcInfo) -> None:
+    """A traceback for a terminal, by rich (imported on the first one)."""
+    from rich.console import Console
+    from rich.traceback import Traceback
+
+    sio.write("\n")
+    Console(file=sio, color_system="truecolor", width=100).print(Traceback.from_exception(*exc_info))
 
 
 def configure_logging(level: str = "warning", fmt: str = "console", file: Path | None = None,
@@ -24,10 +34,13 @@ def configure_logging(level: str = "warning", fmt: str = "console", file: Path |
     (or `structlog.testing.capture_logs`) still reaches our module loggers.
     """
     stream: TextIO = open(file, "a", encoding="utf-8") if file else sys.stderr
+    tty = stream.isatty()
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        # rich only for a traceback on a terminal, imported then (`entry` loads structlog without it)
+        else structlog.dev.ConsoleRenderer(
+            colors=tty, exception_formatter=_rich_traceback if tty else structlog.dev.plain_traceback)
     )
     structlog.configure(
         processors=[

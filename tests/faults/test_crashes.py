@@ -126,7 +126,7 @@ def _kill_there(sc: SidecarProcess, point: PausePoint) -> None:
 HASHED = "shadowpoint.scanner:Scanner._record_file"  # the scanner records one hashed file
 COMMIT = "shadowpoint.shadow_repo:ShadowRepo.commit"
 REF = "shadowpoint.shadow_repo:ShadowRepo.set_ref"
-RECORD = "shadowpoint.checkpoints:CheckpointStore.save"
+RECORD = "shadowpoint.checkpoints:CheckpointStore.append"  # a round's record: one log line
 
 
 def test_kill_during_baseline(tmp_path: Path, docs: Path) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from shadowpoint.checkpoints import CheckpointStore
 from shadowpoint.engine import Engine
 from shadowpoint.errors import ShadowpointError
 from shadowpoint.shadow_repo import task_ref
@@ -213,8 +214,9 @@ def test_objects_lost_under_a_running_engine(make_engine: MakeEngine, workspace:
     start(eng)
     engine_edit(eng, workspace, 2, {"a.txt": "a1\n"})
     git_dir = shadow_git_dir(docs, workspace)
-    head_tree = git(git_dir, "rev-parse", "refs/shadowpoint/head").stdout.decode().strip()
-    loose_object(git_dir, head_tree).unlink()  # the tree the next round patches
+    # the tree the next round patches: the round's (the head ref names it only later, issue 14)
+    head_tree = git(git_dir, "rev-parse", f"{task_ref('t')}^{{tree}}").stdout.decode().strip()
+    loose_object(git_dir, head_tree).unlink()
     loose_object(git_dir, blob_id(b"a0\n")).unlink()  # only the baseline holds it
     with pytest.raises(ShadowpointError) as err:
         eng.diff("t", 1, 2)
@@ -282,8 +284,8 @@ def test_task_folder_deleted_under_a_running_engine(make_engine: MakeEngine, wor
     engine_edit(eng, workspace, 2, {"a.txt": "a1\n"})
     shutil.rmtree(docs / "tasks" / "t")
     _checkpoints_go_on(eng, workspace, docs, 3)
-    record = json.loads((docs / "tasks" / "t" / "task.json").read_text())
-    assert [c["ts"] for c in record["checkpoints"]] == [1, 2, 3]
+    record = CheckpointStore(docs).load("t")  # task.json and its log
+    assert [c.ts for c in record.checkpoints] == [1, 2, 3]
 
 
 def test_task_folder_deleted_while_stopped_is_rebuilt_from_the_shadow_refs(

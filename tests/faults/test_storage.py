@@ -150,9 +150,11 @@ def _fill(folder: Path) -> Path:
 
 
 def _task_json(docs: Path) -> bytes:
+    """The task record on disk: task.json and its log."""
     found = list((docs / "tasks").glob("*/task.json"))
     assert len(found) == 1
-    return found[0].read_bytes()
+    log = found[0].with_name("task.log")
+    return found[0].read_bytes() + b"\0" + (log.read_bytes() if log.exists() else b"")
 
 
 def _refs(git_dir: Path) -> str:
@@ -218,8 +220,12 @@ def test_a_task_record_that_cannot_be_written_takes_the_round_back(tmp_path: Pat
             first = edit_round(sc, "t", 2, ["a.txt"], lambda: (root / "a.txt").write_text("a1\n"))
             record, refs = _task_json(docs), _task_refs(git_dir)
             filler = _fill(tasks)
+            # a round's record is one line appended to the task's log, which can fit in the log
+            # file's last block even on a full tmpfs: this round reports paths enough (an edit
+            # tool's paths are recorded, written or not) for its line to need blocks of its own
+            reported = ["b.txt", *(f"reported/{i:03d}-{'x' * 100}.txt" for i in range(80))]
             with pytest.raises(RpcError) as err:
-                edit_round(sc, "t", 3, ["b.txt"], lambda: (root / "b.txt").write_text("b1\n"))
+                edit_round(sc, "t", 3, reported, lambda: (root / "b.txt").write_text("b1\n"))
             assert err.value.kind == "storage_failed" and "task.json" in str(err.value), err.value.error
             assert _task_json(docs) == record and _task_refs(git_dir) == refs
             assert [c["ts"] for c in sc.call("checkpoint/list", {"taskId": "t"})["checkpoints"]] == [1, 2]
@@ -250,7 +256,7 @@ def test_an_injected_enospc_on_the_record_is_storage_failed(make_engine: Any, wo
     full = True
 
     def refusing_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        if full and "w" in mode:
+        if full and ("w" in mode or "a" in mode):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
         return builtins.open(file, mode, *args, **kwargs)
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from shadowpoint.adapters import claude, codex, gemini
+from shadowpoint.checkpoints import CheckpointStore
 from shadowpoint.sidecar.client import SidecarClient, socket_path
 from shadowpoint.workspace import workspace_hash
 from tests.conftest import make_tree
@@ -146,7 +147,7 @@ def test_claude_code_session_checkpoints_each_batch_including_bash_changes(works
     assert git(git_dir, "show", f"{second}:partial.txt") == "half\n"
     assert git(git_dir, "show", f"{second}:a.txt") == "b\n"
     assert completion == second and cps[4]["hash"] is None
-    record = json.loads((Path(env["SHADOWPOINT_DOCS_DIR"]) / "tasks" / session / "task.json").read_text())
+    record = CheckpointStore(Path(env["SHADOWPOINT_DOCS_DIR"])).load(session).to_json()  # task.json + its log
     assert "generate a module and run the build" in [m["text"] for m in record["messages"]]
     assert sorted(record["edited"][ws.name]) == ["a.txt", "gen/out.py"]
 

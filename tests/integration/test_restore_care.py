@@ -38,7 +38,7 @@ def lines(**changes: str) -> str:
 
 
 def task_file(eng: Engine, task_id: str = "t1") -> str:
-    return (eng.store.task_dir(task_id) / "task.json").read_text()
+    return json.dumps(eng.store.load(task_id).to_json())  # task.json and its log
 
 
 def refs(eng: Engine) -> dict[str, str]:

@@ -277,3 +277,158 @@ def test_scope_keeps_the_first_ts_and_a_fork_takes_it_up_to_its_ts() -> None:
     assert [c.ts for c in fork.checkpoints] == [0, 10, 20]
     assert fork.scope_paths("proj") == ["a", "s"] and fork.edited == {"proj": ["a"]}
     assert fork.forked_from is not None and fork.forked_from["ts"] == 20
+
+
+# ---- the task's log (append-only rounds) ------------------------------------------------------
+
+
+def _round(rec: TaskRecord, ts: int, path: str) -> CheckpointRecord:
+    """What the engine records in one edit round (end_round + _checkpoint)."""
+    known = rec.message(ts)
+    rec.add_message(ts, known.role if known else "assistant", None)
+    rec.note_edited("proj", path)
+    rec.note_scope("proj", [path], ts)
+    rec.note_scope("proj", [path, f"made/{ts}.txt"], ts)  # what the round's staging changed
+    c = cp(ts, warnings=[{"path": path, "reason": "x"}] if ts % 7 == 0 else [], created_at=f"at {ts}")
+    rec.add_checkpoint(c)
+    return c
+
+
+def test_400_rounds_load_as_the_whole_record_written_every_round(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import shadowpoint.checkpoints as module
+
+    monkeypatch.setattr(module, "LOG_COMPACT_MIN", 4096)  # several compactions on the way
+    logged, whole = CheckpointStore(tmp_path / "logged"), CheckpointStore(tmp_path / "whole")
+    rec, ref = task(cp(0, "baseline", created_at="at 0")), task(cp(0, "baseline", created_at="at 0"))
+    ref.created_at = rec.created_at  # the same record twice, not two made a millisecond apart
+    logged.save(rec)
+    whole.save(ref)
+    log_file = logged.task_dir("t") / module.LOG_FILE
+    lines_seen = 0
+    for i in range(1, 401):
+        for r in (rec, ref):
+            r.add_message(i * 10 - 1, "user", f"ask {i}")
+            _round(r, i * 10, f"src/f{i % 13}.py")
+        logged.append(rec)
+        whole.save(ref)  # the old format: the whole record every round
+        if log_file.exists():
+            lines_seen = max(lines_seen, log_file.read_bytes().count(b"\n"))
+    assert lines_seen > 10, "rounds were appended, not rewritten"
+    assert logged.load("t").to_json() == whole.load("t").to_json() == ref.to_json()
+    assert logged.load("t").to_json() == rec.to_json()
+
+
+def test_a_torn_last_line_is_ignored_then_cut_off(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "docs")
+    rec = task(cp(0, "baseline"))
+    store.save(rec)
+    _round(rec, 10, "a.py")
+    store.append(rec)
+    before = store.load("t").to_json()
+    log_file = store.task_dir("t") / "task.log"
+    good = log_file.read_bytes()
+    log_file.write_bytes(good + b'{"g":1,"ops":[{"op":"cp","ts":20,"kin')  # a kill mid-append
+    assert store.load("t").to_json() == before
+    loaded = store.load("t")
+    _round(loaded, 30, "b.py")
+    store.append(loaded)
+    assert log_file.read_bytes().startswith(good) and log_file.read_bytes().count(b"\n") == 2
+    again = store.load("t")
+    assert [c.ts for c in again.checkpoints] == [0, 10, 30]
+    assert again.to_json() == loaded.to_json()
+
+
+def test_lines_of_an_older_generation_are_not_applied_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kill between the compaction (task.json of the next generation) and the log's removal."""
+    import shadowpoint.checkpoints as module
+
+    store = CheckpointStore(tmp_path / "docs")
+    rec = task(cp(0, "baseline"))
+    store.save(rec)
+    for ts in (10, 20):
+        _round(rec, ts, "a.py")
+        store.append(rec)
+    # a restore: marks a checkpoint restored, records a base; the log's lines would clear both
+    rec.checkpoint(10).restored = True
+    rec.base = {"proj": "f" * 40}
+    monkeypatch.setattr(module, "drop_log", lambda path: None)  # killed before the log went
+    store.save(rec)
+    assert (store.task_dir("t") / "task.log").read_bytes().count(b"\n") == 2
+    loaded = store.load("t")
+    assert loaded.checkpoint(10).restored and loaded.base == {"proj": "f" * 40}
+    assert loaded.to_json() == rec.to_json()
+    monkeypatch.undo()
+    _round(loaded, 30, "b.py")  # appended after the stale lines, with the new generation
+    store.append(loaded)
+    again = store.load("t")
+    assert [c.ts for c in again.checkpoints] == [0, 10, 20, 30] and not again.checkpoint(10).restored
+    assert again.to_json() == loaded.to_json()
+
+
+def test_a_refused_append_changes_nothing_on_disk_and_keeps_the_changes(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+    import errno
+
+    import shadowpoint.checkpoints as module
+    from shadowpoint.errors import StorageFailedError
+
+    store = CheckpointStore(tmp_path / "docs")
+    rec = task(cp(0, "baseline"))
+    store.save(rec)
+    _round(rec, 10, "a.py")
+    store.append(rec)
+    folder = store.task_dir("t")
+    on_disk = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def refusing_open(file: object, mode: str = "r", *args: object, **kwargs: object) -> object:
+        if "a" in mode or "w" in mode:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return builtins.open(file, mode, *args, **kwargs)  # type: ignore[call-overload]
+
+    before = [(c, c.restored) for c in rec.checkpoints]
+    c = _round(rec, 20, "b.py")
+    monkeypatch.setattr(module, "open", refusing_open, raising=False)
+    with pytest.raises(StorageFailedError, match=r"task\.json"):
+        store.append(rec)
+    rec.take_back_checkpoint(c, before, None)  # what the engine does with the round
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == on_disk
+    monkeypatch.undo()
+    _round(rec, 30, "c.py")
+    store.append(rec)
+    loaded = store.load("t")
+    assert [c.ts for c in loaded.checkpoints] == [0, 10, 30]
+    assert loaded.scope["proj"]["b.py"] == 20, "the failed round's scope was written with the next one"
+    assert loaded.to_json() == rec.to_json()
+
+
+def test_a_log_removed_under_the_record_writes_the_whole_record(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "docs")
+    rec = task(cp(0, "baseline"))
+    store.save(rec)
+    _round(rec, 10, "a.py")
+    store.append(rec)
+    (store.task_dir("t") / "task.log").unlink()
+    _round(rec, 20, "b.py")
+    store.append(rec)
+    assert store.load("t").to_json() == rec.to_json()
+    import shutil
+
+    shutil.rmtree(store.task_dir("t"))  # the whole folder, right after a compaction
+    _round(rec, 30, "c.py")
+    store.append(rec)
+    assert store.load("t").to_json() == rec.to_json()
+
+
+def test_a_damaged_line_in_the_middle_skips_only_itself(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "docs")
+    rec = task(cp(0, "baseline"))
+    store.save(rec)
+    for ts in (10, 20, 30):
+        _round(rec, ts, f"f{ts}.py")
+        store.append(rec)
+    log_file = store.task_dir("t") / "task.log"
+    lines = log_file.read_bytes().splitlines(keepends=True)
+    log_file.write_bytes(lines[0] + b"\0garbage\n" + lines[2])
+    assert [c.ts for c in store.load("t").checkpoints] == [0, 10, 30]
