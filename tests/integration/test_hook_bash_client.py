@@ -100,7 +100,7 @@ def test_a_codex_session_through_the_bash_client(workspace: Path, env: dict[str,
     ws = make_tree(workspace, {"a.txt": "x\n", "b.txt": "x\n"})
     s = Codex(ws, env, "codex-bash-session")
     s.ev("SessionStart", source="startup")     # nothing listens yet: the Python client starts the sidecar
-    s.ev("UserPromptSubmit", prompt="go")
+    s.ev("UserPromptSubmit", prompt="go: héllo ✓ 日本")  # Content-Length counts bytes
     s.patch("a.txt", "y\n")
     s.ev("PreToolUse", tool_name="Bash", tool_input={"command": "make"}, tool_use_id="c1")
     (ws / "made.txt").write_text("by a command\n")
