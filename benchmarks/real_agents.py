@@ -93,7 +93,8 @@ def measure(agent: str, repeat: int, work: Path, python_client: bool = False) ->
     if python_client:
         extra = {"python_client_s": med(py_hooked), "python_client_sidecar_start_s": med(py_starts),
                  "python_client_per_event_ms": (med(py_hooked) - med(plain) - med(py_starts)) / n_events * 1e3,
-                 "python_client_per_event_ms_runs": _per_event_runs(py_hooked, py_starts, med(plain), n_events)}
+                 "python_client_per_event_ms_runs": _per_event_runs(py_hooked, py_starts, med(plain), n_events),
+                 "python_client_per_event_ms_paired": paired(py_hooked, py_starts, plain, n_events)}
     return {
         "agent": agent, "repeat": repeat, "events": n_events,
         "plain_s": med(plain), "counted_s": med(counted), "hooked_s": med(hooked), "sidecar_start_s": med(starts),
@@ -102,6 +103,7 @@ def measure(agent: str, repeat: int, work: Path, python_client: bool = False) ->
         "hook_process_ms": (med(counted) - med(plain)) / n_events * 1e3,
         # per run: (that run - the median plain - that run's sidecar start) / events: the spread
         "per_event_ms_runs": _per_event_runs(hooked, starts, med(plain), n_events),
+        "per_event_ms_paired": paired(hooked, starts, plain, n_events),
         **extra,
         "raw": {"plain_s": plain, "counted_s": counted, "hooked_s": hooked, "events": events,
                 "sidecar_start_s": starts, "python_client_s": py_hooked, "python_client_sidecar_start_s": py_starts},
@@ -110,6 +112,11 @@ def measure(agent: str, repeat: int, work: Path, python_client: bool = False) ->
 
 def _per_event_runs(walls: list[float], starts: list[float], plain: float, n_events: int) -> list[float]:
     return sorted(round((w - plain - s) / n_events * 1e3, 1) for w, s in zip(walls, starts, strict=True))
+
+
+def paired(walls: list[float], starts: list[float], plains: list[float], n_events: int) -> list[float]:
+    """Per repetition, against the plain run of the same repetition (run next to it): less drift."""
+    return sorted(round((w - p - s) / n_events * 1e3, 1) for w, s, p in zip(walls, starts, plains, strict=True))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,6 +57,36 @@ _hash13() {  # hookrun.workspace_hash: 13 decimal digits of the first 16 bytes o
     printf -v hash13 '%013d' "$r"
 }
 
+_locate() {  # the workspace's hash13 and root as hookrun.py finds them; the session's state checked
+    command -v sha256sum >/dev/null || _fallback ""
+    # The workspace as hookrun._root_of finds it (the agent's project variable, else the payload's
+    # cwd), canonical; the session's state file may name another (hookrun's session root wins).
+    root=${!project_var}
+    if [[ -z $root || ! -d $root ]]; then
+        [[ $payload =~ ${top}cwd\"[[:space:]]*:[[:space:]]*\"(/[^\"\\]*)\" ]] || _fallback ""
+        root=${BASH_REMATCH[1]}
+    fi
+    cd -P -- "$root" || _fallback ""
+    # One sha256sum for both names: the session's state file and the workspace's http config.
+    sums=$(sha256sum <(printf '%s' "$session") <(printf '%s' "$PWD")) || _fallback ""
+    session_file="$state/sessions/$agent-${sums:0:24}.json"
+    _hash13 "${sums#*$'\n'}"
+    if [[ -f $session_file ]]; then
+        IFS= read -r -d '' session_state <"$session_file"
+        # Missed events still to be reported: the Python client sends the note.
+        [[ $session_state == *'"missed"'* ]] && _fallback ""
+        if [[ $session_state == *'"root"'* ]]; then
+            [[ $session_state =~ \"root\"[[:space:]]*:[[:space:]]*\"(/[^\"\\]*)\" ]] || _fallback ""
+            if [[ ${BASH_REMATCH[1]} != "$root" ]]; then
+                cd -P -- "${BASH_REMATCH[1]}" || _fallback ""
+                sums=$(printf '%s' "$PWD" | sha256sum) || _fallback ""
+                _hash13 "$sums"
+            fi
+        fi
+    fi
+    root=$PWD
+}
+
 TZ=UTC0
 started=${EPOCHREALTIME/./}
 _state_dir
@@ -73,32 +103,17 @@ top='^[^{]*\{[^{}]*"'
 [[ $payload =~ ${top}session_id\"[[:space:]]*:[[:space:]]*\"([^\"\\]+)\" ]] || _fallback ""
 session=${BASH_REMATCH[1]}
 [[ $payload =~ ${top}hook_event_name\"[[:space:]]*:[[:space:]]*\"([A-Za-z]+)\" ]] && event=${BASH_REMATCH[1]}
-command -v sha256sum >/dev/null || _fallback ""
-# The workspace as hookrun._root_of finds it (the agent's project variable, else the payload's
-# cwd), canonical; the session's state file may name another (hookrun's session root wins).
-root=${!project_var}
-if [[ -z $root || ! -d $root ]]; then
-    [[ $payload =~ ${top}cwd\"[[:space:]]*:[[:space:]]*\"(/[^\"\\]*)\" ]] || _fallback ""
-    root=${BASH_REMATCH[1]}
-fi
-cd -P -- "$root" || _fallback ""
-# One sha256sum for both names: the session's state file and the workspace's http config.
-sums=$(sha256sum <(printf '%s' "$session") <(printf '%s' "$PWD")) || _fallback ""
-session_file="$state/sessions/$agent-${sums:0:24}.json"
-_hash13 "${sums#*$'\n'}"
-if [[ -f $session_file ]]; then
-    IFS= read -r -d '' session_state <"$session_file"
-    # Missed events still to be reported: the Python client sends the note.
-    [[ $session_state == *'"missed"'* ]] && _fallback ""
-    if [[ $session_state == *'"root"'* ]]; then
-        [[ $session_state =~ \"root\"[[:space:]]*:[[:space:]]*\"(/[^\"\\]*)\" ]] || _fallback ""
-        if [[ ${BASH_REMATCH[1]} != "$root" ]]; then
-            cd -P -- "${BASH_REMATCH[1]}" || _fallback ""
-            sums=$(printf '%s' "$PWD" | sha256sum) || _fallback ""
-            _hash13 "$sums"
-        fi
+# The note this client left after an earlier event of the session (`hookrun.fast_session_file`):
+# the workspace's hash and root, without hashing names again; hookrun.py removes it when it
+# records missed events.
+fast=""
+if [[ $session =~ ^[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}$ && -f $state/sessions/$agent-$session.fast ]]; then
+    # read's status is 0 only for a whole line: a note being written is not taken
+    if IFS=' ' read -r hash13 root <"$state/sessions/$agent-$session.fast" && [[ $hash13 =~ ^[0-9]{13}$ && $root == /* ]]; then
+        fast=$state/sessions/$agent-$session.fast
     fi
 fi
+[[ -n $fast ]] || _locate
 config="$state/http/$hash13.json"
 [[ -f $config && -O $config ]] || _fallback ""
 IFS= read -r -d '' conf <"$config"
@@ -117,6 +132,9 @@ case $status in
     "") _fallback "${event:-?}: no answer from the sidecar's http endpoint" ;;
     *) _log "${event:-?}: the sidecar answered $status" ;;
 esac
+if [[ -z $fast && $status == 200 && $session =~ ^[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}$ ]]; then
+    printf '%s %s\n' "$hash13" "$root" >"$state/sessions/$agent-$session.fast"
+fi
 if [[ -n $SHADOWPOINT_HOOK_TRACE ]]; then
     elapsed=$((${EPOCHREALTIME/./} - started))
     _log "${event:-?} ok in $((elapsed / 1000)).$(((elapsed % 1000) / 100)) ms (http)"

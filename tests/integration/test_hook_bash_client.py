@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from shadowpoint.adapters.install import bash_client, default_command, install_hooks, is_ours, settings_path
+from shadowpoint.hookrun import fast_session_file
 from shadowpoint.sidecar.hook_endpoint import http_config_path, load_http_config
+from shadowpoint.workspace import workspace_hash
 from tests.conftest import make_tree
 from tests.integration.test_adapters import checkpoints, env, shadow_git_dir
 from tests.integration.test_adapters import files_of as all_files_of
@@ -161,3 +163,38 @@ def test_bad_payloads_no_sidecar_and_a_wrong_secret_fail_open_and_are_logged(wor
     cps = checkpoints(s.task, ws, s.env)
     assert [c["kind"] for c in cps][-2:] == ["round", "completion"]
     assert show(ws, s.env, cps[-2]["hash"], "a.txt") == "z\n"
+
+
+def test_missed_events_go_through_the_python_client_until_reported(workspace: Path, env: dict[str, str],
+                                                                   tmp_path: Path) -> None:
+    import venv
+
+    ws = make_tree(workspace, {"a.txt": "x\n"})
+    s = Codex(ws, env, "codex-bash-missed")
+    s.ev("SessionStart", source="startup")
+    s.ev("UserPromptSubmit", prompt="go")
+    note = Path(fast_session_file("codex", s.task) or "")
+    assert note.read_text() == f"{workspace_hash(ws)} {ws}\n"  # the bash client's note: no hashing next time
+    s.patch("a.txt", "y\n")
+    s.ev("Stop", stop_hook_active=False, last_assistant_message="done")
+    # the sidecar goes away, and a Python that cannot start another: the event is lost
+    pid = _sidecar_pid(ws)
+    os.kill(pid, signal.SIGTERM)
+    _wait_gone(pid)
+    bare = tmp_path / "bare-venv"
+    venv.create(bare, with_pip=False)  # no shadowpoint in it: `python -m shadowpoint serve` fails
+    no_sidecar = s.command.rsplit(" ", 1)[0] + " " + str(bare / "bin" / "python")
+    run_hook(no_sidecar, {**s.base, "hook_event_name": "UserPromptSubmit", "prompt": "lost"}, s.env, ws)
+    assert "no sidecar for" in hooks_log(s.env) and not note.exists()
+    (ws / "lost.txt").write_text("made while no sidecar listened\n")
+    # the next events: the Python client reports the missed events, then the bash client goes on
+    s.ev("PreToolUse", tool_name="Bash", tool_input={"command": "make"}, tool_use_id="c2")
+    assert note.exists() is False
+    s.ev("PostToolUse", tool_name="Bash", tool_input={"command": "make"}, tool_use_id="c2", tool_response="")
+    assert note.exists()
+    s.ev("Stop", stop_hook_active=False, last_assistant_message="done again")
+    cps = checkpoints(s.task, ws, s.env)
+    assert "lost.txt" in files_of(ws, s.env, cps[-1]["hash"])
+    reasons = [w["reason"] for c in cps[-2:] for w in c["warnings"]]
+    assert any(r.startswith("events_missed") for r in reasons), reasons
+    assert all(c["warnings"] == [] for c in cps[:3])
