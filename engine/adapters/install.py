@@ -2,8 +2,8 @@
 
 The user's own entries are never changed, reordered or duplicated: ours are separate
 groups whose command runs our hook client (`…/shadowpoint/hookrun.py AGENT`, the bash client
-`…/shadowpoint/hookrun.sh AGENT …`, or the older `… shadowpoint hook AGENT`) or whose http hook posts to `…/hook/claude` on 127.0.0.1, found
-again by that for an update or for `--remove`. Files: Claude Code
+`…/shadowpoint/hookrun.sh AGENT …`, or the older `… shadowpoint hook AGENT`) or whose http
+hook posts to `…/hook/claude` on 127.0.0.1, found again by that for an update or for `--remove`. Files: Claude Code
 `DIR/.claude/settings.local.json` (user-local: it holds the http hooks' secret; never the
 `settings.json` meant to be committed, from which older entries of ours are moved), Codex
 CLI `DIR/.codex/hooks.json`, Gemini CLI `DIR/.gemini/settings.json` (all the same

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from shadowpoint.adapters.health import check_agent
 from shadowpoint.adapters.install import bash_client, default_command, install_hooks, is_ours, settings_path
 from shadowpoint.hookrun import fast_session_file
 from shadowpoint.sidecar.hook_endpoint import http_config_path, load_http_config
@@ -93,6 +94,14 @@ def test_install_writes_the_bash_client_and_keeps_the_secret_out_of_the_project(
     mode = stat.S_IMODE(os.stat(http_config_path(str(ws))).st_mode)
     assert mode == 0o600 and stat.S_IMODE(os.stat(http_config_path(str(ws)).parent).st_mode) == 0o700
     assert default_command("claude").endswith("hookrun.py claude")  # its command events stay in Python
+    # doctor: current while the secret file exists; without it every event would go to Python
+    assert check_agent("codex", ws)["summary"].startswith("installed, current")
+    http_config_path(str(ws)).unlink()
+    check = check_agent("codex", ws)
+    assert check["summary"].startswith("installed, needs an update")
+    assert "no http port and secret" in check["details"][0]
+    install_hooks("codex", ws)
+    assert check_agent("codex", ws)["summary"].startswith("installed, current") and load_http_config(str(ws))
     for agent in ("codex", "gemini"):
         install_hooks(agent, ws, remove=True)
         assert "hookrun" not in settings_path(agent, ws).read_text()
