@@ -28,8 +28,8 @@ _state_dir() {
     fi
 }
 
-_log() {  # one line in hooks.log, as hookrun.hook_log writes it
-    local stamp
+_log() {  # one line in hooks.log, as hookrun.hook_log writes it (UTC; children keep the user's TZ)
+    local stamp TZ=UTC0
     printf -v stamp '%(%Y-%m-%dT%H:%M:%S)T' -1
     { mkdir -p -m 700 "$state" && printf '%s.%s+00:00 pid=%s %s: %s\n' "$stamp" "${EPOCHREALTIME:11:3}" "$$" \
         "$agent" "$1" >>"$state/hooks.log"; } 2>/dev/null
@@ -87,7 +87,6 @@ _locate() {  # the workspace's hash13 and root as hookrun.py finds them; the ses
     root=$PWD
 }
 
-TZ=UTC0
 started=${EPOCHREALTIME/./}
 _state_dir
 case $agent in
