@@ -1,7 +1,8 @@
 """Session-replay benchmark: `benchmarks/session_data.py`'s Claude Code session, replayed three ways.
 
 `python -m benchmarks.session_replay [--files 10000] [--out DIR]`, on fresh generated trees (the
-same seed for every mode), in one run:
+same seed for every mode; each a git repository with everything committed, as the session's
+project is: it runs `git status`), in one run:
 
 - `none`: the session's file changes only (no checkpoints): the reference wall time;
 - `shadowpoint`: every hook Claude Code would send, through the real entry points as
@@ -39,7 +40,7 @@ from typing import Any
 
 from benchmarks.rivals import SeedGit
 from benchmarks.session_data import SESSION, Batch, Effect, ToolCall, all_calls
-from benchmarks.treegen import generate, size_label
+from benchmarks.treegen import generate, git_env, size_label
 
 SEED = 7
 SESSION_ID = "replay-0001"
@@ -143,9 +144,17 @@ class Replayer:
 
 
 def _fresh_tree(base: Path, name: str, files: int) -> tuple[Path, list[str]]:
-    """A generated tree (the same for every mode) and its nested repositories."""
+    """A generated tree (the same for every mode) and its nested repositories.
+
+    The tree is a git repository with everything committed, as the replayed Claude Code
+    session's project is (it runs `git status` and `git diff`): `git init`, `git add -A`, `git
+    commit` with the benchmarks' git environment, untimed and identical for every mode.
+    """
     root = base / name / "proj"
     stats = generate(root, files, SEED)
+    git = ["git", "-c", "gc.auto=0", "-c", "advice.addEmbeddedRepo=false", "-c", "commit.gpgSign=false"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the project before the session"]):
+        subprocess.run([*git, *args], cwd=root, env=git_env(), check=True, capture_output=True)
     subprocess.run(["sync"], check=False)
     return root, list(stats.nested_repos)
 

@@ -97,9 +97,8 @@ def hook_log(agent: str, message: str) -> None:
                 os.replace(path, path + ".1")
         except OSError:
             pass
-        from datetime import UTC, datetime
-
-        stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
+        now = time.time()  # `datetime` would cost an import on every traced hook
+        stamp = f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(now))}.{int(now * 1000) % 1000:03d}+00:00"
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(f"{stamp} pid={os.getpid()} {agent}: {message}\n")
     except Exception:
@@ -150,6 +149,28 @@ def dump_json(value: object) -> str:
 def _session_file(agent: str, session_id: str) -> str:
     digest = sha256(session_id.encode("utf-8", "surrogateescape")).hexdigest()[:24]
     return os.path.join(state_dir(), "sessions", f"{agent}-{digest}.json")
+
+
+def fast_session_file(agent: str, session_id: str) -> str | None:
+    """The bash client's note of a session's workspace (`HASH ROOT`), for a plain session id.
+
+    `hookrun.sh` writes it after an event went through, and takes the workspace from it instead
+    of hashing names; this client removes it whenever it records missed events, so that the
+    bash client hands the session to it until the note went out.
+    """
+    if not (0 < len(session_id) <= 100) or session_id[0] == "." or not all(
+            c.isascii() and (c.isalnum() or c in "._-") for c in session_id):
+        return None
+    return os.path.join(state_dir(), "sessions", f"{agent}-{session_id}.fast")
+
+
+def _drop_fast(agent: str, session_id: str) -> None:
+    fast = fast_session_file(agent, session_id)
+    if fast is not None:
+        try:
+            os.unlink(fast)
+        except FileNotFoundError:
+            pass
 
 
 def _read_session(path: str) -> dict[str, object]:
@@ -280,6 +301,7 @@ def forward(agent: str, raw: bytes, env: os._Environ[str] | dict[str, str] | Non
                 # Claude Code's http hooks went nowhere while no sidecar ran.
                 missed = "the sidecar was not running; hook events may have been missed"
         if sock is None:
+            _drop_fast(agent, session_id)
             session.update(root=root, missed="the sidecar could not be reached; hook events were missed")
             _write_session(state_file, session)
             hook_log(agent, f"{payload.get('hook_event_name')}: no sidecar for {root} (the event is lost)")
@@ -294,6 +316,7 @@ def forward(agent: str, raw: bytes, env: os._Environ[str] | dict[str, str] | Non
             if session != {"root": root}:
                 _write_session(state_file, {"root": root})  # what was missed is now said
         else:
+            _drop_fast(agent, session_id)
             _write_session(state_file, {"root": root, "missed": missed or f"the sidecar refused an event ({status})"})
             hook_log(agent, f"{payload.get('hook_event_name')}: the sidecar answered {status}")
         if env.get("SHADOWPOINT_HOOK_TRACE"):

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from shadowpoint.adapters import AGENTS
-from shadowpoint.adapters.install import HookTarget, default_command, is_ours, our_hook, settings_path
+from shadowpoint.adapters.install import (
+    HookTarget,
+    default_command,
+    is_bash_client,
+    is_ours,
+    our_hook,
+    settings_path,
+)
 
 Check = dict[str, Any]
 
@@ -102,6 +109,15 @@ def gemini_trust(root: Path, env: Mapping[str, str]) -> tuple[bool | None, str]:
     return trusted, f"{path}: {best[1]}"
 
 
+def _bash_without_secret(ours: Mapping[str, list[dict[str, Any]]], root: Path) -> bool:
+    """True when our entries run the bash client and the workspace has no http port and secret."""
+    if not any(is_bash_client(str(h.get("command") or "")) for hooks in ours.values() for h in hooks):
+        return False
+    from shadowpoint.sidecar.hook_endpoint import load_http_config
+
+    return load_http_config(str(root)) is None
+
+
 def check_agent(agent: str, root: Path, env: Mapping[str, str] | None = None) -> Check:
     """One doctor check: are our hooks for `agent` installed, current and trusted in `root`?"""
     env = os.environ if env is None else env
@@ -121,6 +137,10 @@ def check_agent(agent: str, root: Path, env: Mapping[str, str] | None = None) ->
     if stale:
         details.append(f"not current (another hook client, endpoint or secret): {', '.join(stale)}; "
                        f"run `shadowpoint install-hooks {agent}` again")
+    if not stale and _bash_without_secret(ours, root):
+        stale = ["http secret"]
+        details.append("the bash hook client finds no http port and secret for this workspace, so every event "
+                       f"goes through the slower Python client; run `shadowpoint install-hooks {agent}` again")
     trusted: bool | None = None
     if agent == "codex":
         trusted, why = codex_trust(root, env)

@@ -1,9 +1,9 @@
 """`shadowpoint install-hooks AGENT [DIR]`: merge our hook entries into an agent's settings file.
 
 The user's own entries are never changed, reordered or duplicated: ours are separate
-groups whose command runs our hook client (`…/shadowpoint/hookrun.py AGENT`, or the older
-`… shadowpoint hook AGENT`) or whose http hook posts to `…/hook/claude` on 127.0.0.1, found
-again by that for an update or for `--remove`. Files: Claude Code
+groups whose command runs our hook client (`…/shadowpoint/hookrun.py AGENT`, the bash client
+`…/shadowpoint/hookrun.sh AGENT …`, or the older `… shadowpoint hook AGENT`) or whose http
+hook posts to `…/hook/claude` on 127.0.0.1, found again by that for an update or for `--remove`. Files: Claude Code
 `DIR/.claude/settings.local.json` (user-local: it holds the http hooks' secret; never the
 `settings.json` meant to be committed, from which older entries of ours are moved), Codex
 CLI `DIR/.codex/hooks.json`, Gemini CLI `DIR/.gemini/settings.json` (all the same
@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,8 @@ _BARRIER_TIMEOUT_S = 600
 _TIMEOUT_S = 60
 _TIMEOUT_IN_MS = {"gemini"}
 _HTTP_PATH = "/hook/claude"
+# The agents whose every event runs our command: the bash client where it can run.
+BASH_CLIENT_AGENTS = frozenset({"codex", "gemini"})
 
 
 @dataclass(slots=True)
@@ -61,13 +64,30 @@ def settings_path(agent: str, directory: Path) -> Path:
     return directory / folder / name
 
 
-def default_command(agent: str) -> str:
-    """The lean hook client by absolute paths: `PYTHON -I -S …/shadowpoint/hookrun.py AGENT`.
+def bash_client() -> tuple[str, Path] | None:
+    """bash and our bash hook client (`hookrun.sh`), where it can run: Linux with bash and sha256sum."""
+    script = Path(hookrun.__file__).resolve().with_name("hookrun.sh")
+    bash = shutil.which("bash")
+    if not sys.platform.startswith("linux") or bash is None or shutil.which("sha256sum") is None:
+        return None
+    return (bash, script) if script.is_file() else None
 
-    `-I -S`: no site, no user environment (our module needs only the standard library), so
-    a hook starts in milliseconds and runs without our venv on PATH.
+
+def default_command(agent: str) -> str:
+    """The lean hook client by absolute paths.
+
+    Codex CLI and Gemini CLI run a command for every event: `BASH …/shadowpoint/hookrun.sh
+    AGENT PYTHON` where it can run (bash starts in a few milliseconds; it posts to the
+    sidecar's http endpoint and hands anything else to the Python client), else, and for
+    Claude Code's command events, `PYTHON -I -S …/shadowpoint/hookrun.py AGENT`: no site, no
+    user environment (the module needs only the standard library), so a hook runs without
+    our venv on PATH.
     """
     script = Path(hookrun.__file__).resolve()
+    client = bash_client() if agent in BASH_CLIENT_AGENTS else None
+    if client is not None:
+        bash, sh_script = client
+        return f"{shlex.quote(bash)} {shlex.quote(str(sh_script))} {agent} {shlex.quote(sys.executable)}"
     return f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(script))} {agent}"
 
 
@@ -93,7 +113,8 @@ def is_ours(hook: Any, agent: str) -> bool:
         is_exe = base == "shadowpoint" or (word == "shadowpoint" and i > 0 and words[i - 1] == "-m")
         if is_exe and words[i + 1:i + 3] == ["hook", agent]:
             return True
-        is_lean = base == "hookrun.py" or (word == "shadowpoint.hookrun" and i > 0 and words[i - 1] == "-m")
+        is_lean = (base in ("hookrun.py", "hookrun.sh")
+                   or (word == "shadowpoint.hookrun" and i > 0 and words[i - 1] == "-m"))
         if is_lean and words[i + 1:i + 2] == [agent]:
             return True
     return False
@@ -275,12 +296,27 @@ def next_steps(agent: str, directory: Path) -> list[str]:
 
 def _target(agent: str, directory: Path, command: str | None) -> HookTarget:
     cmd = command or default_command(agent)
-    if agent != "claude" or command is not None:
-        return HookTarget(cmd)  # an explicit command is used for every event
-    from shadowpoint.sidecar.hook_endpoint import ensure_http_config
+    if command is None and agent == "claude":
+        from shadowpoint.sidecar.hook_endpoint import ensure_http_config
 
-    config = ensure_http_config(str(directory.resolve()))
-    return HookTarget(cmd, config.url, config.secret)
+        config = ensure_http_config(str(directory.resolve()))
+        return HookTarget(cmd, config.url, config.secret)
+    if is_bash_client(cmd):
+        from shadowpoint.sidecar.hook_endpoint import ensure_http_config
+
+        # The bash client posts to the sidecar's http endpoint; it reads the port and secret
+        # at run time from the user's 0600 file, never from the project's settings file.
+        ensure_http_config(str(directory.resolve()))
+    return HookTarget(cmd)  # an explicit command is used for every event
+
+
+def is_bash_client(command: str) -> bool:
+    """True for a command running our bash hook client."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    return any(os.path.basename(w) == "hookrun.sh" for w in words)
 
 
 def install_hooks(agent: str, directory: Path, *, remove: bool = False, command: str | None = None) -> InstallResult:

@@ -119,6 +119,8 @@ def test_an_unreadable_settings_file_is_left_untouched(tmp_path: Path) -> None:
     ("shadowpoint hook codex", "claude", False),
     ("echo shadowpoint hook claude-ish", "claude", False),
     ("~/bin/guard.sh", "claude", False),
+    ("/usr/bin/bash '/opt/my env/shadowpoint/hookrun.sh' codex /opt/venv/bin/python", "codex", True),
+    ("/usr/bin/bash /opt/shadowpoint/hookrun.sh codex /opt/venv/bin/python", "gemini", False),
 ])
 def test_our_command_is_recognised(command: str, agent: str, expected: bool) -> None:
     assert is_ours(command, agent) is expected
