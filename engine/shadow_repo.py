@@ -481,6 +481,77 @@ class ShadowRepo:
         merged: bytes = result.contents.encode("utf-8")
         return merged
 
+    # ------------------------------------------------------------------ alternates (issue 14)
+
+    def alternates(self) -> list[str]:
+        """The object stores listed in `objects/info/alternates`."""
+        try:
+            text = (self.git_dir / "objects" / "info" / "alternates").read_text("utf-8", "surrogateescape")
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise RepoError(f"The alternates of {self.git_dir} cannot be read: {exc}") from exc
+        return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+    def add_alternate(self, objects_dir: Path) -> None:
+        """Read objects from `objects_dir` too (read-only): a line in `objects/info/alternates`, so
+        every reader of this repository (other processes, `git`) sees them, and in this handle."""
+        line = str(objects_dir)
+        if "\n" in line:
+            raise RepoError(f"{objects_dir} cannot be an alternate (a newline in its path).")
+        current = self.alternates()
+        if line not in current:
+            self._write_alternates([*current, line])
+        with translated("add an alternate"):
+            self._repo.odb.add_disk_alternate(line)
+
+    def remove_alternate(self, objects_dir: str) -> None:
+        """Stop listing `objects_dir` (this handle keeps reading it until reopened)."""
+        current = self.alternates()
+        if objects_dir in current:
+            self._write_alternates([a for a in current if a != objects_dir])
+
+    def _write_alternates(self, lines: list[str]) -> None:
+        info = self.git_dir / "objects" / "info"
+        final = info / "alternates"
+        with written(self.git_dir, "write its alternates"):
+            if not lines:
+                with contextlib.suppress(FileNotFoundError):
+                    final.unlink()
+                return
+            info.mkdir(exist_ok=True)
+            tmp = info / f"alternates.{os.getpid()}.sp"
+            tmp.write_text("".join(f"{line}\n" for line in lines), "utf-8", "surrogateescape")
+            os.replace(tmp, final)
+
+    def own_missing(self, oids: Iterable[str]) -> list[str]:
+        """Those of `oids` that this repository's own object store lacks (alternates not read)."""
+        objects = str(self.git_dir / "objects")
+        with translated("open its own object store"):
+            odb = pygit2.Odb()
+            odb.add_backend(pygit2.OdbBackendPack(objects), 2)
+            odb.add_backend(pygit2.OdbBackendLoose(objects, 1, False), 1)
+            return [oid for oid in oids if not odb.exists(oid)]
+
+    def copy_objects(self, oids: list[str], staging: Path) -> None:
+        """Write `oids` (readable here, e.g. through an alternate) into this repository's own
+        store as one pack (written in `staging`, then installed: `.pack` before `.idx`).
+
+        Raises:
+            RepoError: an object cannot be read (gone from the alternate).
+            StorageFailedError: the docs root refused the write.
+        """
+        if not oids:
+            return
+        pack_dir = self.git_dir / "objects" / "pack"
+        with written(self.git_dir, "copy borrowed objects"):
+            staging.mkdir(parents=True, exist_ok=True)
+            try:
+                packing.write_pack(self._repo, oids, staging)
+                self._install_packs(staging, pack_dir)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
     def has_object(self, oid: str) -> bool:
         try:
             return oid in self._repo
