@@ -1,13 +1,15 @@
 """Blobs a baseline borrowed from the user's git object store, until they are copied (issue 14).
 
 A baseline that took blob ids from the user's index (`git_index.py`) reads those blobs
-through an alternate: a line in the shadow repository's `objects/info/alternates` naming the
-user's `objects` folder (read-only; the user's `.git` is never written). The ledger,
+from the user's `objects` folder, read-only (`ShadowRepo.borrow_from`: a read-only odb
+backend, never an `objects/info/alternates` line, whose writers would touch the user's
+files and skip storing objects found there). The ledger,
 `<shadow git dir>/shadowpoint/borrowed` (JSON lines: the alternate, then one `{oid, path}`
 per borrowed file), is written before the baseline's commit. `copy_borrowed`, run on a
 background thread soon after the baseline (and on the next open after a crash), copies every
-borrowed blob into the shadow repository as one pack, then drops the ledger and the
-alternate line, so that no snapshot depends on the user's repository for long.
+borrowed blob into the shadow repository as one pack, then drops the ledger (every handle
+opened afterwards reads its own objects only), so that no snapshot depends on the user's
+repository for long.
 
 A blob the user's repository lost before the copy (`git gc --prune=now`, a deleted repo) is
 hashed again from the file when the file still holds it; otherwise the loss is logged as an
@@ -29,11 +31,11 @@ from pathlib import Path
 import structlog
 
 from shadowpoint.errors import RepoError
-from shadowpoint.shadow_repo import ShadowRepo
+from shadowpoint.shadow_repo import BORROWED_LEDGER, ShadowRepo
 
 log = structlog.get_logger(__name__)
 
-LEDGER = Path("shadowpoint") / "borrowed"
+LEDGER = Path(BORROWED_LEDGER)
 _STAGING_PREFIX = "borrowed-"  # objects/borrowed-<pid>-<thread>: where a copy writes its pack
 _ATTEMPTS = 3
 
@@ -85,7 +87,7 @@ def begin(repo: ShadowRepo, objects_dir: Path) -> None:
         fh.writelines(_lines(str(objects_dir), ()))
         fh.flush()
         os.fsync(fh.fileno())
-    repo.add_alternate(objects_dir)
+    repo.borrow_from(objects_dir)
 
 
 def record(git_dir: Path, items: Mapping[str, str]) -> None:
@@ -127,8 +129,8 @@ def _disk_content(path: Path) -> bytes | None:
 
 def copy_borrowed(git_dir: Path, worktree: Path, locked: Callable[[], contextlib.AbstractContextManager[object]],
                   ) -> CopyReport:
-    """Copy every blob the ledger names into the shadow repository, then drop the ledger and
-    the alternate (under `locked()`, the workspace lock). Runs without the lock otherwise: it
+    """Copy every blob the ledger names into the shadow repository, then drop the ledger
+    (under `locked()`, the workspace lock). Runs without the lock otherwise: it
     only reads objects and installs one new pack. Returns what it did.
 
     Raises:
@@ -183,8 +185,6 @@ def copy_borrowed(git_dir: Path, worktree: Path, locked: Callable[[], contextlib
                 tmp.write_text("".join(_lines(alternate, left.items())), "utf-8", "surrogateescape")
                 os.replace(tmp, ledger_path(git_dir))
                 return report
-            for alternate in now.alternates or ledger.alternates:
-                repo.remove_alternate(alternate)
             with contextlib.suppress(FileNotFoundError):
                 ledger_path(git_dir).unlink()
         report.finished = True

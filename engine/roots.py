@@ -122,7 +122,7 @@ class RootState:
             self.verified = False
             if loaded is None:
                 self._reset_or_forget(head)
-            if borrowed.ledger_path(self.ws.git_dir).exists() or self.repo.alternates():
+            if borrowed.ledger_path(self.ws.git_dir).exists():
                 self.start_copy()  # a copy a crash (or a close) interrupted: resume it
         else:
             head = self.repo.read_ref(HEAD_REF)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -291,6 +292,55 @@ def open_blob_writer(git_dir: Path) -> Callable[[bytes], bytes]:
     return write
 
 
+BORROWED_LEDGER = "shadowpoint/borrowed"  # borrowed.py's ledger, relative to the git dir
+
+
+def _ledger_lines(git_dir: Path) -> list[dict[str, Any]]:
+    try:
+        text = (git_dir / BORROWED_LEDGER).read_text("utf-8", "surrogateescape")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
+class _ReadOnlyObjects(pygit2.OdbBackend):
+    """The user's object store as a read-only odb backend (see `ShadowRepo.borrow_from`)."""
+
+    def __init__(self, odb: Any) -> None:
+        super().__init__()
+        self._odb = odb
+
+    def read_cb(self, oid: Any) -> tuple[Any, bytes]:
+        kind, data = self._odb.read(oid)
+        return kind, data
+
+    def read_prefix_cb(self, oid: Any) -> tuple[Any, bytes, Any]:
+        kind, data = self._odb.read(oid)
+        return kind, data, oid
+
+    def read_header_cb(self, oid: Any) -> tuple[Any, int]:
+        kind, size = self._odb.read_header(oid)
+        return kind, size
+
+    def exists_cb(self, oid: Any) -> bool:
+        return False  # never "found" for a write: nothing is freshened, every write lands here
+
+    def exists_prefix_cb(self, oid: Any) -> None:
+        return None
+
+    def refresh_cb(self) -> None:
+        return None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+
 class ShadowRepo:
     """A shadow git dir whose `core.worktree` is a workspace root."""
 
@@ -299,6 +349,8 @@ class ShadowRepo:
         self.git_dir = git_dir
         self.worktree = worktree
         self._sig = pygit2.Signature(COMMITTER_NAME, COMMITTER_EMAIL)
+        self._borrowed: dict[str, _ReadOnlyObjects] = {}
+        self._attach_recorded()
 
     # ------------------------------------------------------------------ opening
 
@@ -438,6 +490,7 @@ class ShadowRepo:
         with translated("reopen"):
             self._repo.free()
             self._repo = pygit2.Repository(str(self.git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+        self._attach_recorded()
 
     def clear_stale_locks(self) -> None:
         self._clear_stale_locks(self.git_dir)
@@ -481,48 +534,39 @@ class ShadowRepo:
         merged: bytes = result.contents.encode("utf-8")
         return merged
 
-    # ------------------------------------------------------------------ alternates (issue 14)
+    # ------------------------------------------------------------------ borrowed objects (issue 14)
 
-    def alternates(self) -> list[str]:
-        """The object stores listed in `objects/info/alternates`."""
-        try:
-            text = (self.git_dir / "objects" / "info" / "alternates").read_text("utf-8", "surrogateescape")
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise RepoError(f"The alternates of {self.git_dir} cannot be read: {exc}") from exc
-        return [line for line in text.splitlines() if line and not line.startswith("#")]
+    def borrow_from(self, objects_dir: Path) -> None:
+        """Read objects from the user's `objects_dir` too, read-only, in this handle.
 
-    def add_alternate(self, objects_dir: Path) -> None:
-        """Read objects from `objects_dir` too (read-only): a line in `objects/info/alternates`, so
-        every reader of this repository (other processes, `git`) sees them, and in this handle."""
-        line = str(objects_dir)
-        if "\n" in line:
-            raise RepoError(f"{objects_dir} cannot be an alternate (a newline in its path).")
-        current = self.alternates()
-        if line not in current:
-            self._write_alternates([*current, line])
-        with translated("add an alternate"):
-            self._repo.odb.add_disk_alternate(line)
+        Not a line in `objects/info/alternates`: every libgit2 (and git) writer "freshens" an
+        object it finds in an alternate instead of writing it (a utime on the user's object
+        or pack file: a write into the user's `.git`), and the object is then not stored here
+        at all (a tree equal to one of the user's commit was missing once the alternate went).
+        `_ReadOnlyObjects` answers reads only and says "absent" to existence checks, so every
+        write lands in the shadow repository and nothing of the user's is touched. Handles of
+        other processes attach it from the ledger (`borrowed.py`) when they open the repo.
+        """
+        key = str(objects_dir)
+        if key in self._borrowed:
+            return
+        with translated("read the user's objects"):
+            backend = _ReadOnlyObjects(pygit2.Odb(key))
+            self._repo.odb.add_backend(backend, 0)  # asked last: own objects first
+        self._borrowed[key] = backend
 
-    def remove_alternate(self, objects_dir: str) -> None:
-        """Stop listing `objects_dir` (this handle keeps reading it until reopened)."""
-        current = self.alternates()
-        if objects_dir in current:
-            self._write_alternates([a for a in current if a != objects_dir])
+    @property
+    def borrowing(self) -> list[str]:
+        """The object stores this handle reads borrowed objects from."""
+        return list(self._borrowed)
 
-    def _write_alternates(self, lines: list[str]) -> None:
-        info = self.git_dir / "objects" / "info"
-        final = info / "alternates"
-        with written(self.git_dir, "write its alternates"):
-            if not lines:
-                with contextlib.suppress(FileNotFoundError):
-                    final.unlink()
-                return
-            info.mkdir(exist_ok=True)
-            tmp = info / f"alternates.{os.getpid()}.sp"
-            tmp.write_text("".join(f"{line}\n" for line in lines), "utf-8", "surrogateescape")
-            os.replace(tmp, final)
+    def _attach_recorded(self) -> None:
+        self._borrowed = {}
+        for line in _ledger_lines(self.git_dir):
+            alt = line.get("alt")
+            if isinstance(alt, str) and os.path.isdir(alt):
+                with contextlib.suppress(RepoError):
+                    self.borrow_from(Path(alt))
 
     def own_missing(self, oids: Iterable[str]) -> list[str]:
         """Those of `oids` that this repository's own object store lacks (alternates not read)."""

@@ -18,10 +18,13 @@ def git(repo: Path, *args: str, input: bytes | None = None) -> bytes:
                           input=input).stdout
 
 
-def backdate(root: Path, seconds: float = 100.0) -> None:
-    """Every file's mtime `seconds` in the past (so that git's index entries are not racy)."""
+def backdate(root: Path, *paths: str, seconds: float = 100.0) -> None:
+    """The mtime of `paths` (else of every file) `seconds` in the past, so that git's index
+    entries are not racy (a utime changes the ctime: files git recorded are left alone)."""
     past = time.time() - seconds
-    for dp, dns, fns in os.walk(root):
+    for rel in paths:
+        os.utime(root / rel, (past, past), follow_symlinks=False)
+    for dp, dns, fns in [] if paths else os.walk(root):
         if ".git" in dns:
             dns.remove(".git")
         for n in fns:
