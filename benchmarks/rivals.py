@@ -186,8 +186,8 @@ class OpenCodeSnapshot:
         self.env = git_env()
         self.tree = ""
 
-    def git(self, *args: str, allow_fail: bool = False) -> GitRun:
-        cmd = ["git", f"--git-dir={self.git_dir}", f"--work-tree={self.root}", *args]
+    def git(self, *args: str, allow_fail: bool = False, bare: bool = False) -> GitRun:
+        cmd = ["git", *args] if bare else ["git", f"--git-dir={self.git_dir}", f"--work-tree={self.root}", *args]
         env = {**self.env, "GIT_INDEX_FILE": str(self.git_dir / "index")}
         try:
             return run_measured(cmd, self.root, env)
@@ -200,7 +200,7 @@ class OpenCodeSnapshot:
         """Every step from the fresh git dir to the tree id; returns its wall time in seconds."""
         start = time.perf_counter()
         self.git_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.git("init", "-q", "--bare")
+        self.git("init", "-q", "--bare", str(self.git_dir), bare=True)
         (self.git_dir / "objects" / "info" / "alternates").write_text(f"{self.root / '.git' / 'objects'}\n")
         with open(self.root / ".git" / "index", "rb") as src, open(self.git_dir / "index", "wb") as dst:
             dst.write(src.read())
