@@ -188,8 +188,8 @@ def _parse(data: bytes, index_mtime_ns: int) -> GitIndex:
         if not name or b"\0" in name:
             raise IndexDoubt("an empty entry name")
         prev = name
-        entries.append(IndexEntry(os.fsdecode(name), ctime_s, ctime_ns, mtime_s, mtime_ns, dev, ino, mode,
-                                  uid, gid, size, raw_oid.hex(), flags, ext))
+        entries.append(IndexEntry(name.decode("utf-8", "surrogateescape"), ctime_s, ctime_ns, mtime_s, mtime_ns,
+                                  dev, ino, mode, uid, gid, size, raw_oid.hex(), flags, ext))
     exts: list[str] = []
     while pos < len(body):
         if pos + 8 > len(body):
@@ -363,7 +363,7 @@ class IndexProof:
         folder = prefix.rstrip("/")
         while folder not in self.checked:
             self.checked.add(folder)
-            candidate = root / folder / ".gitattributes" if folder else root / ".gitattributes"
+            candidate = f"{root}/{folder}/.gitattributes" if folder else f"{root}/.gitattributes"
             try:
                 fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
             except FileNotFoundError:

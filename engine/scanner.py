@@ -39,6 +39,9 @@ from shadowpoint.workspace import RepoPath, is_git_component
 
 log = structlog.get_logger(__name__)
 
+# a stage from an empty tree with at least this many paths writes its trees as one pack
+PACKED_TREES_MIN = 256
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -177,7 +180,14 @@ class Scanner:
             self._stage_path(run, path, forced=True)
         self._note_borrowed(run)
         tree = cache.tree
-        if run.changes:
+        if run.changes and cache.tree is None and len(run.changes) >= PACKED_TREES_MIN:
+            # a baseline from nothing: its trees in one pack, not thousands of loose objects
+            try:
+                tree = self.repo.write_tree_packed(run.changes)
+            except ValueError:
+                tree = self.repo.patch_tree(None, run.changes)
+            cache.tree = tree
+        elif run.changes:
             tree = self.repo.patch_tree(cache.tree, run.changes)
             cache.tree = tree
         run.stats.changed = len(run.changes)
