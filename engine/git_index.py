@@ -62,9 +62,10 @@ class IndexDoubt(Exception):
     """The index (or the repository) cannot prove anything: hash every file."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class IndexEntry:
-    """One entry of git's index, as stored (32-bit fields)."""
+    """One entry of git's index, as stored (32-bit fields). Not frozen: a frozen dataclass's
+    __init__ cost most of parsing a 100k-entry index."""
 
     path: str
     ctime_s: int
