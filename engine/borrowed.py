@@ -149,9 +149,10 @@ def copy_borrowed(git_dir: Path, worktree: Path, locked: Callable[[], contextlib
             todo = repo.own_missing(ledger.items)
             if not todo:
                 break
-            readable = [oid for oid in todo if repo.has_object(oid)]
+            readable = repo.readable(todo)
+            found = set(readable)
             for oid in todo:
-                if oid in readable:
+                if oid in found:
                     continue
                 rel = ledger.items[oid]
                 data = _disk_content(worktree / rel)

@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -139,13 +140,13 @@ def _object_header(kind: int, size: int) -> bytes:
     return bytes(out)
 
 
-def _compressed(item: tuple[str, int, bytes]) -> tuple[str, bytes]:
+def _compressed(item: tuple[str, int, bytes], level: int = 6) -> tuple[str, bytes]:
     oid, kind, data = item
-    return oid, _object_header(kind, len(data)) + zlib.compress(data)
+    return oid, _object_header(kind, len(data)) + zlib.compress(data, level)
 
 
 def write_pack(repo: pygit2.Repository, oids: list[str], folder: Path, progress: Progress | None = None,
-               done: int = 0, total: int = 0) -> Path:
+               done: int = 0, total: int = 0, level: int = 6) -> Path:
     """Write `oids` (all readable from `repo`) as one pack without deltas into `folder`.
 
     The `.pack` is written first, then its `.idx`; both under temporary names, renamed to
@@ -167,7 +168,7 @@ def write_pack(repo: pygit2.Repository, oids: list[str], folder: Path, progress:
         return items
 
     return _write_pack_items(len(oids), (read(batch) for batch in _batches(oids, _BATCH)), folder, progress,
-                             done, total)
+                             done, total, level)
 
 
 def write_pack_objects(objects: list[tuple[str, int, bytes]], folder: Path) -> Path:
@@ -176,7 +177,8 @@ def write_pack_objects(objects: list[tuple[str, int, bytes]], folder: Path) -> P
 
 
 def _write_pack_items(count: int, batches: Iterable[list[tuple[str, int, bytes]]], folder: Path,
-                      progress: Progress | None = None, done: int = 0, total: int = 0) -> Path:
+                      progress: Progress | None = None, done: int = 0, total: int = 0, level: int = 6) -> Path:
+    compress = partial(_compressed, level=level)
     tmp_pack = folder / "tmp_pack_sp"
     entries: list[tuple[bytes, int, int]] = []  # (raw oid, crc32, offset)
     digest = hashlib.sha1()  # git's pack checksum
@@ -186,7 +188,7 @@ def _write_pack_items(count: int, batches: Iterable[list[tuple[str, int, bytes]]
         digest.update(head)
         offset = len(head)
         for items in batches:
-            for oid, blob in pool.map(_compressed, items):
+            for oid, blob in pool.map(compress, items):
                 fh.write(blob)
                 digest.update(blob)
                 entries.append((bytes.fromhex(oid), zlib.crc32(blob), offset))

@@ -578,6 +578,18 @@ class ShadowRepo:
             odb.add_backend(pygit2.OdbBackendLoose(objects, 1, False), 1)
             return [oid for oid in oids if not odb.exists(oid)]
 
+    def readable(self, oids: Iterable[str]) -> list[str]:
+        """Those of `oids` this handle can read (borrowed ones included), by their headers only."""
+        out = []
+        odb = self._repo.odb
+        for oid in oids:
+            try:
+                odb.read_header(pygit2.Oid(hex=oid))
+            except (pygit2.GitError, KeyError, ValueError):
+                continue
+            out.append(oid)
+        return out
+
     def copy_objects(self, oids: list[str], staging: Path) -> None:
         """Write `oids` (readable here, e.g. through an alternate) into this repository's own
         store as one pack (written in `staging`, then installed: `.pack` before `.idx`).
@@ -592,7 +604,8 @@ class ShadowRepo:
         with written(self.git_dir, "copy borrowed objects"):
             staging.mkdir(parents=True, exist_ok=True)
             try:
-                packing.write_pack(self._repo, oids, staging)
+                # level 1: the copy shortens the time a snapshot depends on the user's repository
+                packing.write_pack(self._repo, oids, staging, level=1)
                 self._install_packs(staging, pack_dir)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
