@@ -356,11 +356,13 @@ class Engine:
         start = time.perf_counter()
         hashes: dict[str, str] = {}
         warnings: list[dict[str, str]] = []
+        hashed = taken = 0
         self._start_watchers(captures, requested)
         for name, root in self.roots.items():
             with root.lock.held():
                 try:
-                    result = root.stage(StagePlan(rescan=True), captures[name])
+                    # on a git repository, ids the user's index proves unchanged are taken
+                    result = root.stage(StagePlan(rescan=True), captures[name], borrow=True)
                 finally:
                     captures[name].finish()  # this root's part is scanned: its edits wait no more
                 assert root.repo is not None
@@ -373,6 +375,8 @@ class Engine:
                 root.save_cache()
             hashes[name] = commit
             warnings.extend(self._warnings(name, result))
+            hashed += result.stats.hashed
+            taken += result.stats.borrowed
         with rt.lock:
             if rt.generation != gen:
                 return
@@ -380,7 +384,7 @@ class Engine:
             rt.record.add_checkpoint(cp)
             rt.state, rt.error = "ready", None
             self._save(rt)
-        log.info("task.baseline_built", task_id=rt.record.task_id,
+        log.info("task.baseline_built", task_id=rt.record.task_id, hashed=hashed, borrowed=taken,
                  duration_ms=round((time.perf_counter() - start) * 1e3, 1))
         self._start_verifier()
         self._retain()

@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -139,13 +140,13 @@ def _object_header(kind: int, size: int) -> bytes:
     return bytes(out)
 
 
-def _compressed(item: tuple[str, int, bytes]) -> tuple[str, bytes]:
+def _compressed(item: tuple[str, int, bytes], level: int = 6) -> tuple[str, bytes]:
     oid, kind, data = item
-    return oid, _object_header(kind, len(data)) + zlib.compress(data)
+    return oid, _object_header(kind, len(data)) + zlib.compress(data, level)
 
 
 def write_pack(repo: pygit2.Repository, oids: list[str], folder: Path, progress: Progress | None = None,
-               done: int = 0, total: int = 0) -> Path:
+               done: int = 0, total: int = 0, level: int = 6) -> Path:
     """Write `oids` (all readable from `repo`) as one pack without deltas into `folder`.
 
     The `.pack` is written first, then its `.idx`; both under temporary names, renamed to
@@ -155,30 +156,48 @@ def write_pack(repo: pygit2.Repository, oids: list[str], folder: Path, progress:
         RepoError: an object cannot be read.
     """
     odb = repo.odb
+
+    def read(batch: list[str]) -> list[tuple[str, int, bytes]]:
+        items = []
+        for oid in batch:
+            try:
+                kind, data = odb.read(oid)
+            except (KeyError, pygit2.GitError, ValueError) as exc:
+                raise RepoError(f"Object {oid} cannot be read: {exc}") from exc
+            items.append((oid, int(kind), bytes(data)))
+        return items
+
+    return _write_pack_items(len(oids), (read(batch) for batch in _batches(oids, _BATCH)), folder, progress,
+                             done, total, level)
+
+
+def write_pack_objects(objects: list[tuple[str, int, bytes]], folder: Path) -> Path:
+    """`write_pack` for objects given as (id, type, data): e.g. a baseline's new trees."""
+    return _write_pack_items(len(objects), (objects[i:i + _BATCH] for i in range(0, len(objects), _BATCH)), folder)
+
+
+def _write_pack_items(count: int, batches: Iterable[list[tuple[str, int, bytes]]], folder: Path,
+                      progress: Progress | None = None, done: int = 0, total: int = 0, level: int = 6) -> Path:
+    compress = partial(_compressed, level=level)
     tmp_pack = folder / "tmp_pack_sp"
     entries: list[tuple[bytes, int, int]] = []  # (raw oid, crc32, offset)
     digest = hashlib.sha1()  # git's pack checksum
     with open(tmp_pack, "wb") as fh, ThreadPoolExecutor(2, thread_name_prefix="shadowpoint-pack") as pool:
-        head = b"PACK" + struct.pack(">II", 2, len(oids))
+        head = b"PACK" + struct.pack(">II", 2, count)
         fh.write(head)
         digest.update(head)
         offset = len(head)
-        for batch in _batches(oids, _BATCH):
-            items = []
-            for oid in batch:
-                try:
-                    kind, data = odb.read(oid)
-                except (KeyError, pygit2.GitError, ValueError) as exc:
-                    raise RepoError(f"Object {oid} cannot be read: {exc}") from exc
-                items.append((oid, int(kind), bytes(data)))
-            for oid, blob in pool.map(_compressed, items):
+        for items in batches:
+            for oid, blob in pool.map(compress, items):
                 fh.write(blob)
                 digest.update(blob)
                 entries.append((bytes.fromhex(oid), zlib.crc32(blob), offset))
                 offset += len(blob)
-            done += len(batch)
+            done += len(items)
             if progress is not None:
-                progress(done, total or len(oids))
+                progress(done, total or count)
+        if len(entries) != count:
+            raise RepoError(f"A pack of {count} objects got {len(entries)}.")
         checksum = digest.digest()
         fh.write(checksum)
         fh.flush()

@@ -15,9 +15,10 @@ from typing import Any
 
 import structlog
 
+from shadowpoint import borrowed
 from shadowpoint.blob_workers import BlobWorkerOptions
 from shadowpoint.early_capture import EarlyCapture
-from shadowpoint.errors import RepoError
+from shadowpoint.errors import RepoError, ShadowpointError
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.journal import PathJournal
 from shadowpoint.locking import WorkspaceLock
@@ -74,6 +75,13 @@ class RootState:
         # watch excluded folders, so a round using its paths stages these too. Without it, a
         # command changing a force-added node_modules/ file was missed (tests/property/test_model.py).
         self._excluded_tracked: set[RepoPath] = set()
+        # The copy of blobs a baseline borrowed from the user's git objects (borrowed.py): its
+        # thread, and a test seam that holds it until set.
+        self.copy_gate: threading.Event | None = None
+        self._copier: threading.Thread | None = None
+        self._copy_stop = threading.Event()
+        self._copy_again = False
+        self.last_copy: borrowed.CopyReport | None = None
 
     def start_watcher(self, notify: Notify, journal: PathJournal | None = None) -> None:
         """Start recording touched paths (before the baseline, so nothing slips between).
@@ -120,6 +128,8 @@ class RootState:
             self.verified = False
             if loaded is None:
                 self._reset_or_forget(head)
+            if borrowed.ledger_path(self.ws.git_dir).exists():
+                self.start_copy()  # a copy a crash (or a close) interrupted: resume it
         else:
             head = self.repo.read_ref(HEAD_REF)
             if head != self.head_on_disk:
@@ -145,8 +155,9 @@ class RootState:
             self.scanned = False
             self.verified = False
 
-    def stage(self, plan: StagePlan, capture: EarlyCapture | None = None) -> StageResult:
-        """Stage `plan` into the cache's tree (lock held); `capture`: a baseline's early paths."""
+    def stage(self, plan: StagePlan, capture: EarlyCapture | None = None, borrow: bool = False) -> StageResult:
+        """Stage `plan` into the cache's tree (lock held); `capture`: a baseline's early paths;
+        `borrow`: a baseline may take ids from the user's git index (then call `start_copy`)."""
         self.open()
         assert self.scanner is not None
         if not self.verified:
@@ -159,7 +170,7 @@ class RootState:
             # the watcher has no watch in excluded folders: look at their tracked files too
             plan = StagePlan(forced=plan.forced, watched=plan.watched | self.excluded_tracked(), rescan=False)
         try:
-            result = self.scanner.stage(plan, self.cache, capture)
+            result = self.scanner.stage(plan, self.cache, capture, borrow=borrow)
         except RepoError as exc:
             # Objects vanished under a running engine: repair the tracked set, try once more.
             log.warning("shadow_repo.objects_missing", root=str(self.ws.root), reason=str(exc))
@@ -170,6 +181,10 @@ class RootState:
             self._reset_or_forget(self.cache.base_commit)
             raise
         self.scanned = True
+        if result.stats.borrowed:
+            # the borrowed blobs become the shadow repo's own, off the agent's path: the copy
+            # reads the ledger under this lock, so it starts once the baseline's commit is done
+            self.start_copy()
         if plan.rescan:
             self._excluded_tracked = set(result.stats.outside_walk)
             self.watched_since_scan = watching
@@ -299,7 +314,51 @@ class RootState:
             self.flush_head()  # the saved cache is valid for the head it names (`StatCache.load`)
             self.cache.save(self.cache_file)
 
+    # ------------------------------------------------------------------ borrowed blobs
+
+    def start_copy(self) -> None:
+        """Copy the blobs a baseline borrowed from the user's repository into the shadow repo,
+        on a background thread (nothing when no ledger is left)."""
+        if self._copier is not None and self._copier.is_alive():
+            self._copy_again = True
+            return
+        self._copy_again = False
+        self._copy_stop.clear()
+        self._copier = threading.Thread(target=self._copy, name=f"shadowpoint-copy:{self.ws.name}", daemon=True)
+        self._copier.start()
+
+    def _copy(self) -> None:
+        gate = self.copy_gate
+        while gate is not None and not gate.wait(0.05):
+            if self._copy_stop.is_set():
+                return
+        git_dir = self.ws.git_dir
+        while True:
+            try:
+                borrowed.sweep_staging(git_dir)
+                report = borrowed.copy_borrowed(git_dir, self.ws.root, self.lock.held)
+            except (ShadowpointError, OSError) as exc:
+                log.warning("borrowed.copy_failed", root=str(self.ws.root), reason=str(exc),
+                            action="the next open tries again")
+                return
+            self.last_copy = report
+            if report.lost:
+                self.mark_damaged()  # the next stage re-hashes what is still on disk
+            if not self._copy_again or self._copy_stop.is_set():
+                return
+            self._copy_again = False
+
+    def wait_copied(self, timeout: float | None = None) -> bool:
+        """Block until the background copy ended; True if no copy runs."""
+        copier = self._copier
+        if copier is not None:
+            copier.join(timeout)
+            return not copier.is_alive()
+        return True
+
     def close(self) -> None:
+        self._copy_stop.set()
+        self.wait_copied()
         if self.watcher is not None:
             with contextlib.suppress(Exception):
                 self.watcher.stop()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import structlog
 
+from shadowpoint import borrowed
 from shadowpoint.blob_workers import (
     BlobWorkerOptions,
     BlobWorkers,
@@ -31,11 +32,15 @@ from shadowpoint.blob_workers import (
 )
 from shadowpoint.early_capture import EarlyCapture
 from shadowpoint.exclusions import ExclusionRules
+from shadowpoint.git_index import IndexProof
 from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
 from shadowpoint.stat_cache import FileState, StatCache
 from shadowpoint.workspace import RepoPath, is_git_component
 
 log = structlog.get_logger(__name__)
+
+# a stage from an empty tree with at least this many paths writes its trees as one pack
+PACKED_TREES_MIN = 256
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -97,6 +102,8 @@ class StageStats:
 
     examined: int = 0
     hashed: int = 0
+    # ids taken from the user's git index (a baseline of a git repository: git_index.py)
+    borrowed: int = 0
     changed: int = 0
     rescan: bool = False
     skipped: list[Skipped] = field(default_factory=list)
@@ -120,6 +127,10 @@ class _Staging:
     batch: BlobWorkers | None = None
     # a baseline's paths to capture first (SPEC §3), None elsewhere
     capture: EarlyCapture | None = None
+    # a baseline of a git repository: the user's index, which proves files unchanged
+    proof: IndexProof | None = None
+    borrowed: dict[RepoPath, str] = field(default_factory=dict)  # path -> the index's blob id
+    alternate_added: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,14 +151,18 @@ class Scanner:
 
     # ------------------------------------------------------------------ entry points
 
-    def stage(self, plan: StagePlan, cache: StatCache, capture: EarlyCapture | None = None) -> StageResult:
+    def stage(self, plan: StagePlan, cache: StatCache, capture: EarlyCapture | None = None,
+              borrow: bool = False) -> StageResult:
         """Apply `plan` to `cache` (the tracked set) and write the resulting tree.
 
         `capture` (a rescan only): paths edit tools are about to change, captured as soon as they
-        are asked for and kept at that content for the rest of the scan.
+        are asked for and kept at that content for the rest of the scan. `borrow` (a baseline's
+        rescan): take the blob ids of files the user's git index proves unchanged (git_index.py).
         """
         start = time.perf_counter()
         run = _Staging(cache, StageStats(rescan=plan.rescan), time.time_ns(), capture=capture if plan.rescan else None)
+        if borrow and plan.rescan:
+            run.proof = IndexProof.load(self.root)
         self._invalidate_rules(plan.forced | plan.watched)
         if plan.rescan:
             run.batch = BlobWorkers(self.repo.git_dir, self.root, self.options.max_file_bytes, self.options.workers)
@@ -163,16 +178,24 @@ class Scanner:
         # forced paths last: they win over every exclusion
         for path in sorted(plan.forced):
             self._stage_path(run, path, forced=True)
+        self._note_borrowed(run)
         tree = cache.tree
-        if run.changes:
+        if run.changes and cache.tree is None and len(run.changes) >= PACKED_TREES_MIN:
+            # a baseline from nothing: its trees in one pack, not thousands of loose objects
+            try:
+                tree = self.repo.write_tree_packed(run.changes)
+            except ValueError:
+                tree = self.repo.patch_tree(None, run.changes)
+            cache.tree = tree
+        elif run.changes:
             tree = self.repo.patch_tree(cache.tree, run.changes)
             cache.tree = tree
         run.stats.changed = len(run.changes)
         run.stats.changed_paths = tuple(run.changes)
         run.stats.duration_ms = (time.perf_counter() - start) * 1e3
         log.debug("scanner.staged", root=str(self.root), examined=run.stats.examined,
-                  hashed=run.stats.hashed, changed=run.stats.changed, rescan=run.stats.rescan,
-                  duration_ms=round(run.stats.duration_ms, 2))
+                  hashed=run.stats.hashed, borrowed=run.stats.borrowed, changed=run.stats.changed,
+                  rescan=run.stats.rescan, duration_ms=round(run.stats.duration_ms, 2))
         return StageResult(tree, bool(run.changes), run.stats)
 
     def capture(self, capture: EarlyCapture, cache: StatCache) -> None:
@@ -210,6 +233,8 @@ class Scanner:
         for prefix, names in self.rules.walk_folders():
             walked.append((prefix, names))
             folder = root + prefix
+            if run.proof is not None and not run.proof.attributes_clear(self.root, prefix):
+                self._unborrow(run)  # "any doubt: hash", the ids taken so far included
             try:
                 # names looked up from the folder itself: shorter lookups, and never through
                 # a symlink that replaced one of its parents since the listing
@@ -237,6 +262,11 @@ class Scanner:
                         if known.is_clean(st):
                             clean += 1
                             continue
+                    elif run.proof is not None and st.st_size <= self.options.max_file_bytes:
+                        oid = run.proof.prove(path, st)
+                        if oid is not None:
+                            self._borrow(run, path, st, oid)
+                            continue
                     self._stage_stat(run, path, st)
             finally:
                 if fd >= 0:
@@ -252,6 +282,49 @@ class Scanner:
         for path in [p for p in entries if p not in seen and p not in pinned]:
             run.stats.outside_walk.append(path)
             self._stage_path(run, path, forced=True, expand_dirs=False)
+
+    def _borrow(self, run: _Staging, path: RepoPath, st: os.stat_result, oid: str) -> None:
+        """Record the index's blob id for `path` (proven unchanged), with our own mode."""
+        assert run.proof is not None
+        if not run.alternate_added:
+            # the user's objects become readable here (read-only) before any id is used
+            borrowed.begin(self.repo, run.proof.objects_dir)
+            run.alternate_added = True
+        mode = MODE_LINK if stat.S_ISLNK(st.st_mode) else MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
+        entry = TreeEntry(oid, mode)
+        run.stats.examined += 1
+        run.stats.borrowed += 1
+        run.borrowed[path] = oid
+        self._record(run, path, entry, FileState.of(st, entry, run.now_ns))
+
+    def _unborrow(self, run: _Staging) -> None:
+        """Take no more ids from the index, and hash the files whose id was taken."""
+        assert run.proof is not None
+        log.info("git_index.doubted", root=str(self.root), reason=run.proof.doubt, action="hashing every file",
+                 rehashing=len(run.borrowed))
+        run.proof = None
+        taken, run.borrowed = run.borrowed, {}
+        run.stats.borrowed -= len(taken)
+        for path in taken:
+            run.stats.examined -= 1
+            run.cache.remove(path)
+            try:
+                st = os.lstat(self.root / path)
+            except OSError:
+                self._record(run, path, None)
+                continue
+            self._stage_stat(run, path, st)
+
+    def _note_borrowed(self, run: _Staging) -> None:
+        """Write down, before any commit names them, the blobs still read from the user's
+        repository (a path staged again since keeps the id it got then)."""
+        if not run.borrowed:
+            return
+        if run.batch is not None:
+            self._finish(run, run.batch.flush())
+        kept: dict[str, str] = {p: oid for p, oid in run.borrowed.items()
+                                if (e := run.cache.entry(p)) is not None and e.oid == oid}
+        borrowed.record(self.repo.git_dir, kept)
 
     def _capture_early(self, run: _Staging) -> None:
         """Record the current content of the paths edit tools asked for, and pin them (SPEC §3).

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -291,6 +293,55 @@ def open_blob_writer(git_dir: Path) -> Callable[[bytes], bytes]:
     return write
 
 
+BORROWED_LEDGER = "shadowpoint/borrowed"  # borrowed.py's ledger, relative to the git dir
+
+
+def _ledger_lines(git_dir: Path) -> list[dict[str, Any]]:
+    try:
+        text = (git_dir / BORROWED_LEDGER).read_text("utf-8", "surrogateescape")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
+class _ReadOnlyObjects(pygit2.OdbBackend):
+    """The user's object store as a read-only odb backend (see `ShadowRepo.borrow_from`)."""
+
+    def __init__(self, odb: Any) -> None:
+        super().__init__()
+        self._odb = odb
+
+    def read_cb(self, oid: Any) -> tuple[Any, bytes]:
+        kind, data = self._odb.read(oid)
+        return kind, data
+
+    def read_prefix_cb(self, oid: Any) -> tuple[Any, bytes, Any]:
+        kind, data = self._odb.read(oid)
+        return kind, data, oid
+
+    def read_header_cb(self, oid: Any) -> tuple[Any, int]:
+        kind, size = self._odb.read_header(oid)
+        return kind, size
+
+    def exists_cb(self, oid: Any) -> bool:
+        return False  # never "found" for a write: nothing is freshened, every write lands here
+
+    def exists_prefix_cb(self, oid: Any) -> None:
+        return None
+
+    def refresh_cb(self) -> None:
+        return None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+
 class ShadowRepo:
     """A shadow git dir whose `core.worktree` is a workspace root."""
 
@@ -299,6 +350,8 @@ class ShadowRepo:
         self.git_dir = git_dir
         self.worktree = worktree
         self._sig = pygit2.Signature(COMMITTER_NAME, COMMITTER_EMAIL)
+        self._borrowed: dict[str, _ReadOnlyObjects] = {}
+        self._attach_recorded()
 
     # ------------------------------------------------------------------ opening
 
@@ -438,6 +491,7 @@ class ShadowRepo:
         with translated("reopen"):
             self._repo.free()
             self._repo = pygit2.Repository(str(self.git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+        self._attach_recorded()
 
     def clear_stale_locks(self) -> None:
         self._clear_stale_locks(self.git_dir)
@@ -481,6 +535,81 @@ class ShadowRepo:
         merged: bytes = result.contents.encode("utf-8")
         return merged
 
+    # ------------------------------------------------------------------ borrowed objects (issue 14)
+
+    def borrow_from(self, objects_dir: Path) -> None:
+        """Read objects from the user's `objects_dir` too, read-only, in this handle.
+
+        Not a line in `objects/info/alternates`: every libgit2 (and git) writer "freshens" an
+        object it finds in an alternate instead of writing it (a utime on the user's object
+        or pack file: a write into the user's `.git`), and the object is then not stored here
+        at all (a tree equal to one of the user's commit was missing once the alternate went).
+        `_ReadOnlyObjects` answers reads only and says "absent" to existence checks, so every
+        write lands in the shadow repository and nothing of the user's is touched. Handles of
+        other processes attach it from the ledger (`borrowed.py`) when they open the repo.
+        """
+        key = str(objects_dir)
+        if key in self._borrowed:
+            return
+        with translated("read the user's objects"):
+            backend = _ReadOnlyObjects(pygit2.Odb(key))
+            self._repo.odb.add_backend(backend, 0)  # asked last: own objects first
+        self._borrowed[key] = backend
+
+    @property
+    def borrowing(self) -> list[str]:
+        """The object stores this handle reads borrowed objects from."""
+        return list(self._borrowed)
+
+    def _attach_recorded(self) -> None:
+        self._borrowed = {}
+        for line in _ledger_lines(self.git_dir):
+            alt = line.get("alt")
+            if isinstance(alt, str) and os.path.isdir(alt):
+                with contextlib.suppress(RepoError):
+                    self.borrow_from(Path(alt))
+
+    def own_missing(self, oids: Iterable[str]) -> list[str]:
+        """Those of `oids` that this repository's own object store lacks (alternates not read)."""
+        objects = str(self.git_dir / "objects")
+        with translated("open its own object store"):
+            odb = pygit2.Odb()
+            odb.add_backend(pygit2.OdbBackendPack(objects), 2)
+            odb.add_backend(pygit2.OdbBackendLoose(objects, 1, False), 1)
+            return [oid for oid in oids if not odb.exists(oid)]
+
+    def readable(self, oids: Iterable[str]) -> list[str]:
+        """Those of `oids` this handle can read (borrowed ones included), by their headers only."""
+        out = []
+        odb = self._repo.odb
+        for oid in oids:
+            try:
+                odb.read_header(pygit2.Oid(hex=oid))
+            except (pygit2.GitError, KeyError, ValueError):
+                continue
+            out.append(oid)
+        return out
+
+    def copy_objects(self, oids: list[str], staging: Path) -> None:
+        """Write `oids` (readable here, e.g. through an alternate) into this repository's own
+        store as one pack (written in `staging`, then installed: `.pack` before `.idx`).
+
+        Raises:
+            RepoError: an object cannot be read (gone from the alternate).
+            StorageFailedError: the docs root refused the write.
+        """
+        if not oids:
+            return
+        pack_dir = self.git_dir / "objects" / "pack"
+        with written(self.git_dir, "copy borrowed objects"):
+            staging.mkdir(parents=True, exist_ok=True)
+            try:
+                # level 1: the copy shortens the time a snapshot depends on the user's repository
+                packing.write_pack(self._repo, oids, staging, level=1)
+                self._install_packs(staging, pack_dir)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
     def has_object(self, oid: str) -> bool:
         try:
             return oid in self._repo
@@ -513,6 +642,63 @@ class ShadowRepo:
             base = self._obj(base_tree) if base_tree else None
             oid = self._patch(base, nested)
             return str(oid) if oid is not None else None
+
+    def write_tree_packed(self, entries: Mapping[RepoPath, TreeEntry | None]) -> str | None:
+        """The tree holding exactly `entries` (None values left out), built from nothing: every
+        tree computed here and written as one pack, not one loose object per folder (a fresh
+        baseline of 100k files writes ~17k trees). Returns the root tree's id (None: empty).
+
+        Raises:
+            ValueError: a path is both a file and a folder (the caller patches instead).
+            StorageFailedError: the docs root refused the write.
+        """
+        root: dict[str, Any] = {}
+        for path, entry in entries.items():
+            if entry is None:
+                continue
+            node = root
+            parts = path.split("/")
+            for part in parts[:-1]:
+                child = node.setdefault(part, {})
+                if not isinstance(child, dict):
+                    raise ValueError(f"{path}: a parent is a file")
+                node = child
+            if parts[-1] in node:
+                raise ValueError(f"{path}: both a file and a folder")
+            node[parts[-1]] = entry
+        objects: dict[str, tuple[str, int, bytes]] = {}
+
+        def build(node: dict[str, Any]) -> bytes | None:
+            items: list[tuple[bytes, bytes]] = []
+            for name, value in node.items():
+                raw_name = os.fsencode(name)
+                if isinstance(value, dict):
+                    sub = build(value)
+                    if sub is not None:
+                        # git sorts a folder's name as if it ended with "/"
+                        items.append((raw_name + b"/", b"40000 %s\0%s" % (raw_name, sub)))
+                else:
+                    items.append((raw_name, b"%o %s\0%s" % (value.mode, raw_name, bytes.fromhex(value.oid))))
+            if not items:
+                return None
+            items.sort()
+            data = b"".join(body for _, body in items)
+            raw = hashlib.sha1(b"tree %d\0" % len(data) + data).digest()
+            objects.setdefault(raw.hex(), (raw.hex(), int(pygit2.enums.ObjectType.TREE), data))
+            return raw
+
+        top = build(root)
+        if top is None:
+            return None
+        staging = self.git_dir / "objects" / f"tmp_treepack_{os.getpid()}_{threading.get_ident()}"
+        with written(self.git_dir, "write a tree"):
+            staging.mkdir(exist_ok=True)
+            try:
+                packing.write_pack_objects(list(objects.values()), staging)
+                self._install_packs(staging, self.git_dir / "objects" / "pack")
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        return top.hex()
 
     def _patch(self, tree: Any, changes: dict[str, Any]) -> Any:
         # pygit2's TreeBuilder takes names as strict UTF-8 only: a file name holding bytes that

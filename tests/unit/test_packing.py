@@ -97,3 +97,29 @@ def test_packs_without_garbage_are_kept_and_an_interrupted_collection_resumes(
     assert big <= _packs(repo), "a collection with nothing to free rewrites no big pack"
     assert repo.reachable_objects([head]) <= {o for s in _packs(repo) for o in
                                               packing.pack_objects(repo.git_dir / "objects" / "pack" / f"{s}.idx")}
+
+
+def test_a_baseline_tree_written_as_one_pack_equals_the_patched_tree(repo: ShadowRepo, tmp_path: Path) -> None:
+    """`write_tree_packed` gives the very tree `patch_tree` writes (git's name order with
+    folders sorted as "name/", modes, names that are not UTF-8), as one pack git verifies."""
+    rng = random.Random(7)
+    names = ["a", "a.b", "a-b", "a0", "b", "é", "x\udcff", "z z"]
+    entries: dict[RepoPath, shadow_repo.TreeEntry | None] = {}
+    for i in range(400):
+        parts = [rng.choice(names) + (str(rng.randrange(3)) if d < 2 else "") for d in range(rng.randrange(1, 5))]
+        path = RepoPath("/".join(parts) + f"/f{i}" if rng.random() < 0.8 else "/".join(parts))
+        if any(p.startswith(path + "/") or path.startswith(p + "/") for p in entries):
+            continue  # a path that is both a file and a folder
+        mode = rng.choice([shadow_repo.MODE_FILE, shadow_repo.MODE_EXEC, shadow_repo.MODE_LINK])
+        entries[path] = shadow_repo.TreeEntry(repo.write_blob(f"content {i % 50}".encode()), mode)
+    entries[RepoPath("gone")] = None
+    packs_before = _packs(repo)
+    packed = repo.write_tree_packed(entries)
+    assert len(_packs(repo) - packs_before) == 1
+    patched = repo.patch_tree(None, entries)
+    assert packed == patched
+    assert repo.list_tree(packed) == {p: e for p, e in entries.items() if e is not None}
+    assert git(repo, "fsck", "--no-dangling", "--strict").returncode == 0
+    with pytest.raises(ValueError):
+        repo.write_tree_packed({RepoPath("a"): entries[next(iter(entries))],
+                                RepoPath("a/b"): entries[next(iter(entries))]})

@@ -1,0 +1,214 @@
+"""Blobs a baseline borrowed from the user's git object store, until they are copied (issue 14).
+
+A baseline that took blob ids from the user's index (`git_index.py`) reads those blobs
+from the user's `objects` folder, read-only (`ShadowRepo.borrow_from`: a read-only odb
+backend, never an `objects/info/alternates` line, whose writers would touch the user's
+files and skip storing objects found there). The ledger,
+`<shadow git dir>/shadowpoint/borrowed` (JSON lines: the alternate, then one `{oid, path}`
+per borrowed file), is written before the baseline's commit. `copy_borrowed`, run on a
+background thread soon after the baseline (and on the next open after a crash), copies every
+borrowed blob into the shadow repository as one pack, then drops the ledger (every handle
+opened afterwards reads its own objects only), so that no snapshot depends on the user's
+repository for long.
+
+A blob the user's repository lost before the copy (`git gc --prune=now`, a deleted repo) is
+hashed again from the file when the file still holds it; otherwise the loss is logged as an
+error and the root is told to verify its tracked set (the next stage re-hashes that path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from shadowpoint.errors import RepoError
+from shadowpoint.shadow_repo import BORROWED_LEDGER, ShadowRepo
+
+log = structlog.get_logger(__name__)
+
+LEDGER = Path(BORROWED_LEDGER)
+_STAGING_PREFIX = "borrowed-"  # objects/borrowed-<pid>-<thread>: where a copy writes its pack
+_ATTEMPTS = 3
+
+
+def ledger_path(git_dir: Path) -> Path:
+    return git_dir / LEDGER
+
+
+@dataclass(slots=True)
+class Ledger:
+    alternates: list[str] = field(default_factory=list)
+    items: dict[str, str] = field(default_factory=dict)  # oid -> one path that holds it
+
+
+def read_ledger(git_dir: Path) -> Ledger | None:
+    """The ledger, or None when there is none. A damaged line is skipped (the copy then checks
+    every tree's blobs through `RootState._verify` instead: see `copy_borrowed`)."""
+    try:
+        text = ledger_path(git_dir).read_text("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return None
+    out = Ledger()
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            if isinstance(rec.get("alt"), str) and rec["alt"] not in out.alternates:
+                out.alternates.append(rec["alt"])
+            elif isinstance(rec.get("oid"), str) and isinstance(rec.get("path"), str):
+                out.items[rec["oid"]] = rec["path"]
+    return out
+
+
+def _lines(alternate: str | None, items: Iterable[tuple[str, str]]) -> Iterator[str]:
+    if alternate is not None:
+        yield json.dumps({"alt": alternate}) + "\n"
+    for oid, path in items:
+        yield json.dumps({"oid": oid, "path": path}) + "\n"
+
+
+def begin(repo: ShadowRepo, objects_dir: Path) -> None:
+    """Before the first borrowed id is used: note the alternate in the ledger, then add it.
+    Lock held."""
+    path = ledger_path(repo.git_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8", errors="surrogateescape") as fh:
+        fh.writelines(_lines(str(objects_dir), ()))
+        fh.flush()
+        os.fsync(fh.fileno())
+    repo.borrow_from(objects_dir)
+
+
+def record(git_dir: Path, items: Mapping[str, str]) -> None:
+    """Append the borrowed blobs (path -> oid), durably, before a commit names them. Lock held."""
+    if not items:
+        return
+    with open(ledger_path(git_dir), "a", encoding="utf-8", errors="surrogateescape") as fh:
+        fh.writelines(_lines(None, ((oid, path) for path, oid in items.items())))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+@dataclass(slots=True)
+class CopyReport:
+    copied: int = 0
+    rehashed: int = 0
+    lost: list[str] = field(default_factory=list)  # paths whose blob is nowhere now
+    finished: bool = False
+
+
+def _blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _disk_content(path: Path) -> bytes | None:
+    """What git would store for `path` now (no conversion), or None."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            return os.fsencode(os.readlink(path))
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def copy_borrowed(git_dir: Path, worktree: Path, locked: Callable[[], contextlib.AbstractContextManager[object]],
+                  ) -> CopyReport:
+    """Copy every blob the ledger names into the shadow repository, then drop the ledger
+    (under `locked()`, the workspace lock). Runs without the lock otherwise: it
+    only reads objects and installs one new pack. Returns what it did.
+
+    Raises:
+        ShadowpointError: the shadow repository cannot be opened or written.
+    """
+    report = CopyReport()
+    with locked():
+        ledger = read_ledger(git_dir)
+    if ledger is None:
+        report.finished = True
+        return report
+    repo = ShadowRepo.open_existing(git_dir)
+    try:
+        staging = git_dir / "objects" / f"{_STAGING_PREFIX}{os.getpid()}-{threading.get_ident()}"
+        for _ in range(_ATTEMPTS):
+            todo = repo.own_missing(ledger.items)
+            if not todo:
+                break
+            readable = repo.readable(todo)
+            found = set(readable)
+            for oid in todo:
+                if oid in found:
+                    continue
+                rel = ledger.items[oid]
+                data = _disk_content(worktree / rel)
+                if data is not None and _blob_id(data) == oid:
+                    repo.write_blob(data)
+                    report.rehashed += 1
+                    log.warning("borrowed.rehashed", git_dir=str(git_dir), path=rel, oid=oid,
+                                reason="the user's repository lost the blob before the copy")
+                elif rel not in report.lost:
+                    report.lost.append(rel)
+                    log.error("borrowed.object_lost", git_dir=str(git_dir), path=rel, oid=oid,
+                              reason="the user's repository lost the blob and the file changed since")
+            try:
+                repo.copy_objects(readable, staging)
+                report.copied += len(readable)
+            except RepoError as exc:  # an object vanished while it was copied: look again
+                log.warning("borrowed.copy_retried", git_dir=str(git_dir), reason=str(exc))
+                repo.reopen()
+                continue
+        remaining = set(repo.own_missing(ledger.items))
+        if remaining - {oid for oid, p in ledger.items.items() if p in report.lost}:
+            log.warning("borrowed.copy_unfinished", git_dir=str(git_dir), missing=len(remaining))
+            return report
+        with locked():
+            # a later baseline may have borrowed more meanwhile: keep its part for the next copy
+            now = read_ledger(git_dir) or Ledger()
+            left = {oid: p for oid, p in now.items.items() if oid not in ledger.items}
+            if left:
+                tmp = ledger_path(git_dir).with_name(f"borrowed.{os.getpid()}.tmp")
+                alternate = now.alternates[-1] if now.alternates else None
+                tmp.write_text("".join(_lines(alternate, left.items())), "utf-8", "surrogateescape")
+                os.replace(tmp, ledger_path(git_dir))
+                return report
+            with contextlib.suppress(FileNotFoundError):
+                ledger_path(git_dir).unlink()
+        report.finished = True
+        log.info("borrowed.copied", git_dir=str(git_dir), copied=report.copied, rehashed=report.rehashed,
+                 lost=len(report.lost))
+        return report
+    finally:
+        repo.close()
+
+
+def sweep_staging(git_dir: Path) -> None:
+    """Remove the staging folders of copies whose process is gone."""
+    for folder in (git_dir / "objects").glob(f"{_STAGING_PREFIX}*"):
+        pid = folder.name[len(_STAGING_PREFIX):].split("-", 1)[0]
+        with contextlib.suppress(ValueError, OSError):
+            if int(pid) == os.getpid():
+                continue
+            try:
+                os.kill(int(pid), 0)
+                continue  # alive
+            except ProcessLookupError:
+                pass
+            for child in folder.iterdir():
+                child.unlink()
+            folder.rmdir()
+

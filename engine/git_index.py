@@ -1,0 +1,411 @@
+"""Object ids from the user's own git index, where they are provably byte-exact (issue 14).
+
+A baseline of a workspace that is a git repository may take the blob id of a file from
+git's index instead of hashing the file, when the index proves the file unchanged:
+
+- `read_index` parses `.git/index` (versions 2, 3 and 4) in pure Python, read-only (the
+  file is opened O_RDONLY and never locked); a split index (`link`), a sparse index
+  (`sdir`), any other required extension, a bad checksum or anything unexpected raises
+  `IndexDoubt`, and then no id is taken at all;
+- `IndexProof.load` adds what must hold for the whole repository (no conversion can be in
+  effect: no `core.autocrlf` other than false, no `core.eol`, `core.attributesFile`,
+  `include`, no attributes file mentioning text/eol/crlf/ident/filter/encoding, no
+  `GIT_*` override in the environment); any doubt returns None ("hash everything");
+- `IndexProof.prove` is the per-file proof: a stage-0 entry without assume-valid,
+  skip-worktree or intent-to-add, whose stat data equals the file's lstat as git compares
+  it, and which is not racy (older than the index file by the stat cache's margin).
+
+The engine never runs git and never writes the user's `.git`: the shadow repository reads
+the borrowed blobs through an alternate until `borrowed.py` copied them (see there).
+Configuration is read as text, conservatively: libgit2's config is isolated by the engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from shadowpoint.stat_cache import RACY_MARGIN_NS
+
+log = structlog.get_logger(__name__)
+
+_HEADER = struct.Struct(">4sII")
+# ctime s, ns, mtime s, ns, dev, ino, mode, uid, gid, size, oid, flags
+_ENTRY = struct.Struct(">10I20sH")
+_FLAG_ASSUME_VALID = 0x8000
+_FLAG_EXTENDED = 0x4000
+_FLAG_STAGE = 0x3000
+_FLAG_NAME = 0x0FFF
+_EXT_SKIP_WORKTREE = 0x4000
+_EXT_INTENT_TO_ADD = 0x2000
+_EXT_KNOWN = _EXT_SKIP_WORKTREE | _EXT_INTENT_TO_ADD
+# optional extensions git writes (an upper-case first letter means "optional" anyway)
+_EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+_U32 = 0xFFFFFFFF
+
+# words whose mention in an attributes file may mean a conversion on `git add`
+_ATTR_WORDS = re.compile(rb"text|eol|crlf|ident|filter|encoding", re.IGNORECASE)
+# environment variables that could point git at another index, config or object store
+_ENV_PREFIXES = ("GIT_DIR", "GIT_INDEX_FILE", "GIT_CONFIG", "GIT_WORK_TREE", "GIT_OBJECT_DIRECTORY",
+                 "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_ATTR", "GIT_NAMESPACE")
+
+
+class IndexDoubt(Exception):
+    """The index (or the repository) cannot prove anything: hash every file."""
+
+
+@dataclass(slots=True)
+class IndexEntry:
+    """One entry of git's index, as stored (32-bit fields). Not frozen: a frozen dataclass's
+    __init__ cost most of parsing a 100k-entry index."""
+
+    path: str
+    ctime_s: int
+    ctime_ns: int
+    mtime_s: int
+    mtime_ns: int
+    dev: int
+    ino: int
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    oid: str
+    flags: int
+    ext_flags: int = 0
+
+    @property
+    def stage(self) -> int:
+        return (self.flags & _FLAG_STAGE) >> 12
+
+    @property
+    def assume_valid(self) -> bool:
+        return bool(self.flags & _FLAG_ASSUME_VALID)
+
+    @property
+    def skip_worktree(self) -> bool:
+        return bool(self.ext_flags & _EXT_SKIP_WORKTREE)
+
+    @property
+    def intent_to_add(self) -> bool:
+        return bool(self.ext_flags & _EXT_INTENT_TO_ADD)
+
+
+@dataclass(frozen=True, slots=True)
+class GitIndex:
+    version: int
+    entries: list[IndexEntry]
+    extensions: tuple[str, ...]
+    mtime_ns: int  # the index file's own mtime (git's racy-git rule)
+
+
+def read_index(path: Path) -> GitIndex:
+    """Parse git's index file at `path` (read-only, never locked).
+
+    Raises:
+        IndexDoubt: unreadable, bad checksum, an unknown version, a split or sparse index, a
+            required extension this reader does not know, or anything malformed.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise IndexDoubt(f"the index cannot be opened: {exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IndexDoubt("the index is not a regular file")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise IndexDoubt(f"the index cannot be read: {exc}") from exc
+    finally:
+        os.close(fd)
+    try:
+        return _parse(data, st.st_mtime_ns)
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
+        raise IndexDoubt(f"the index is malformed: {exc}") from exc
+
+
+def _parse(data: bytes, index_mtime_ns: int) -> GitIndex:
+    if len(data) < _HEADER.size + 20:
+        raise IndexDoubt("the index is truncated")
+    body, trailer = data[:-20], data[-20:]
+    # index.skipHash (feature.manyFiles) writes a zero trailer, which git itself accepts
+    if trailer != bytes(20) and hashlib.sha1(body).digest() != trailer:
+        raise IndexDoubt("the index checksum does not match")
+    sig, version, count = _HEADER.unpack_from(body, 0)
+    if sig != b"DIRC":
+        raise IndexDoubt("not a git index")
+    if version not in (2, 3, 4):
+        raise IndexDoubt(f"index version {version} is not supported")
+    pos = _HEADER.size
+    entries: list[IndexEntry] = []
+    prev = b""
+    unpack = _ENTRY.unpack_from
+    for _ in range(count):
+        start = pos
+        (ctime_s, ctime_ns, mtime_s, mtime_ns, dev, ino, mode, uid, gid, size, raw_oid,
+         flags) = unpack(body, pos)
+        pos += _ENTRY.size
+        ext = 0
+        if flags & _FLAG_EXTENDED:
+            if version < 3:
+                raise IndexDoubt("an extended entry in a version-2 index")
+            (ext,) = struct.unpack_from(">H", body, pos)
+            pos += 2
+            if ext & ~_EXT_KNOWN:
+                raise IndexDoubt(f"unknown extended entry flags {ext:#x}")
+        if version == 4:
+            strip, pos = _varint(body, pos)
+            end = body.index(b"\0", pos)
+            if strip > len(prev):
+                raise IndexDoubt("a v4 path strips more than the previous path")
+            name = prev[: len(prev) - strip] + body[pos:end]
+            pos = end + 1
+        else:
+            length = flags & _FLAG_NAME
+            if length < _FLAG_NAME:
+                end = pos + length
+                if body[end:end + 1] != b"\0":
+                    raise IndexDoubt("an entry's name is not NUL-terminated")
+            else:
+                end = body.index(b"\0", pos)
+            name = body[pos:end]
+            # entries are padded with 1-8 NULs to a multiple of 8 bytes
+            pos = start + ((end - start + 8) & ~7)
+        if not name or b"\0" in name:
+            raise IndexDoubt("an empty entry name")
+        prev = name
+        entries.append(IndexEntry(name.decode("utf-8", "surrogateescape"), ctime_s, ctime_ns, mtime_s, mtime_ns,
+                                  dev, ino, mode, uid, gid, size, raw_oid.hex(), flags, ext))
+    exts: list[str] = []
+    while pos < len(body):
+        if pos + 8 > len(body):
+            raise IndexDoubt("a truncated index extension")
+        sig_raw, size = struct.unpack_from(">4sI", body, pos)
+        name_ext = sig_raw.decode("latin-1")
+        if name_ext in ("link", "sdir") or not ("A" <= name_ext[:1] <= "Z"):
+            raise IndexDoubt(f"the index has the required extension {name_ext!r} (split or sparse index)")
+        exts.append(name_ext)
+        pos += 8 + size
+    if pos != len(body):
+        raise IndexDoubt("index extensions overrun the file")
+    return GitIndex(version, entries, tuple(exts), index_mtime_ns)
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """git's offset varint (varint.c)."""
+    c = data[pos]
+    pos += 1
+    val = c & 0x7F
+    while c & 0x80:
+        c = data[pos]
+        pos += 1
+        val = ((val + 1) << 7) | (c & 0x7F)
+    return val, pos
+
+
+# ---------------------------------------------------------------- repository-wide conditions
+
+
+def _config_doubt(text: str) -> str | None:
+    """Why a git config file (read as text) could make `git add` convert content, else None."""
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            close = line.find("]")
+            if close < 0:
+                return "an unparsable config section"
+            header = line[1:close].strip()
+            section = header.split(None, 1)[0].split(".", 1)[0].strip('"').lower() if header else ""
+            if section in ("include", "includeif"):
+                return "the git config includes other files"
+            rest = line[close + 1:].strip()
+            if not rest or rest[0] in "#;":
+                continue
+            line = rest  # `[core] autocrlf = true` on one line
+        key, sep, value = line.partition("=")
+        key = key.strip().lower()
+        value = value.split("#", 1)[0].split(";", 1)[0].strip().strip('"').lower()
+        if section == "core":
+            if key == "autocrlf" and (not sep or value not in ("false", "no", "off", "0")):
+                return f"core.autocrlf = {value or 'true'}"
+            if key in ("eol", "attributesfile", "worktree", "bare"):
+                if key == "bare" and value in ("false", "no", "off", "0"):
+                    continue
+                return f"core.{key} is set"
+        elif section == "extensions":
+            return f"extensions.{key} is set"
+        elif section.startswith("include"):
+            return "the git config includes other files"
+        if raw.rstrip().endswith("\\"):
+            return "a continued config line"
+    return None
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_bytes().decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise IndexDoubt(f"{path} cannot be read: {exc}") from exc
+
+
+def attributes_doubt(data: bytes) -> bool:
+    """True if an attributes file's text mentions anything that may convert content."""
+    return _ATTR_WORDS.search(data) is not None
+
+
+def user_config_files(git_dir: Path, environ: Mapping[str, str]) -> list[Path]:
+    home = environ.get("HOME") or os.path.expanduser("~")
+    xdg = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    return [git_dir / "config", Path(home) / ".gitconfig", Path(xdg) / "git" / "config",
+            Path("/etc/gitconfig"), Path("/usr/local/etc/gitconfig")]
+
+
+def user_attribute_files(git_dir: Path, environ: Mapping[str, str]) -> list[Path]:
+    home = environ.get("HOME") or os.path.expanduser("~")
+    xdg = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    return [git_dir / "info" / "attributes", Path(xdg) / "git" / "attributes",
+            Path("/etc/gitattributes"), Path("/usr/local/etc/gitattributes")]
+
+
+def _repo_doubt(git_dir: Path, environ: Mapping[str, str]) -> str | None:
+    for name in environ:
+        if name.startswith(_ENV_PREFIXES):
+            return f"{name} is set in the environment"
+    for path in user_config_files(git_dir, environ):
+        text = _read_text(path)
+        if text is not None and (why := _config_doubt(text)) is not None:
+            return f"{path}: {why}"
+    for path in user_attribute_files(git_dir, environ):
+        text = _read_text(path)
+        if text is not None and attributes_doubt(text.encode("utf-8", "surrogateescape")):
+            return f"{path} mentions a conversion attribute"
+    return None
+
+
+# ---------------------------------------------------------------- the proof
+
+
+@dataclass(slots=True)
+class IndexProof:
+    """The user's index, ready to prove files unchanged (one baseline)."""
+
+    git_dir: Path
+    objects_dir: Path
+    entries: dict[str, IndexEntry]
+    racy_before_ns: int  # an entry's mtime must be older than this
+    checked: set[str] = field(default_factory=set)  # folders whose .gitattributes was read
+    doubt: str | None = None  # why no more ids may be taken (set by attributes_clear)
+
+    @classmethod
+    def load(cls, root: Path, environ: Mapping[str, str] | None = None) -> IndexProof | None:
+        """The proof for workspace `root` when it is a git repository and nothing is in doubt."""
+        env = os.environ if environ is None else environ
+        git_dir = root / ".git"
+        try:
+            st = os.lstat(git_dir)
+        except OSError:
+            return None  # not a git repository: the ordinary baseline
+        try:
+            if not stat.S_ISDIR(st.st_mode):
+                raise IndexDoubt("the workspace's .git is not a folder (a worktree or submodule)")
+            objects = git_dir / "objects"
+            if not (objects / "pack").is_dir() or (git_dir / "commondir").exists():
+                raise IndexDoubt("the git dir has no object store of its own")
+            why = _repo_doubt(git_dir, env)
+            if why is not None:
+                raise IndexDoubt(why)
+            index = read_index(git_dir / "index")
+        except IndexDoubt as exc:
+            log.info("git_index.doubted", root=str(root), reason=str(exc), action="hashing every file")
+            return None
+        entries: dict[str, IndexEntry] = {}
+        attributes: list[str] = []
+        for e in index.entries:
+            if e.stage != 0:
+                entries.pop(e.path, None)
+                continue
+            entries[e.path] = e
+            if e.path.rsplit("/", 1)[-1] == ".gitattributes":
+                attributes.append(e.path)
+        for path in attributes:
+            # git reads a tracked attributes file from the index when the worktree lacks it
+            if not os.path.isfile(root / path) or os.path.islink(root / path):
+                log.info("git_index.doubted", root=str(root), reason=f"{path} is tracked but not on disk",
+                         action="hashing every file")
+                return None
+        log.info("git_index.loaded", root=str(root), version=index.version, entries=len(entries),
+                 extensions=list(index.extensions))
+        return cls(git_dir, objects.resolve(), entries, index.mtime_ns - RACY_MARGIN_NS)
+
+    def attributes_clear(self, root: Path, prefix: str) -> bool:
+        """False if the folder `prefix` ("" or "a/b/") or one of its parents holds a
+        `.gitattributes` that may convert content (or one that cannot be read). Each folder is
+        read once; called before any file of the folder is proven."""
+        folder = prefix.rstrip("/")
+        while folder not in self.checked:
+            self.checked.add(folder)
+            candidate = f"{root}/{folder}/.gitattributes" if folder else f"{root}/.gitattributes"
+            try:
+                fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except FileNotFoundError:
+                fd = -1
+            except OSError:
+                self.doubt = f"{candidate} cannot be read"
+                return False
+            if fd >= 0:
+                try:
+                    with os.fdopen(fd, "rb") as fh:
+                        data = fh.read()
+                except OSError:
+                    self.doubt = f"{candidate} cannot be read"
+                    return False
+                if attributes_doubt(data):
+                    self.doubt = f"{candidate} mentions a conversion attribute"
+                    return False
+            if not folder:
+                break
+            folder = folder.rsplit("/", 1)[0] if "/" in folder else ""
+        return self.doubt is None
+
+    def prove(self, path: str, st: os.stat_result) -> str | None:
+        """The index's blob id for `path` if its entry proves the file at `st` unchanged."""
+        e = self.entries.get(path)
+        if e is None or e.assume_valid or e.ext_flags:
+            return None
+        mode = st.st_mode
+        if stat.S_IFMT(mode) != stat.S_IFMT(e.mode) or not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            return None
+        if stat.S_ISREG(mode) and (mode & 0o100) != (e.mode & 0o100):
+            return None
+        size = st.st_size
+        if size > _U32 or size != e.size or (size == 0 and e.oid != _EMPTY_BLOB):
+            return None  # a 0 size may be git's racy smudge; >4 GiB sizes are truncated
+        if ((st.st_mtime_ns // 1_000_000_000) & _U32 != e.mtime_s or st.st_mtime_ns % 1_000_000_000 != e.mtime_ns
+                or (st.st_ctime_ns // 1_000_000_000) & _U32 != e.ctime_s
+                or st.st_ctime_ns % 1_000_000_000 != e.ctime_ns
+                or st.st_ino & _U32 != e.ino or st.st_uid & _U32 != e.uid or st.st_gid & _U32 != e.gid):
+            return None
+        # racy: recorded too close to the index write for the stat to prove the content
+        if e.mtime_s * 1_000_000_000 + e.mtime_ns >= self.racy_before_ns:
+            return None
+        return e.oid

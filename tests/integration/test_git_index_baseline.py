@@ -1,0 +1,380 @@
+"""A baseline of a workspace that is a git repository takes ids from the user's index (issue 14).
+
+Real git repositories built with the git CLI on temp dirs; for each case the shadow
+snapshot's blobs, read with `git --git-dir=<shadow> cat-file` (the oracle), are byte-equal to
+the raw files on disk, and the taken/hashed counts show which path each file took. The
+user's `.git` is never written; the borrowed blobs become the shadow repository's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shadowpoint import borrowed
+from shadowpoint.engine import Engine
+from shadowpoint.exclusions import ExclusionRules
+from shadowpoint.scanner import Scanner, StageOptions, StagePlan, StageResult
+from shadowpoint.shadow_repo import ShadowRepo
+from shadowpoint.stat_cache import StatCache
+from tests.gitrepo import backdate, git, git_dir_state, make_repo
+
+FILES = {
+    "README.md": b"# readme\n",
+    "src/app.py": b"print('hi')\n",
+    "src/deep/data.dat": bytes(range(256)) * 4,
+    "docs/notes.txt": b"one\ntwo\n",
+    "empty.txt": b"",
+}
+
+
+@dataclass
+class Shadow:
+    root: Path
+    repo: ShadowRepo
+    scanner: Scanner
+
+    @property
+    def git_dir(self) -> Path:
+        return self.repo.git_dir
+
+    def baseline(self) -> StageResult:
+        return self.scanner.stage(StagePlan(rescan=True), StatCache(), borrow=True)
+
+    def copy(self) -> borrowed.CopyReport:
+        return borrowed.copy_borrowed(self.git_dir, self.root, contextlib.nullcontext)
+
+
+@pytest.fixture
+def shadow(tmp_path: Path) -> Any:
+    made: list[ShadowRepo] = []
+
+    def make(root: Path) -> Shadow:
+        root = Path(os.path.realpath(root))
+        repo = ShadowRepo.open_or_init(tmp_path / "shadow" / ".git", root)
+        made.append(repo)
+        return Shadow(root, repo, Scanner(root, repo, ExclusionRules(root), StageOptions()))
+
+    yield make
+    for repo in made:
+        repo.close()
+
+
+def cat_file(git_dir: Path, oid: str) -> bytes:
+    """The oracle: git reads the shadow repository, and while blobs are borrowed the user's
+    object store the ledger names (read-only, as the engine does)."""
+    ledger = borrowed.read_ledger(git_dir)
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1"}
+    if ledger is not None:
+        env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = os.pathsep.join(ledger.alternates)
+    return subprocess.run(["git", f"--git-dir={git_dir}", "cat-file", "blob", oid], check=True,
+                          capture_output=True, env=env).stdout
+
+
+def assert_byte_exact(sh: Shadow, tree: str | None) -> dict[str, str]:
+    """Every file of the snapshot, read by git from the shadow repo, equals the raw file."""
+    listing = sh.repo.list_tree(tree)
+    on_disk = {}
+    for dp, dns, fns in os.walk(sh.root):
+        if ".git" in dns:
+            dns.remove(".git")
+        for n in fns:
+            on_disk[os.path.relpath(os.path.join(dp, n), sh.root)] = Path(dp, n)
+    assert set(listing) == set(on_disk)
+    for path, entry in listing.items():
+        assert cat_file(sh.git_dir, entry.oid) == on_disk[path].read_bytes(), path
+    return {p: e.oid for p, e in listing.items()}
+
+
+def own_objects_only(sh: Shadow, oids: list[str]) -> None:
+    """The shadow repo needs the user's repository no more: no ledger, every blob its own."""
+    assert not (sh.git_dir / "objects" / "info" / "alternates").exists()
+    assert not borrowed.ledger_path(sh.git_dir).exists()
+    assert sh.repo.own_missing(oids) == []
+
+
+# ---- ids taken ---------------------------------------------------------------------------------
+
+
+def test_plain_committed_repo_takes_ids_and_copies_them(tmp_path: Path, shadow: Any) -> None:
+    root = make_repo(tmp_path / "repo", FILES)
+    sh = shadow(root)
+    before = git_dir_state(root / ".git")
+    result = sh.baseline()
+    assert (result.stats.borrowed, result.stats.hashed) == (len(FILES), 0)
+    assert sh.repo.borrowing == [str((root / ".git" / "objects").resolve())]
+    assert borrowed.read_ledger(sh.git_dir) is not None
+    oids = assert_byte_exact(sh, result.tree)
+    report = sh.copy()
+    assert report.finished and report.copied == len(set(oids.values())) and not report.lost
+    own_objects_only(sh, list(oids.values()))
+    # the user's .git was never written (names, bytes, mtimes)
+    assert git_dir_state(root / ".git") == before
+    # and the snapshot no longer depends on it at all
+    shutil.rmtree(root / ".git")
+    sh.repo.reopen()
+    assert assert_byte_exact(sh, result.tree) == oids
+
+
+def test_index_version_4(tmp_path: Path, shadow: Any) -> None:
+    root = make_repo(tmp_path / "repo", FILES)
+    git(root, "update-index", "--index-version", "4")
+    sh = shadow(root)
+    result = sh.baseline()
+    assert (result.stats.borrowed, result.stats.hashed) == (len(FILES), 0)
+    assert_byte_exact(sh, result.tree)
+
+
+def test_symlinks_and_exec_bits(tmp_path: Path, shadow: Any) -> None:
+    root = make_repo(tmp_path / "repo", {"run.sh": b"#!/bin/sh\n", "target.txt": b"t\n"}, commit=False)
+    os.chmod(root / "run.sh", 0o755)
+    (root / "link").symlink_to("target.txt")
+    backdate(root, "run.sh", "link")
+    git(root, "add", "-A")
+    sh = shadow(root)
+    result = sh.baseline()
+    assert (result.stats.borrowed, result.stats.hashed) == (3, 0)
+    listing = sh.repo.list_tree(result.tree)
+    assert (listing["run.sh"].mode, listing["link"].mode) == (0o100755, 0o120000)
+    assert cat_file(sh.git_dir, listing["link"].oid) == b"target.txt"
+
+
+def test_staged_but_uncommitted(tmp_path: Path, shadow: Any) -> None:
+    root = make_repo(tmp_path / "repo", FILES)
+    (root / "README.md").write_bytes(b"# staged version\n")
+    (root / "new.txt").write_bytes(b"staged, never committed\n")
+    backdate(root, "README.md", "new.txt")
+    git(root, "add", "README.md", "new.txt")
+    (root / "src" / "app.py").write_bytes(b"print('edited after staging')\n")  # not staged
+    staged = dict(line.split(b"\t")[::-1] for line in git(root, "ls-files", "-s").splitlines())
+    sh = shadow(root)
+    result = sh.baseline()
+    assert (result.stats.borrowed, result.stats.hashed) == (len(FILES), 1)
+    oids = assert_byte_exact(sh, result.tree)
+    assert oids["README.md"] == staged[b"README.md"].split()[1].decode()
+    assert oids["new.txt"] == staged[b"new.txt"].split()[1].decode()
+    assert oids["src/app.py"] != staged[b"src/app.py"].split()[1].decode()
+
+
+def test_racy_entry_is_hashed(tmp_path: Path, shadow: Any) -> None:
+    root = make_repo(tmp_path / "repo", FILES)
+    racy = root / "docs" / "notes.txt"
+    index = root / ".git" / "index"
+    # the index written within the same second as the file's last change: git's racy case
+    mtime = racy.stat().st_mtime_ns
+    os.utime(index, ns=(mtime, mtime))
+    sh = shadow(root)
+    proof_stat = racy.stat()
+    result = sh.baseline()
+    assert racy.stat().st_mtime_ns == proof_stat.st_mtime_ns  # its stat still matches the entry
+    # every entry is now as young as the index: all of them are racy
+    assert (result.stats.borrowed, result.stats.hashed) == (0, len(FILES))
+    assert_byte_exact(sh, result.tree)
+
+
+def test_one_racy_entry_among_old_ones(tmp_path: Path, shadow: Any) -> None:
+    root = make_repo(tmp_path / "repo", FILES, commit=False)
+    index = root / ".git" / "index"
+    # an entry recorded half a second before the index was written: within the margin
+    young = root / "docs" / "notes.txt"
+    index_mtime = index.stat().st_mtime_ns
+    os.utime(young, ns=(index_mtime - 500_000_000, index_mtime - 500_000_000))
+    git(root, "update-index", "--refresh")
+    os.utime(index, ns=(index_mtime, index_mtime))
+    assert git(root, "diff", "--name-only") == b""
+    sh = shadow(root)
+    result = sh.baseline()
+    assert (result.stats.borrowed, result.stats.hashed) == (len(FILES) - 1, 1)
+    assert_byte_exact(sh, result.tree)
+
+
+# ---- hashed: a conversion may be in effect -----------------------------------------------------
+
+
+def test_autocrlf_in_repo_config_hashes_and_keeps_crlf(tmp_path: Path, shadow: Any) -> None:
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q")
+    git(root, "config", "core.autocrlf", "true")
+    (root / "dos.txt").write_bytes(b"line one\r\nline two\r\n")
+    (root / "unix.txt").write_bytes(b"plain\n")
+    backdate(root)
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "crlf")
+    sh = shadow(root)
+    result = sh.baseline()
+    assert (result.stats.borrowed, result.stats.hashed) == (0, 2)
+    oids = assert_byte_exact(sh, result.tree)
+    assert cat_file(sh.git_dir, oids["dos.txt"]) == b"line one\r\nline two\r\n"
+    # git itself stored the converted content: taking its id would have lost the CRs
+    assert git(root, "cat-file", "blob", "HEAD:dos.txt") == b"line one\nline two\n"
+
+
+@pytest.mark.parametrize("attributes", ["* text=auto\n", "*.txt eol=crlf\n", "*.c ident\n",
+                                        "*.dat filter=upper\n", "*.txt working-tree-encoding=UTF-16\n"])
+def test_conversion_attributes_hash_everything(tmp_path: Path, shadow: Any, attributes: str) -> None:
+    files = {".gitattributes": attributes.encode(), "dos.txt": b"a\r\nb\r\n", "id.c": b"/* $Id$ */\n",
+             "low.dat": b"lower case\n", "sub/plain.md": b"plain\n"}
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q")
+    git(root, "config", "filter.upper.clean", "tr a-z A-Z")
+    git(root, "config", "filter.upper.smudge", "cat")
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(exist_ok=True)
+        (root / rel).write_bytes(data)
+    backdate(root)
+    with contextlib.suppress(subprocess.CalledProcessError):  # UTF-16 re-encoding may refuse
+        git(root, "add", "-A")
+        git(root, "commit", "-qm", "attributes")
+    sh = shadow(root)
+    result = sh.baseline()
+    assert (result.stats.borrowed, result.stats.hashed) == (0, len(files))
+    assert_byte_exact(sh, result.tree)
+
+
+def test_nested_attributes_file_takes_back_ids_already_taken(tmp_path: Path, shadow: Any) -> None:
+    files = {"a.txt": b"a\r\n", "zz/.gitattributes": b"* text eol=lf\n", "zz/dos.txt": b"x\r\ny\r\n"}
+    root = make_repo(tmp_path / "repo", files)
+    assert git(root, "cat-file", "blob", "HEAD:zz/dos.txt") == b"x\ny\n"  # converted by git
+    sh = shadow(root)
+    result = sh.baseline()
+    assert (result.stats.borrowed, result.stats.hashed) == (0, len(files))
+    assert_byte_exact(sh, result.tree)
+
+
+def test_split_index_is_doubt_and_hashes(tmp_path: Path, shadow: Any) -> None:
+    root = make_repo(tmp_path / "repo", FILES)
+    git(root, "update-index", "--split-index")
+    sh = shadow(root)
+    result = sh.baseline()
+    assert (result.stats.borrowed, result.stats.hashed) == (0, len(FILES))
+    assert_byte_exact(sh, result.tree)
+    assert sh.repo.borrowing == [] and borrowed.read_ledger(sh.git_dir) is None
+
+
+def test_skip_worktree_and_assume_valid_are_hashed(tmp_path: Path, shadow: Any) -> None:
+    root = make_repo(tmp_path / "repo", FILES)
+    git(root, "update-index", "--assume-unchanged", "README.md")
+    git(root, "update-index", "--skip-worktree", "docs/notes.txt")
+    # content changed behind git's back: the flags tell git not to look
+    (root / "README.md").write_bytes(b"# edited behind git's back\n")
+    sh = shadow(root)
+    result = sh.baseline()
+    assert (result.stats.borrowed, result.stats.hashed) == (len(FILES) - 2, 2)
+    assert_byte_exact(sh, result.tree)
+
+
+# ---- the user's repository loses objects before the copy --------------------------------------
+
+
+def test_user_repo_gc_right_after_baseline(tmp_path: Path, shadow: Any) -> None:
+    root = make_repo(tmp_path / "repo", FILES)
+    (root / "staged.txt").write_bytes(b"only in the index\n")
+    backdate(root, "staged.txt")
+    git(root, "add", "staged.txt")
+    sh = shadow(root)
+    result = sh.baseline()
+    assert result.stats.borrowed == len(FILES) + 1
+    git(root, "gc", "-q", "--prune=now")  # loose objects packed, the loose files removed
+    oids = assert_byte_exact(sh, result.tree)
+    report = sh.copy()
+    assert report.finished and not report.lost
+    own_objects_only(sh, list(oids.values()))
+    shutil.rmtree(root / ".git")
+    sh.repo.reopen()
+    assert assert_byte_exact(sh, result.tree) == oids
+
+
+def test_borrowed_object_deleted_before_the_copy(tmp_path: Path, shadow: Any) -> None:
+    root = make_repo(tmp_path / "repo", FILES)
+    sh = shadow(root)
+    result = sh.baseline()
+    listing = sh.repo.list_tree(result.tree)
+    gone = listing["src/app.py"].oid
+    (root / ".git" / "objects" / gone[:2] / gone[2:]).unlink()
+    changed = listing["docs/notes.txt"].oid
+    (root / ".git" / "objects" / changed[:2] / changed[2:]).unlink()
+    (root / "docs" / "notes.txt").write_bytes(b"changed since the baseline\n")
+    report = sh.copy()
+    # the file still holding the blob gives it back; the changed one is reported, never silent
+    assert report.rehashed == 1 and report.lost == ["docs/notes.txt"]
+    assert cat_file(sh.git_dir, gone) == b"print('hi')\n"
+    assert report.finished and borrowed.read_ledger(sh.git_dir) is None
+
+
+# ---- through the engine -----------------------------------------------------------------------
+
+
+def test_engine_baseline_borrows_then_copies_in_the_background(tmp_path: Path, make_engine: Any) -> None:
+    root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
+    before = git_dir_state(root / ".git")
+    eng: Engine = make_engine(root)
+    (state,) = eng.roots.values()
+    gate = threading.Event()
+    state.copy_gate = gate  # hold the copy: the user's repository is collected first
+    eng.start_task("t1", 0)
+    from tests.integration.test_engine import wait_ready
+
+    assert wait_ready(eng, "t1") == "ready"
+    assert state.repo is not None and state.repo.borrowing
+    assert borrowed.ledger_path(state.ws.git_dir).exists()
+    git(root, "gc", "-q", "--prune=now")
+    gate.set()
+    assert state.wait_copied(60)
+    assert state.last_copy is not None and state.last_copy.finished and state.last_copy.copied == len(FILES)
+    assert not borrowed.ledger_path(state.ws.git_dir).exists()
+    assert git_dir_state(root / ".git") != before  # gc ran (the test's own change) ...
+    shutil.rmtree(root / ".git")
+    tree = state.cache.tree
+    shadow_repo = ShadowRepo.open_existing(state.ws.git_dir)
+    try:
+        for path, entry in shadow_repo.list_tree(tree).items():
+            assert cat_file(state.ws.git_dir, entry.oid) == (root / path).read_bytes()
+    finally:
+        shadow_repo.close()
+
+
+def test_engine_never_writes_the_user_git_dir(tmp_path: Path, make_engine: Any) -> None:
+    root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
+    before = git_dir_state(root / ".git")
+    eng: Engine = make_engine(root)
+    (state,) = eng.roots.values()
+    eng.start_task("t1", 0)
+    from tests.integration.test_engine import wait_ready
+
+    assert wait_ready(eng, "t1") == "ready"
+    assert state.wait_copied(60)
+    assert state.last_copy is not None and state.last_copy.finished
+    eng.close()
+    assert git_dir_state(root / ".git") == before
+
+
+def test_interrupted_copy_resumes_on_next_open(tmp_path: Path, make_engine: Any) -> None:
+    root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
+    eng: Engine = make_engine(root)
+    (state,) = eng.roots.values()
+    gate = threading.Event()
+    state.copy_gate = gate  # never set: the process "dies" before the copy
+    eng.start_task("t1", 0)
+    from tests.integration.test_engine import wait_ready
+
+    assert wait_ready(eng, "t1") == "ready"
+    eng.close()
+    git_dir = state.ws.git_dir
+    assert borrowed.ledger_path(git_dir).exists()
+    eng2: Engine = make_engine(root)
+    (state2,) = eng2.roots.values()
+    with state2.lock.held():
+        state2.open()  # finds the ledger and copies
+    assert state2.wait_copied(60)
+    assert state2.last_copy is not None and state2.last_copy.finished
+    assert not borrowed.ledger_path(git_dir).exists()

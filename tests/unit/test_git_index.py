@@ -1,0 +1,184 @@
+"""Unit tests for `shadowpoint.git_index`: the index reader against `git ls-files --debug` and
+`git ls-files -s` (the git CLI as oracle) on random repositories, versions 2, 3 and 4, and the
+conditions that put the whole index in doubt."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from shadowpoint.git_index import IndexDoubt, IndexProof, read_index
+from tests.gitrepo import git, make_repo
+
+
+def random_files(rng: random.Random, n: int) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    dirs = ["", "src/", "src/deep/er/", "docs/", "a-very-long-folder-name-" + "x" * 40 + "/", "ü/"]
+    for i in range(n):
+        name = rng.choice(dirs) + f"file{i}-" + "n" * rng.randrange(0, 90) + rng.choice([".py", ".txt", ""])
+        files[name] = rng.randbytes(rng.randrange(0, 300))
+    return files
+
+
+def oracle(root: Path) -> dict[str, dict[str, int | str]]:
+    """What git says about its index: `ls-files -s` and `ls-files --debug`."""
+    out: dict[str, dict[str, int | str]] = {}
+    for line in git(root, "-c", "core.quotePath=false", "ls-files", "-s", "-z").split(b"\0"):
+        if not line:
+            continue
+        meta, path = line.split(b"\t", 1)
+        mode, oid, stage = meta.split()
+        out[os.fsdecode(path)] = {"mode": int(mode, 8), "oid": oid.decode(), "stage": int(stage)}
+    debug = git(root, "-c", "core.quotePath=false", "ls-files", "--debug").decode()
+    for block in re.finditer(r"^(\S.*)\n  ctime: (\d+):(\d+)\n  mtime: (\d+):(\d+)\n  dev: (\d+)\tino: (\d+)\n"
+                             r"  uid: (\d+)\tgid: (\d+)\n  size: (\d+)\tflags: ([0-9a-f]+)", debug, re.M):
+        fields = out[block.group(1)]
+        for key, value in zip(("ctime_s", "ctime_ns", "mtime_s", "mtime_ns", "dev", "ino", "uid", "gid", "size"),
+                              block.groups()[1:10], strict=True):
+            fields[key] = int(value)
+    return out
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_reader_matches_git(tmp_path: Path, version: int, seed: int) -> None:
+    rng = random.Random(seed * 10 + version)
+    root = make_repo(tmp_path / "repo", random_files(rng, 60))
+    (root / "link").symlink_to("src")
+    os.chmod(next(iter(sorted(root.glob("src/*")))), 0o755)
+    git(root, "add", "-A")
+    # staged but uncommitted content; from version 3 an intent-to-add entry and skip-worktree
+    # (extended flags: git writes version 3 at least then), and assume-valid
+    (root / "new.txt").write_bytes(b"new\n")
+    names = sorted(p for p in oracle(root) if p.startswith("docs/"))
+    if version >= 3:
+        git(root, "add", "-N", "new.txt")
+        if names:
+            git(root, "update-index", "--skip-worktree", names[0])
+    else:
+        git(root, "add", "new.txt")
+    if len(names) > 1:
+        git(root, "update-index", "--assume-unchanged", names[1])
+    git(root, "update-index", "--index-version", str(version))
+    index = read_index(root / ".git" / "index")
+    expected = oracle(root)
+    assert index.version == version
+    assert [e.path for e in index.entries] == list(expected)
+    for e in index.entries:
+        want = expected[e.path]
+        got = {"mode": e.mode, "oid": e.oid, "stage": e.stage, "ctime_s": e.ctime_s, "ctime_ns": e.ctime_ns,
+               "mtime_s": e.mtime_s, "mtime_ns": e.mtime_ns, "dev": e.dev, "ino": e.ino, "uid": e.uid,
+               "gid": e.gid, "size": e.size}
+        assert got == {k: want[k] for k in got}, e.path
+    by_path = {e.path: e for e in index.entries}
+    assert by_path["new.txt"].intent_to_add == (version >= 3)
+    if names:
+        assert by_path[names[0]].skip_worktree == (version >= 3) and not by_path[names[0]].assume_valid
+    if len(names) > 1:
+        assert by_path[names[1]].assume_valid
+    if version >= 3:
+        # tags of `ls-files -v`: S skip-worktree, lower case assume-valid
+        tags = dict(line.split(" ", 1)[::-1] for line in git(root, "ls-files", "-v").decode().splitlines())
+        for path, e in by_path.items():
+            if e.skip_worktree:
+                assert tags[path] == "S"
+
+
+def test_unmerged_entries_have_stages(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "repo", {"f.txt": b"base\n"})
+    git(root, "checkout", "-q", "-b", "other")
+    (root / "f.txt").write_bytes(b"theirs\n")
+    git(root, "commit", "-qam", "theirs")
+    git(root, "checkout", "-q", "main")
+    (root / "f.txt").write_bytes(b"ours\n")
+    git(root, "commit", "-qam", "ours")
+    with pytest.raises(Exception):  # noqa: B017 - the merge conflicts: git exits non-zero
+        git(root, "merge", "-q", "other")
+    stages = sorted(e.stage for e in read_index(root / ".git" / "index").entries if e.path == "f.txt")
+    assert stages == [1, 2, 3]
+    proof = IndexProof.load(root)
+    assert proof is not None and "f.txt" not in proof.entries
+
+
+def test_split_index_is_doubt(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "repo", {"a.txt": b"a\n", "b.txt": b"b\n"})
+    git(root, "update-index", "--split-index")
+    with pytest.raises(IndexDoubt, match="split or sparse"):
+        read_index(root / ".git" / "index")
+    assert IndexProof.load(root) is None
+
+
+def test_bad_checksum_and_truncation_are_doubt(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "repo", {"a.txt": b"a\n"})
+    data = (root / ".git" / "index").read_bytes()
+    bad = tmp_path / "bad"
+    bad.write_bytes(data[:40] + bytes([data[40] ^ 1]) + data[41:])
+    with pytest.raises(IndexDoubt, match="checksum"):
+        read_index(bad)
+    bad.write_bytes(data[:30])
+    with pytest.raises(IndexDoubt):
+        read_index(bad)
+
+
+@pytest.mark.parametrize(("where", "text", "doubted"), [
+    ("config", "[core]\n\tautocrlf = true\n", True),
+    ("config", "[core]\n\tautocrlf = input\n", True),
+    ("config", "[core]\n\tautocrlf\n", True),
+    ("config", "[core]\n\tautocrlf = false\n", False),
+    ("config", "[core]\n\teol = crlf\n", True),
+    ("config", "[core]\n\tattributesFile = /x\n", True),
+    ("config", "[include]\n\tpath = /x\n", True),
+    ('config', '[includeIf "gitdir:/x/"]\n\tpath = /x\n', True),
+    ("config", '[filter "lfs"]\n\tclean = git-lfs clean -- %f\n', False),
+    ("config", "[extensions]\n\tobjectFormat = sha256\n", True),
+    ("global", "[core]\n\tautocrlf = true\n", True),
+    ("xdg", "[core]\n\teol = lf\n", True),
+    ("attributes", "*.txt text\n", True),
+    ("attributes", "*.png binary\n", False),
+    ("xdg-attributes", "* filter=x\n", True),
+])
+def test_configuration_doubt(tmp_path: Path, where: str, text: str, doubted: bool) -> None:
+    root = make_repo(tmp_path / "repo", {"a.txt": b"a\n"})
+    home = Path(os.environ["HOME"])
+    target = {"config": root / ".git" / "config", "global": home / ".gitconfig",
+              "xdg": Path(os.environ["XDG_CONFIG_HOME"]) / "git" / "config",
+              "attributes": root / ".git" / "info" / "attributes",
+              "xdg-attributes": Path(os.environ["XDG_CONFIG_HOME"]) / "git" / "attributes"}[where]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "a") as fh:
+        fh.write(text)
+    assert (IndexProof.load(root) is None) == doubted
+
+
+def test_environment_override_is_doubt(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "repo", {"a.txt": b"a\n"})
+    assert IndexProof.load(root, environ={"HOME": os.environ["HOME"]}) is not None
+    assert IndexProof.load(root, environ={"HOME": os.environ["HOME"], "GIT_INDEX_FILE": "/x"}) is None
+    assert IndexProof.load(root, environ={"HOME": os.environ["HOME"], "GIT_CONFIG_GLOBAL": "/x"}) is None
+
+
+def test_worktree_git_file_and_no_repo_are_not_proofs(tmp_path: Path) -> None:
+    main = make_repo(tmp_path / "repo", {"a.txt": b"a\n"})
+    git(main, "worktree", "add", "-q", str(tmp_path / "wt"))
+    assert (tmp_path / "wt" / ".git").is_file()
+    assert IndexProof.load(tmp_path / "wt") is None
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert IndexProof.load(plain) is None
+
+
+def test_proof_per_file(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "repo", {"same.txt": b"same\n", "edited.txt": b"old\n", "exec.sh": b"x\n"})
+    proof = IndexProof.load(root)
+    assert proof is not None
+    oids = {e.path: e.oid for e in read_index(root / ".git" / "index").entries}
+    assert proof.prove("same.txt", os.lstat(root / "same.txt")) == oids["same.txt"]
+    (root / "edited.txt").write_bytes(b"new\n")  # same size, new content
+    assert proof.prove("edited.txt", os.lstat(root / "edited.txt")) is None
+    os.chmod(root / "exec.sh", 0o755)  # the exec bit differs from the entry's mode
+    assert proof.prove("exec.sh", os.lstat(root / "exec.sh")) is None
+    assert proof.prove("absent.txt", os.lstat(root / "same.txt")) is None
