@@ -629,7 +629,6 @@ class Engine:
                     assert root.repo is not None
                     parent = prev.hashes.get(name) if prev else None
                     parent_tree = root.repo.tree_of_commit_or_none(parent) if parent else None
-                    committed = False
                     if parent is not None and parent_tree == result.tree and root.repo.has_object(parent):
                         commit = parent
                     else:
@@ -640,9 +639,7 @@ class Engine:
                         commit = root.repo.commit(result.tree, parents, f"{kind} checkpoint at {ts}",
                                                   rt.record.task_id)
                         root.repo.set_ref(task_ref(rt.record.task_id), commit)
-                        committed = True
-                    # the task ref just moved reaches the tree: the head ref is written later
-                    root.set_head(result.tree, committed=committed)
+                    root.set_head(result.tree)
             except BaseException as exc:
                 if isinstance(exc, RepoError):
                     root.verified = False  # check the objects it reuses before the next round
@@ -695,11 +692,6 @@ class Engine:
             rt.record.take_back_checkpoint(cp, before, base)
             for name, root in self.roots.items():
                 old = prev.hashes.get(name) if prev else None
-                try:
-                    with root.lock.held():
-                        root.flush_head()  # the task ref stops reaching the tracked set's tree
-                except ShadowpointError:
-                    root.verified = False  # unanchored: check the objects it reuses before the next round
                 if old and old != cp.hashes.get(name):
                     # best effort: a ref the full disk cannot move back names an orphan commit,
                     # which the next checkpoint's ref move replaces
@@ -908,15 +900,6 @@ class Engine:
         dirs = [root.ws.git_dir for root in self.roots.values() if root.ws.git_dir.is_dir()]
         if not dirs or self._closed:
             return
-        for root in self.roots.values():
-            # the collection reads the refs: the head must name the tracked set's tree
-            if root.repo is not None and root.ws.git_dir.is_dir():
-                try:
-                    with root.lock.held():
-                        root.flush_head()
-                except ShadowpointError as exc:
-                    log.warning("storage.collect_skipped", reason=str(exc))  # the next one tries again
-                    return
 
         def run() -> None:
             try:
@@ -957,9 +940,7 @@ class Engine:
             if name not in record.roots or not root.ws.git_dir.is_dir():
                 continue
             with root.lock.held():
-                repo = root.open()
-                root.flush_head()  # the task's refs may be all that reaches the tracked set's tree
-                delete_task_refs(repo, record.task_id)
+                delete_task_refs(root.open(), record.task_id)
 
     def _remove_checkpoints_folder(self) -> None:
         for root in self.roots.values():
@@ -975,9 +956,7 @@ class Engine:
             if not root.ws.git_dir.is_dir():
                 continue
             with root.lock.held():
-                repo = root.open()
-                root.flush_head()
-                kept, freed = repo.collect_garbage(grace_s)
+                kept, freed = root.open().collect_garbage(grace_s)
                 # the stat cache may name blobs of uncommitted scans (a diff): forget them
                 root.reset_cache(root.cache.base_commit)
             out[name] = {"kept": kept, "freedBytes": freed}

@@ -43,11 +43,6 @@ class RootState:
         self.lock = WorkspaceLock(ws.git_dir.parent / "shadowpoint.lock", options.lock_timeout_s)
         self.repo: ShadowRepo | None = None
         self.cache = StatCache()
-        # What the head ref names on disk, as this process last read or wrote it. The cache's
-        # `base_commit` (the tracked set's tree) may be ahead of it after a round: that tree is
-        # its commit's, reachable from the task ref just moved, so the head is written later
-        # (`flush_head`): one ref write per round instead of two (issue 14).
-        self.head_on_disk: str | None = None
         extra = list(options.extra_exclusions)
         with contextlib.suppress(ValueError):
             # a docs root inside the workspace never snapshots itself
@@ -122,7 +117,6 @@ class RootState:
             self.scanner = Scanner(self.ws.root, self.repo, self.rules,
                                    StageOptions(max_file_bytes=self.options.max_file_bytes, workers=workers))
             head = self.repo.read_ref(HEAD_REF)
-            self.head_on_disk = head
             loaded = StatCache.load(self.cache_file, head)
             self.cache = loaded if loaded is not None else StatCache()
             self.verified = False
@@ -132,9 +126,8 @@ class RootState:
                 self.start_copy()  # a copy a crash (or a close) interrupted: resume it
         else:
             head = self.repo.read_ref(HEAD_REF)
-            if head != self.head_on_disk:
+            if head != self.cache.base_commit:
                 # another process (or a crash) moved the head: mirror its tree
-                self.head_on_disk = head
                 self._reset_or_forget(head)
         return self.repo
 
@@ -266,26 +259,17 @@ class RootState:
         carried, self._carried = self._carried, None
         return plan if carried is None else merge_plans(carried, plan)
 
-    def set_head(self, tree: str | None, *, committed: bool = False) -> None:
+    def set_head(self, tree: str | None) -> None:
         """Point the head ref at the tracked set's tree (lock held).
 
         The head names a tree, not a commit: it anchors every blob the stat cache may reuse
         (so garbage collection keeps them) without keeping any task's history alive.
-        `committed`: the tree is a commit's that a task ref was just moved to, which anchors
-        it as well: the ref write waits for `flush_head` (before a collection, a task's refs
-        going, the stat cache saved), sparing a round one of its two ref writes.
         """
         assert self.repo is not None
-        self.cache.base_commit = self.repo.tree_or_empty(tree)
-        if not committed:
-            self.flush_head()
-
-    def flush_head(self) -> None:
-        """Write the head ref if the tracked set's tree is ahead of it (lock held)."""
-        target = self.cache.base_commit
-        if self.repo is not None and target is not None and target != self.head_on_disk:
+        target = self.repo.tree_or_empty(tree)
+        if target != self.cache.base_commit:
             self.repo.set_ref(HEAD_REF, target)
-            self.head_on_disk = target
+            self.cache.base_commit = target
 
     def safety_plan(self, forced: frozenset[RepoPath], *, keep: bool = False) -> StagePlan:
         """What a safety checkpoint stages: with a healthy watcher only what it recorded since
@@ -311,7 +295,6 @@ class RootState:
 
     def save_cache(self) -> None:
         if self.repo is not None and self.ws.git_dir.is_dir():
-            self.flush_head()  # the saved cache is valid for the head it names (`StatCache.load`)
             self.cache.save(self.cache_file)
 
     # ------------------------------------------------------------------ borrowed blobs
@@ -377,7 +360,6 @@ class RootState:
         self.watched_since_scan = False
         self.scanner = None
         self.cache = StatCache()
-        self.head_on_disk = None
 
 
 def merge_plans(a: StagePlan, b: StagePlan) -> StagePlan:

@@ -214,9 +214,8 @@ def test_objects_lost_under_a_running_engine(make_engine: MakeEngine, workspace:
     start(eng)
     engine_edit(eng, workspace, 2, {"a.txt": "a1\n"})
     git_dir = shadow_git_dir(docs, workspace)
-    # the tree the next round patches: the round's (the head ref names it only later, issue 14)
-    head_tree = git(git_dir, "rev-parse", f"{task_ref('t')}^{{tree}}").stdout.decode().strip()
-    loose_object(git_dir, head_tree).unlink()
+    head_tree = git(git_dir, "rev-parse", "refs/shadowpoint/head").stdout.decode().strip()
+    loose_object(git_dir, head_tree).unlink()  # the tree the next round patches
     loose_object(git_dir, blob_id(b"a0\n")).unlink()  # only the baseline holds it
     with pytest.raises(ShadowpointError) as err:
         eng.diff("t", 1, 2)

@@ -529,36 +529,6 @@ def test_gc_after_delete_frees_objects_only_that_task_reached(make_engine: MakeE
                           capture_output=True).returncode != 0
 
 
-def test_a_deleted_tasks_rounds_stay_in_the_tracked_set_after_gc(make_engine: MakeEngine, ws: Path) -> None:
-    """A round writes the task ref, not the head (it follows later): a file only the deleted
-    task's round committed is still in the tracked set, so its blob must survive the
-    collection (the head is written before the task's refs go)."""
-    eng = make_engine(ws)
-    start(eng, "keep")
-    start(eng, "gone")
-    edit_round(eng, ws, 10, {"made-by-gone.txt": "only the deleted task committed this"}, task_id="gone")
-    head = git(eng, "rev-parse", "refs/shadowpoint/head").strip()
-    assert "made-by-gone.txt" not in git(eng, "ls-tree", "--name-only", head), "the round left the head as it was"
-    eng.delete_task("gone")
-    eng.collect_garbage(grace_s=0)
-    c = edit_round(eng, ws, 30, {"a.txt": "after gc"}, task_id="keep")
-    assert c is not None
-    git(eng, "fsck", "--full")
-    files = files_of(eng, c.hashes["proj"])
-    assert files["made-by-gone.txt"] == b"only the deleted task committed this" and files["a.txt"] == b"after gc"
-
-
-def test_the_head_names_the_tracked_tree_once_the_engine_closes(make_engine: MakeEngine, ws: Path) -> None:
-    eng = make_engine(ws)
-    start(eng)
-    c = edit_round(eng, ws, 10, {"a.txt": "a1"})
-    assert c is not None
-    tree = git(eng, "rev-parse", f"{c.hashes['proj']}^{{tree}}").strip()
-    assert git(eng, "rev-parse", "refs/shadowpoint/head").strip() != tree
-    eng.close()
-    assert git(eng, "rev-parse", "refs/shadowpoint/head").strip() == tree
-
-
 # ---- restart and recovery ---------------------------------------------------------------------
 
 
