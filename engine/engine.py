@@ -943,6 +943,10 @@ class Engine:
                 delete_task_refs(root.open(), record.task_id)
 
     def _remove_checkpoints_folder(self) -> None:
+        # A collection an earlier deletion started may still be writing its pack in there:
+        # removing the folder under it left the folder behind (a CI run caught it).
+        for worker in self._background:
+            worker.join()
         for root in self.roots.values():
             with root.lock.held():
                 root.forget_repo()
