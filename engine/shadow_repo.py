@@ -1071,6 +1071,9 @@ class ShadowRepo:
         try:
             kept_packs: set[str] = set()
             packed: set[str] = set()
+            # Only packs present now may go: one installed meanwhile (a baseline's trees, a
+            # borrowed copy) may hold objects only a stat cache reaches yet, and packs get no grace.
+            old_packs = {idx.stem for idx in pack_dir.glob("pack-*.idx")}
             for idx in sorted(pack_dir.glob("pack-*.idx")):
                 listed = packing.pack_objects(idx)
                 if len(listed) >= GC_KEEP_PACK_OBJECTS and all(o in keep for o in listed):
@@ -1103,7 +1106,8 @@ class ShadowRepo:
                     log.info("storage.collect_deferred", git_dir=str(self.git_dir), objects=len(only_in_old_packs))
                     return len(keep), 0
                 for p in pack_dir.glob("pack-*"):
-                    if p.name.partition(".")[0] not in kept_packs:
+                    name = p.name.partition(".")[0]
+                    if name in old_packs and name not in kept_packs:
                         with contextlib.suppress(OSError):
                             p.unlink()
                 self._prune_loose(keep, extra, grace_s)
