@@ -525,7 +525,13 @@ class Engine:
         with rt.lock:
             during: dict[str, frozenset[RepoPath]] = {}
             plans = self._plans(rec, during)
-            return self._checkpoint(rt, "round", ts, plans, round_paths=during)
+            # Only a round whose changes nobody reported (a command, an edit tool without paths)
+            # adds what changed while it was open to the scope (PROTOCOL 1.1 "Scope": its
+            # commands' changes). A round of reported edits has its paths in the scope already;
+            # taking in what changed meanwhile gave it the person's or another task's edits
+            # (three tasks on one workspace: tests/faults/test_concurrency.py).
+            unreported = rec.has_command or rec.has_unreported_edit
+            return self._checkpoint(rt, "round", ts, plans, round_paths=during if unreported else None)
 
     def note_missed_events(self, task_id: str, reason: str) -> None:
         """Hook events of the task were lost (no sidecar listened): its next checkpoint rescans

@@ -77,6 +77,21 @@ def test_scope_with_a_watcher_takes_the_round_changes_not_those_between_rounds(
     assert tree["f.txt"] == LINES.encode() and "made.txt" not in tree
 
 
+def test_a_round_of_reported_edits_does_not_take_what_changed_meanwhile(
+        make_engine: MakeEngine, ws: Path) -> None:
+    """Another task (or the person) writing while a round of reported edits is open: the write
+    is in the checkpoint, but not in this task's scope, so its restore leaves it alone."""
+    eng = make_engine(ws, watcher=True)
+    start(eng)
+    cp = edit_round(eng, ws, 10, {"g.txt": "g1", "keep.txt": "another task's, meanwhile"}, report=["g.txt"])
+    assert cp is not None and files_of(eng, cp.hashes[eng.first_root])["keep.txt"] == b"another task's, meanwhile"
+    assert eng._task("t1").record.scope_paths(eng.first_root) == ["g.txt"]
+    out = eng.restore("t1", 0, "files")
+    assert out["files"]["restored"] == ["g.txt"] and out["files"]["deleted"] == []
+    tree = read_tree(ws)
+    assert tree["g.txt"] == b"g0" and tree["keep.txt"] == b"another task's, meanwhile"
+
+
 def test_a_rescanned_round_counts_what_it_found_changed(make_engine: MakeEngine, ws: Path) -> None:
     eng = make_engine(ws)  # no watcher: every command round rescans
     start(eng)
