@@ -70,7 +70,9 @@ class Worker:
             raise
 
     def own_disk(self) -> dict[str, Any]:
-        return _own(read_tree(self.root), self.prefix)
+        # only this task's folder: the other workers create and delete files in theirs
+        # meanwhile, and a walk of the whole workspace raced with them (FileNotFoundError)
+        return {self.prefix + p: v for p, v in read_tree(self.root / self.prefix).items()}
 
     def write_some(self) -> list[str]:
         """Create, rewrite or delete a few of this task's files; returns the paths touched."""
@@ -87,7 +89,11 @@ class Worker:
         return touched
 
     def record(self, cp: dict[str, Any]) -> None:
-        assert cp is not None and cp["hash"], cp
+        assert self.sc is not None
+        if cp is None or not cp.get("hash"):
+            tail = bytes(self.sc.stderr[-6000:]).decode(errors="replace")
+            raise AssertionError(f"{self.task}@{self.ts}: the round answered no checkpoint ({cp!r}); "
+                                 f"the sidecar's log:\n{tail}")
         self.checkpoints.append((cp["ts"], cp["hash"], self.own_disk()))
         self.last_restore = None  # undo is tried only right after a restore
 
@@ -147,7 +153,11 @@ class Worker:
     def restore(self) -> None:
         ts, _commit, own = self.rng.choice(self.checkpoints[:-1])
         before = self.own_disk()
-        out = self.call("checkpoint/restore", {"taskId": self.task, "ts": ts, "mode": "files"})
+        # The task's folder by name: the tasks' rounds overlap in time, and a file another task's
+        # command changed while one of this task's command rounds was open is in this task's
+        # scope too (PROTOCOL 1.1 "Scope"), so a scope restore may rightly touch it.
+        out = self.call("checkpoint/restore", {"taskId": self.task, "ts": ts, "mode": "files",
+                                               "paths": [self.prefix.rstrip("/")]})
         assert out["files"] is not None and "error" not in out, out
         assert self.own_disk() == own, f"{self.task}: restore to ts={ts} did not reproduce its files"
         self.last_restore = before
