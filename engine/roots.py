@@ -125,6 +125,7 @@ class RootState:
             if borrowed.ledger_path(self.ws.git_dir).exists():
                 self.start_copy()  # a copy a crash (or a close) interrupted: resume it
         else:
+            self.repo.reopen_after_collection()  # another process's gc removed packs we hold
             head = self.repo.read_ref(HEAD_REF)
             if head != self.cache.base_commit:
                 # another process (or a crash) moved the head: mirror its tree

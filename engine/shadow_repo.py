@@ -56,6 +56,12 @@ GC_PACK_OBJECTS = 50_000  # objects per pack a collection writes (each installed
 # Packs this big that hold no garbage are kept by a collection; smaller ones are merged into
 # its new pack (cheap), so that the number of packs stays small.
 GC_KEEP_PACK_OBJECTS = 5_000
+# Rewritten (a new value) by every collection before it removes packs. A libgit2 handle keeps
+# the packs it loaded, removed or not, and takes an object it finds in one as written: within
+# 2 s of its last "freshen" of that pack it writes nothing (odb_pack.c, FRESHEN_FREQUENCY), so
+# a checkpoint named a blob that another process's collection had just removed (three sidecars
+# on one workspace, tests/faults/test_concurrency.py). A handle that sees a new value reopens.
+GC_GENERATION_FILE = "shadowpoint/gc-generation"
 
 _configured = False
 
@@ -351,6 +357,7 @@ class ShadowRepo:
         self.worktree = worktree
         self._sig = pygit2.Signature(COMMITTER_NAME, COMMITTER_EMAIL)
         self._borrowed: dict[str, _ReadOnlyObjects] = {}
+        self._gc_seen = self._gc_generation()
         self._attach_recorded()
 
     # ------------------------------------------------------------------ opening
@@ -488,10 +495,36 @@ class ShadowRepo:
 
     def reopen(self) -> None:
         """A fresh libgit2 handle: its in-memory object cache can hide trees lost on disk."""
+        seen = self._gc_generation()
         with translated("reopen"):
             self._repo.free()
             self._repo = pygit2.Repository(str(self.git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+        self._gc_seen = seen
         self._attach_recorded()
+
+    def _gc_generation(self) -> bytes:
+        try:
+            return (self.git_dir / GC_GENERATION_FILE).read_bytes()
+        except OSError:
+            return b""
+
+    def reopen_after_collection(self) -> bool:
+        """Reopen if a garbage collection (of any process) removed packs since this handle was
+        opened: the packs it still holds could make a write of their objects a no-op. Call with
+        the workspace lock held (collections remove packs only under it). True if reopened."""
+        if self._gc_generation() == self._gc_seen:
+            return False
+        log.info("shadow_repo.reopened_after_collection", git_dir=str(self.git_dir))
+        self.reopen()
+        return True
+
+    def _note_collection(self) -> None:
+        """Tell every handle on this repository that packs are about to go (GC_GENERATION_FILE)."""
+        path = self.git_dir / GC_GENERATION_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(os.urandom(8).hex().encode())
+        os.replace(tmp, path)
 
     def clear_stale_locks(self) -> None:
         self._clear_stale_locks(self.git_dir)
@@ -1105,6 +1138,7 @@ class ShadowRepo:
                 if only_in_old_packs:
                     log.info("storage.collect_deferred", git_dir=str(self.git_dir), objects=len(only_in_old_packs))
                     return len(keep), 0
+                self._note_collection()
                 for p in pack_dir.glob("pack-*"):
                     name = p.name.partition(".")[0]
                     if name in old_packs and name not in kept_packs:

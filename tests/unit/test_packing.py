@@ -123,3 +123,28 @@ def test_a_baseline_tree_written_as_one_pack_equals_the_patched_tree(repo: Shado
     with pytest.raises(ValueError):
         repo.write_tree_packed({RepoPath("a"): entries[next(iter(entries))],
                                 RepoPath("a/b"): entries[next(iter(entries))]})
+
+
+def test_a_handle_reopens_once_another_collection_removed_its_packs(repo: ShadowRepo, workspace: Path) -> None:
+    """libgit2 takes an object found in a pack it loaded as written, even after another
+    process's collection removed that pack (within 2 s of its last freshen of the pack): a
+    checkpoint then named a missing blob. The collection leaves a new generation behind, and a
+    handle that sees it reopens before writing."""
+    data = b"garbage soon\n"
+    head = repo.commit(build(repo, {"a.txt": blob(repo, data)}), [], "round", "t1")
+    repo.set_ref(task_ref("t1"), head)
+    repo.collect_garbage(grace_s=0)  # the blob is packed; this handle has that pack loaded
+    oid = repo.write_blob(data)  # found in the pack: libgit2 freshens it and remembers when
+    other = ShadowRepo.open_or_init(repo.git_dir, workspace)  # another process's handle
+    try:
+        other.delete_ref(task_ref("t1"))
+        other.collect_garbage(grace_s=0)
+        assert not other.has_object(oid), "the collection removed the pack holding the blob"
+        assert repo.reopen_after_collection(), "the handle sees the collection and reopens"
+        assert not repo.reopen_after_collection(), "once"
+        assert repo.write_blob(data) == oid
+        other.reopen()
+        assert other.has_object(oid), "the write after the reopen is on disk"
+        assert git(repo, "cat-file", "-e", oid).returncode == 0
+    finally:
+        other.close()
