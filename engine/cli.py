@@ -1039,8 +1039,8 @@ def delete_task(ctx: _Ctx, task_id: str, yes: bool, no_collect: bool, as_json: b
             backend.delete_task(task_id)
     else:
         git_dirs = store.delete_task_storage(docs, rec)
-        if not tasks.has_any_task():
-            store.remove_all_checkpoints(docs)
+        if not tasks.has_any_task() and store.remove_all_checkpoints(docs):
+            pass  # the last task: its checkpoints folder is gone, nothing to collect
         elif not no_collect:
             collect_in_background(git_dirs, settings.gc_grace_s)
             background = bool(git_dirs)

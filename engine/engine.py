@@ -51,6 +51,7 @@ from shadowpoint.events import (
     ToolBegan,
     ToolEnded,
 )
+from shadowpoint.locking import SharedUse
 from shadowpoint.options import EngineOptions
 from shadowpoint.recovery import rebuild_record
 from shadowpoint.restorer import Restorer
@@ -58,7 +59,7 @@ from shadowpoint.roots import Notify, RootState, is_rules_file
 from shadowpoint.rounds import RoundRecord, RoundRecorder, tool_kind
 from shadowpoint.scanner import StagePlan, StageResult
 from shadowpoint.shadow_repo import delete_task_refs, loose_object_estimate, task_ref
-from shadowpoint.storage import apply_retention
+from shadowpoint.storage import USERS_FILE, apply_retention
 from shadowpoint.storage import collect_garbage as collect_repo_garbage
 from shadowpoint.verifier import VerifyStats, WatchVerifier, throttled
 from shadowpoint.workspace import PathResolver, RepoPath, Workspace, open_workspaces
@@ -126,6 +127,8 @@ class Engine:
         self.resolver = PathResolver(self.workspaces)
         self.roots = {ws.name: RootState(ws, options) for ws in self.workspaces}
         self.store = CheckpointStore(options.docs_dir)
+        # a share of the checkpoints folder for as long as this engine runs (locking.SharedUse)
+        self._users = SharedUse(options.docs_dir / USERS_FILE)
         self.notify: Notify = notify or (lambda method, params: None)
         self._tasks: dict[str, TaskRuntime] = {}
         self._tasks_lock = threading.Lock()
@@ -953,10 +956,18 @@ class Engine:
         # removing the folder under it left the folder behind (a CI run caught it).
         for worker in self._background:
             worker.join()
-        for root in self.roots.values():
-            with root.lock.held():
-                root.forget_repo()
-        shutil.rmtree(self.options.docs_dir / "checkpoints", ignore_errors=True)
+        with self._users.sole() as sole:
+            if not sole:
+                # another process works in the folder (its task may have no record yet): the
+                # deleted tasks' objects are collected instead
+                log.info("storage.checkpoints_kept", docs_dir=str(self.options.docs_dir),
+                         reason="another process uses them")
+                self._collect_in_background()
+                return
+            for root in self.roots.values():
+                with root.lock.held():
+                    root.forget_repo()
+            shutil.rmtree(self.options.docs_dir / "checkpoints", ignore_errors=True)
         log.info("storage.checkpoints_removed", docs_dir=str(self.options.docs_dir))
 
     def collect_garbage(self, grace_s: float = 3600.0) -> dict[str, Any]:
@@ -995,3 +1006,4 @@ class Engine:
         for root in self.roots.values():
             with contextlib.suppress(Exception), root.lock.held():
                 root.close()
+        self._users.close()

@@ -85,3 +85,56 @@ class WorkspaceLock:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+class SharedUse:
+    """A shared flock held on `path` for as long as this process uses what the path guards:
+    every engine holds one on its docs root's `checkpoints.users` (storage.USERS_FILE), so
+    that deleting the last task can tell whether another process still works in the
+    checkpoints folder. Without it, a sidecar deleting its last task removed the shared shadow
+    repository, and the workspace lock file with it, under three other sidecars still
+    building their baselines (tests/faults/test_concurrency.py)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_SH)
+
+    @contextlib.contextmanager
+    def sole(self) -> Iterator[bool]:
+        """Inside, True when no other process holds a share (one that starts meanwhile waits)."""
+        assert self._fd is not None, "closed"
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            sole = True
+        except BlockingIOError:
+            sole = False
+        try:
+            yield sole
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_SH)  # also after a failed conversion, which may drop it
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+@contextlib.contextmanager
+def sole_user(path: Path) -> Iterator[bool]:
+    """For a process that holds no share of `path` (a CLI command without an engine): inside,
+    True when no process holds one; one that starts meanwhile waits."""
+    if not path.parent.is_dir():
+        yield True
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            sole = True
+        except BlockingIOError:
+            sole = False
+        yield sole
+    finally:
+        os.close(fd)

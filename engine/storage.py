@@ -21,12 +21,14 @@ import structlog
 
 from shadowpoint.checkpoints import CheckpointStore, TaskRecord
 from shadowpoint.errors import ShadowpointError
-from shadowpoint.locking import WorkspaceLock
+from shadowpoint.locking import WorkspaceLock, sole_user
 from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo, delete_task_refs, disk_usage, task_tips
 from shadowpoint.workspace import workspace_hash
 
 log = structlog.get_logger(__name__)
 
+# beside the checkpoints folder: every engine holds a shared lock on it while it runs
+USERS_FILE = "checkpoints.users"
 PENDING_FILE = "shadowpoint-gc-pending"  # in a shadow git dir: a deleted task's objects await collection
 
 
@@ -237,5 +239,12 @@ def delete_task_storage(docs_dir: Path, rec: TaskRecord) -> list[Path]:
     return touched
 
 
-def remove_all_checkpoints(docs_dir: Path) -> None:
-    shutil.rmtree(docs_dir / "checkpoints", ignore_errors=True)
+def remove_all_checkpoints(docs_dir: Path) -> bool:
+    """Remove the checkpoints folder, unless a running engine (a sidecar, `watch`) uses it:
+    its shadow repositories may hold a task whose record is not written yet. True if removed."""
+    with sole_user(docs_dir / USERS_FILE) as sole:
+        if not sole:
+            log.info("storage.checkpoints_kept", docs_dir=str(docs_dir), reason="another process uses them")
+            return False
+        shutil.rmtree(docs_dir / "checkpoints", ignore_errors=True)
+        return True

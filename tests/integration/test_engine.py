@@ -30,6 +30,7 @@ from shadowpoint.errors import (
 from shadowpoint.restore import RestoreOp, RestorePlan
 from shadowpoint.safe_fs import TEMP_PREFIX
 from shadowpoint.shadow_repo import MODE_FILE, TreeEntry, task_ref
+from shadowpoint.storage import remove_all_checkpoints
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree
 
@@ -477,6 +478,29 @@ def test_two_tasks_share_one_shadow_repo(make_engine: MakeEngine, ws: Path) -> N
     # a later task starts afresh
     start(eng, "t3")
     assert files_of(eng, wire(eng, "t3")[0]["hash"])["b.txt"] == b"more"
+
+
+def test_the_last_task_keeps_the_checkpoints_folder_while_another_engine_uses_it(
+        make_engine: MakeEngine, ws: Path) -> None:
+    """Deleting the last task on record removed the whole folder under another process still
+    building its first task (no record yet): its shadow repo and the lock file went with it
+    (three sidecars and a fourth deleting tasks: tests/faults/test_concurrency.py)."""
+    eng = make_engine(ws)
+    docs = eng.options.docs_dir
+    start(eng, "t1")
+    other = make_engine(ws)  # another engine (a flock share per engine, as per process)
+    eng.delete_task("t1")
+    assert (docs / "checkpoints").is_dir(), "another engine uses the folder: it stays"
+    start(other, "t2")
+    cp = edit_round(other, ws, 10, {"a.txt": "the other's"}, task_id="t2")
+    assert cp is not None and files_of(other, cp.hashes["proj"])["a.txt"] == b"the other's"
+    assert not remove_all_checkpoints(docs), "the CLI's way refuses too while an engine runs"
+    other.delete_task("t2")
+    assert (docs / "checkpoints").is_dir()
+    eng.close()  # now `other` is the only user
+    start(other, "t3")
+    other.delete_task("t3")
+    assert not (docs / "checkpoints").exists()
 
 
 def test_delete_all_keeps_favorites(make_engine: MakeEngine, ws: Path) -> None:
