@@ -357,6 +357,7 @@ class ShadowRepo:
         self.worktree = worktree
         self._sig = pygit2.Signature(COMMITTER_NAME, COMMITTER_EMAIL)
         self._borrowed: dict[str, _ReadOnlyObjects] = {}
+        self._gc_file = os.fspath(git_dir / GC_GENERATION_FILE)
         self._gc_seen = self._gc_generation()
         self._attach_recorded()
 
@@ -503,10 +504,15 @@ class ShadowRepo:
         self._attach_recorded()
 
     def _gc_generation(self) -> bytes:
+        # read on every staging: a plain open and read, no pathlib (profiled in a 1-file restore)
         try:
-            return (self.git_dir / GC_GENERATION_FILE).read_bytes()
+            fd = os.open(self._gc_file, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return b""
+        try:
+            return os.read(fd, 64)
+        finally:
+            os.close(fd)
 
     def reopen_after_collection(self) -> bool:
         """Reopen if a garbage collection (of any process) removed packs since this handle was
