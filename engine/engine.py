@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from shadowpoint import stager
 from shadowpoint.bus import RoundBus
 from shadowpoint.checkpoints import CheckpointRecord, CheckpointStore, TaskRecord, checkpoint_or_raise, fork_record
 from shadowpoint.config import protected_directories
@@ -55,10 +56,11 @@ from shadowpoint.locking import SharedUse
 from shadowpoint.options import EngineOptions
 from shadowpoint.recovery import rebuild_record
 from shadowpoint.restorer import Restorer
-from shadowpoint.roots import Notify, RootState, is_rules_file
+from shadowpoint.roots import Notify, RootState
 from shadowpoint.rounds import RoundRecord, RoundRecorder, tool_kind
-from shadowpoint.scanner import StagePlan, StageResult
+from shadowpoint.scanner import StageResult
 from shadowpoint.shadow_repo import delete_task_refs, loose_object_estimate, task_ref
+from shadowpoint.stager import StagePlan
 from shadowpoint.storage import USERS_FILE, apply_retention
 from shadowpoint.storage import collect_garbage as collect_repo_garbage
 from shadowpoint.verifier import VerifyStats, WatchVerifier, throttled
@@ -556,34 +558,15 @@ class Engine:
         for name, root in self.roots.items():
             forced = frozenset(RepoPath(p) for r, p in (rec.edited if rec else ()) if r == name)
             unknown_changes = rec is None or rec.has_command or rec.has_unreported_edit
-            watched: frozenset[RepoPath] = frozenset()
-            if root.watcher is None:
-                rescan = unknown_changes
-            else:
-                flushed = root.watcher.flush()
-                snap = root.watcher.swap()
-                if during is not None:
-                    during[name] = snap.during
-                if not (flushed and snap.healthy):
-                    rescan = True
-                    log.info("stager.rescan_fallback", root=str(root.ws.root),
-                             reasons=list(snap.reasons) or ["flush barrier timed out"])
-                elif not root.watched_since_scan:
-                    # the watcher started after the tracked set was scanned: what happened between
-                    # is unknown to it (a resumed task's first round)
-                    rescan = True
-                    log.info("stager.rescan_fallback", root=str(root.ws.root),
-                             reasons=["the watcher started after the latest scan"])
-                else:
-                    # A healthy watcher is authoritative (SPEC §4): what it recorded is all that
-                    # changed, so a command round that recorded nothing reuses the snapshot, O(1).
-                    watched = snap.paths
-                    # a changed ignore file can re-include what the watcher skipped
-                    rescan = any(is_rules_file(p) for p in watched)
-                    if unknown_changes and not watched:
-                        log.debug("stager.watcher_trusted", root=str(root.ws.root),
-                                 reason="a healthy watcher recorded no path")
-            plans[name] = StagePlan(forced=forced, watched=watched, rescan=rescan)
+            seen = root.watch_view()
+            if seen is not None and during is not None:
+                during[name] = seen[1]
+            decision = stager.round_plan(forced, unknown_changes, seen[0] if seen else None, root.facts)
+            if decision.rescan_because is not None and seen is not None:
+                log.info("stager.rescan_fallback", root=str(root.ws.root), reasons=[decision.rescan_because])
+            elif unknown_changes and seen is not None and not decision.plan.watched:
+                log.debug("stager.watcher_trusted", root=str(root.ws.root), reason="a healthy watcher recorded no path")
+            plans[name] = decision.plan
         return plans
 
     def complete(self, task_id: str, ts: int) -> CheckpointRecord:

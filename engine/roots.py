@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from shadowpoint import borrowed
+from shadowpoint import borrowed, stager
 from shadowpoint.blob_workers import BlobWorkerOptions
 from shadowpoint.early_capture import EarlyCapture
 from shadowpoint.errors import RepoError, ShadowpointError
@@ -23,11 +23,12 @@ from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.journal import PathJournal
 from shadowpoint.locking import WorkspaceLock
 from shadowpoint.options import EngineOptions
-from shadowpoint.scanner import Scanner, StageOptions, StagePlan, StageResult
+from shadowpoint.scanner import Scanner, StageOptions, StageResult
 from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo
+from shadowpoint.stager import RootFacts, StagePlan, WatchView, staging_plan
 from shadowpoint.stat_cache import StatCache
 from shadowpoint.watcher import WorkspaceWatcher
-from shadowpoint.workspace import RepoPath, Workspace, is_git_component
+from shadowpoint.workspace import RepoPath, Workspace
 
 log = structlog.get_logger(__name__)
 
@@ -156,13 +157,10 @@ class RootState:
         assert self.scanner is not None
         if not self.verified:
             plan = self._verify(plan)
-        if not self.scanned and not plan.rescan:
-            plan = StagePlan(forced=plan.forced, watched=plan.watched, rescan=True)
+        plan = staging_plan(plan, self.facts, self.watcher is not None,
+                            self.excluded_tracked() if self._excluded_tracked else frozenset())
         self.stages += 1
         watching = self.watcher is not None and self.watcher.is_running
-        if self.watcher is not None and not plan.rescan and self._excluded_tracked:
-            # the watcher has no watch in excluded folders: look at their tracked files too
-            plan = StagePlan(forced=plan.forced, watched=plan.watched | self.excluded_tracked(), rescan=False)
         try:
             result = self.scanner.stage(plan, self.cache, capture, borrow=borrow)
         except RepoError as exc:
@@ -253,12 +251,25 @@ class RootState:
 
     def carry(self, plan: StagePlan) -> None:
         """Keep `plan` for the next round: its commit failed (engine thread, any lock state)."""
-        self._carried = plan if self._carried is None else merge_plans(self._carried, plan)
+        self._carried = plan if self._carried is None else self._carried.merge(plan)
 
     def take_carried(self, plan: StagePlan) -> StagePlan:
         """`plan` plus whatever a failed commit left; clears the carried paths."""
         carried, self._carried = self._carried, None
-        return plan if carried is None else merge_plans(carried, plan)
+        return plan if carried is None else carried.merge(plan)
+
+    @property
+    def facts(self) -> RootFacts:
+        return RootFacts(scanned=self.scanned, watched_since_scan=self.watched_since_scan)
+
+    def watch_view(self) -> tuple[WatchView, frozenset[RepoPath]] | None:
+        """At a round's end: the watcher's record since the last round (taken: the next round
+        starts afresh) and what it recorded while the round was open; None without a watcher."""
+        if self.watcher is None:
+            return None
+        flushed = self.watcher.flush()
+        snap = self.watcher.swap()
+        return WatchView(flushed, snap.healthy, snap.paths, tuple(snap.reasons)), snap.during
 
     def set_head(self, tree: str | None) -> None:
         """Point the head ref at the tracked set's tree (lock held).
@@ -279,6 +290,7 @@ class RootState:
         `keep` leaves the recorded paths and health to the next round too (a compare with the
         workspace: without it, a following command round found nothing recorded and rescanned).
         """
+        watch = None
         if self.watcher is not None and self.scanned:
             flushed = self.watcher.flush()
             snap = self.watcher.swap()
@@ -286,9 +298,8 @@ class RootState:
                 self.watcher.journal.put_back(snap)
             elif snap.opened:
                 self.watcher.journal.open_round()  # a round is still open: what follows is its own
-            if flushed and snap.healthy and not any(is_rules_file(p) for p in snap.paths):
-                return StagePlan(forced=forced, watched=snap.paths)
-        return StagePlan(forced=forced, rescan=True)
+            watch = WatchView(flushed, snap.healthy, snap.paths, tuple(snap.reasons))
+        return stager.safety_plan(forced, watch, self.facts)
 
     def tracked_count(self) -> int:
         """Files in the tracked set so far (a baseline's progress)."""
@@ -362,11 +373,3 @@ class RootState:
         self.scanner = None
         self.cache = StatCache()
 
-
-def merge_plans(a: StagePlan, b: StagePlan) -> StagePlan:
-    return StagePlan(forced=a.forced | b.forced, watched=a.watched | b.watched, rescan=a.rescan or b.rescan)
-
-
-def is_rules_file(path: RepoPath) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return name in (".gitignore", ".gitattributes", ".gitmodules") or is_git_component(name)

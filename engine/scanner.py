@@ -34,6 +34,7 @@ from shadowpoint.early_capture import EarlyCapture
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.git_index import IndexProof
 from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
+from shadowpoint.stager import StagePlan
 from shadowpoint.stat_cache import FileState, StatCache
 from shadowpoint.workspace import RepoPath, is_git_component
 
@@ -81,19 +82,6 @@ class StageOptions:
 
     max_file_bytes: int = 100 * 1024 * 1024
     workers: BlobWorkerOptions = field(default_factory=BlobWorkerOptions)
-
-
-@dataclass(frozen=True, slots=True)
-class StagePlan:
-    """Work for one root at a round's end: nothing is read until `Scanner.stage` runs."""
-
-    forced: frozenset[RepoPath] = frozenset()
-    watched: frozenset[RepoPath] = frozenset()
-    rescan: bool = False
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.forced or self.watched or self.rescan)
 
 
 @dataclass(slots=True)

@@ -27,8 +27,9 @@ import structlog
 
 from shadowpoint.blob_workers import HashedFile, read_file, snapshot_file
 from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.roots import RootState, is_rules_file
+from shadowpoint.roots import RootState
 from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
+from shadowpoint.stager import is_rules_file
 from shadowpoint.stat_cache import FileState
 from shadowpoint.workspace import RepoPath
 

@@ -22,8 +22,9 @@ import pytest
 from shadowpoint import borrowed
 from shadowpoint.engine import Engine
 from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.scanner import Scanner, StageOptions, StagePlan, StageResult
+from shadowpoint.scanner import Scanner, StageOptions, StageResult
 from shadowpoint.shadow_repo import ShadowRepo
+from shadowpoint.stager import StagePlan
 from shadowpoint.stat_cache import StatCache
 from tests.gitrepo import backdate, git, git_dir_state, make_repo
 

@@ -23,8 +23,9 @@ from structlog.testing import capture_logs
 from shadowpoint.blob_workers import BlobWorkerOptions, default_worker_count
 from shadowpoint.errors import RepoError
 from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.scanner import Scanner, SkipReason, StageOptions, StagePlan, StageResult
+from shadowpoint.scanner import Scanner, SkipReason, StageOptions, StageResult
 from shadowpoint.shadow_repo import ShadowRepo
+from shadowpoint.stager import StagePlan
 from shadowpoint.stat_cache import StatCache
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree
@@ -284,7 +285,8 @@ def test_workers_exit_when_the_scanning_process_is_killed(workspace: Path, tmp_p
         from pathlib import Path
         from shadowpoint.blob_workers import BlobWorkerOptions
         from shadowpoint.exclusions import ExclusionRules
-        from shadowpoint.scanner import Scanner, StageOptions, StagePlan
+        from shadowpoint.scanner import Scanner, StageOptions
+        from shadowpoint.stager import StagePlan
         from shadowpoint.shadow_repo import ShadowRepo
         from shadowpoint.stat_cache import StatCache
 

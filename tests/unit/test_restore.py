@@ -15,8 +15,9 @@ import pytest
 from shadowpoint.errors import RestoreFailedError
 from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.restore import RestoreOp, RestorePlan, RestoreStats, apply_plan, plan_restore, raise_if_failed
-from shadowpoint.scanner import Scanner, StageOptions, StagePlan
+from shadowpoint.scanner import Scanner, StageOptions
 from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, ShadowRepo, TreeEntry
+from shadowpoint.stager import StagePlan
 from shadowpoint.stat_cache import StatCache
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree

@@ -18,8 +18,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.scanner import Scanner, SkipReason, StageOptions, StagePlan, StageResult
+from shadowpoint.scanner import Scanner, SkipReason, StageOptions, StageResult
 from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
+from shadowpoint.stager import StagePlan
 from shadowpoint.stat_cache import FileState, StatCache
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree
