@@ -12,11 +12,13 @@ import contextlib
 import errno
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import structlog
 from watchdog.events import (
@@ -49,6 +51,12 @@ _STOP_JOIN_TIMEOUT_S = 10.0
 # A problem that a restart alone does not clear: the verification scan found a change the watcher
 # never reported; only a clean verification after a restart clears it (SPEC §4).
 MISSED_CHANGE = "missed_change"
+# Which observer watches a root: shadowpoint's inotify observer (watcher_inotify.py, Linux), or
+# watchdog's stock `Observer`, as on macOS and Windows (FSEvents, ReadDirectoryChangesW; on Linux
+# the stock inotify observer). The portable one has no flush barrier, so its rounds rescan.
+ObserverKind = Literal["inotify", "portable"]
+UNPROVEN_ROUND = ("the portable observer has no flush barrier and cannot prove it saw every change "
+                  "of the round; the round rescans")
 
 # Only what can change a file's content, mode or existence. The default mask also subscribes to
 # "opened"/"closed-no-write": the recursive set-up alone then queues ~35,000 "directory opened"
@@ -162,6 +170,12 @@ class WorkspaceWatcher:
     `verified()` reports a clean verification that began after that restart.
 
     Rounds are observed from `start()` on: start the watcher before building the baseline.
+
+    The portable observer (`observer_kind="portable"`, and wherever the inotify one is unavailable)
+    delivers events asynchronously, with no barrier ordered with them and no overflow signal: no
+    round boundary can prove it saw every change, so `flush()` fails and every snapshot it swaps out
+    is unhealthy, and the stager rescans (SPEC §4). It still records paths (watch mode's activity,
+    a round's scope) and reports a failed start and dead threads.
     """
 
     def __init__(
@@ -171,6 +185,7 @@ class WorkspaceWatcher:
         skip_dirs: Callable[[RepoPath], bool] | None = None,
         on_degraded: Callable[[str], None] | None = None,
         journal: PathJournal | None = None,
+        observer_kind: ObserverKind = "inotify",
     ) -> None:
         """Prepare a watcher; nothing is watched before `start()`.
 
@@ -182,12 +197,19 @@ class WorkspaceWatcher:
             on_degraded: Called with a reason each time the watcher turns unhealthy. Called on
                 whichever thread noticed (possibly a watchdog thread): keep it short, never block.
             journal: The journal to record into; a fresh one by default.
+            observer_kind: "inotify" (the default; on systems without it, or with a watchdog release
+                the overrides were not written for, the portable observer is used) or "portable"
+                (watchdog's stock observer: no skipped folders, no flush barrier, every round rescans).
         """
         self._root = os.path.abspath(root)
         self._label = Path(self._root).name or self._root
         self._skip_dirs = skip_dirs
         self._on_degraded = on_degraded
         self._journal = journal if journal is not None else PathJournal()
+        self._portable = observer_kind == "portable" or not inotify.AVAILABLE
+        if observer_kind == "inotify" and self._portable:
+            log.info("watcher.inotify_unavailable", root=self._root, platform=sys.platform,
+                     watchdog=inotify.watchdog_version())
         self._handler = _RecordingHandler(self._root, self._journal, self._marker_seen)
         # Serialises start/stop/restart; held across watch set-up I/O on purpose (nothing else waits on it
         # except a concurrent lifecycle call).
@@ -248,7 +270,8 @@ class WorkspaceWatcher:
                 root=self._root,
                 watches=self.watch_count,
                 skipped_dirs=self._hooks.skipped_dirs if self._hooks is not None else None,
-                backend="inotify" if self._hooks is not None else type(self._observer).__name__,
+                observer="portable" if self._portable else "inotify",
+                backend=type(self._observer).__name__,
                 duration_ms=round(duration_ms, 1),
             )
         self._recover_if_clear()
@@ -290,23 +313,24 @@ class WorkspaceWatcher:
             self.start()
 
     def _start_observer(self) -> None:
-        if self._marker_dir is None or not os.path.isdir(self._marker_dir):
-            self._marker_dir = tempfile.mkdtemp(prefix="shadowpoint-flush-")
-        self._handler.marker_prefix = os.path.join(self._marker_dir, _MARKER_PREFIX)
-        if inotify.AVAILABLE:
-            hooks = _InotifyHooks(self, self._root, self._marker_dir)
-            observer: BaseObserver = inotify.ShadowObserver(hooks, self._label)
-        else:
-            hooks = None
+        hooks: _InotifyHooks | None = None
+        if self._portable:
+            # No marker folder: a second watch is a second emitter (or stream) whose events are not
+            # ordered with the workspace's, so a marker proves nothing; see UNPROVEN_ROUND.
+            self._handler.marker_prefix = None
             if self._skip_dirs is not None:
                 log.info("watcher.skip_unsupported", root=self._root)
-            observer = Observer()
+            observer: BaseObserver = Observer()
             observer.name = f"{_THREAD_PREFIX}:{self._label}"
+        else:
+            if self._marker_dir is None or not os.path.isdir(self._marker_dir):
+                self._marker_dir = tempfile.mkdtemp(prefix="shadowpoint-flush-")
+            self._handler.marker_prefix = os.path.join(self._marker_dir, _MARKER_PREFIX)
+            hooks = _InotifyHooks(self, self._root, self._marker_dir)
+            observer = inotify.ShadowObserver(hooks, self._label)
         try:
             observer.schedule(self._handler, self._root, recursive=True, event_filter=_EVENT_FILTER)
             if hooks is None:
-                # Best effort only: a second emitter does not order its events with the first one.
-                observer.schedule(self._handler, self._marker_dir, recursive=False, event_filter=_EVENT_FILTER)
                 for emitter in observer.emitters:
                     emitter.name = f"{_THREAD_PREFIX}-emitter:{self._label}"
             observer.start()
@@ -359,6 +383,12 @@ class WorkspaceWatcher:
         return self._running and observer is not None and _all_alive(observer)
 
     @property
+    def has_flush_barrier(self) -> bool:
+        """True for the inotify observer, whose passed `flush()` proves a round complete; False for
+        the portable one, whose rounds all rescan (nothing of it is trusted, so nothing to verify)."""
+        return not self._portable
+
+    @property
     def is_running(self) -> bool:
         """True between a successful `start()` and `stop()` (healthy or not)."""
         return self._running
@@ -383,14 +413,17 @@ class WorkspaceWatcher:
             timeout_s: How long to wait for the marker.
 
         Returns:
-            True once the barrier passed; False on timeout, overflow or when not running (the
-            current round is then marked unhealthy).
+            True once the barrier passed; False on timeout, overflow, when not running, or always
+            with the portable observer (the current round is then marked unhealthy).
         """
         self._check_alive()
         marker_prefix = self._handler.marker_prefix
         observer = self._observer
-        if not self._running or observer is None or marker_prefix is None or not _all_alive(observer):
+        if not self._running or observer is None or not _all_alive(observer):
             self._journal.mark_unhealthy("flush failed: watcher not running")
+            return False
+        if self._portable or marker_prefix is None:
+            self._journal.mark_unhealthy(UNPROVEN_ROUND)
             return False
         with self._flush_cond:
             self._flush_requested += 1
@@ -434,6 +467,9 @@ class WorkspaceWatcher:
         self._check_alive()
         if not self._running:
             self._journal.mark_unhealthy("watcher not running")
+        if self._portable:
+            # also without a flush: events still on their way may belong to this round
+            self._journal.mark_unhealthy(UNPROVEN_ROUND)
         return self._journal.swap()
 
     # ------------------------------------------------------------------------------- verification
