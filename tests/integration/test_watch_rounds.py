@@ -14,9 +14,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
-from shadowpoint.engine import Engine
+from shadowpoint.config import Settings
+from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.watcher import ObserverKind
 from tests.conftest import make_tree
 
@@ -120,6 +122,19 @@ def test_watcher_and_rescan_agree_on_a_random_sequence(tmp_path: Path, make_engi
         st = scanned.roots["proj"].repo.list_tree(scanned.roots["proj"].cache.tree)  # type: ignore[union-attr]
         assert wt == st, f"step {step}: watcher and rescan disagree: {set(wt) ^ set(st)}"
         assert watched.diff("by-watcher", 10 + step)["files"] == []
+
+
+def test_the_watcher_observer_setting_reaches_the_watcher(
+        workspace: Path, make_engine: Any, observer: ObserverKind, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHADOWPOINT_WATCHER_OBSERVER", observer)
+    chosen = EngineOptions.from_settings(Settings()).watcher_observer
+    make_tree(workspace, {"a.txt": "a\n"})
+    eng = make_engine(workspace, watcher=True, watcher_observer=chosen)
+    eng.start_task("t", ts=1)
+    _wait_ready(eng, "t")
+    watcher = eng.roots["proj"].watcher
+    assert chosen == observer and watcher is not None and watcher.is_healthy
+    assert watcher.has_flush_barrier is (observer == "inotify")
 
 
 def test_a_killed_observer_degrades_to_rescan_with_nothing_missed(
