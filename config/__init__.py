@@ -71,6 +71,10 @@ class Settings(BaseSettings):
         default=None, ge=0, le=16,
         description="processes that hash big scans (our own interpreter); 0: none; default: one per core, up to 4")
     watcher: bool = True
+    watcher_observer: Literal["inotify", "portable"] = Field(
+        default="inotify",
+        description="inotify: our own observer on Linux (elsewhere the portable one); "
+                    "portable: watchdog's stock observer, as on macOS and Windows, every command round rescans")
     watch_debounce_s: float = Field(default=2.0, gt=0, description="quiet period of `shadowpoint watch`")
     lock_timeout_s: float = Field(default=30.0, gt=0)
     retention_max_age_days: float | None = Field(default=None, gt=0, description="delete older tasks")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from shadowpoint.config import Settings
 from shadowpoint.storage import RetentionLimits
+from shadowpoint.watcher import ObserverKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,7 @@ class EngineOptions:
     init_warn_s: float = 15.0
     init_timeout_s: float = 600.0
     watcher: bool = True
+    watcher_observer: ObserverKind = "inotify"
     lock_timeout_s: float = 30.0
     retention: RetentionLimits = field(default_factory=RetentionLimits)
     gc_grace_s: float = 3600.0
@@ -44,6 +46,7 @@ class EngineOptions:
             init_warn_s=s.init_warn_s,
             init_timeout_s=s.init_timeout_s,
             watcher=s.watcher,
+            watcher_observer=s.watcher_observer,
             lock_timeout_s=s.lock_timeout_s,
             retention=RetentionLimits(s.retention_max_age_days, s.retention_max_tasks, s.retention_max_bytes),
             gc_grace_s=s.gc_grace_s,

@@ -100,7 +100,8 @@ class RootState:
             log.warning("watcher.degraded", root=str(self.ws.root), reason=reason)
             notify("watcher/degraded", {"root": str(self.ws.root), "reason": reason})
 
-        self.watcher = WorkspaceWatcher(self.ws.root, skip_dirs=skip_dirs, on_degraded=degraded, journal=journal)
+        self.watcher = WorkspaceWatcher(self.ws.root, skip_dirs=skip_dirs, on_degraded=degraded, journal=journal,
+                                        observer_kind=self.options.watcher_observer)
         self.watcher.start()
 
     @property

@@ -46,7 +46,8 @@ class Verdict(enum.Enum):
     CLEAN = "clean"  # the workspace is the tracked set plus what the journal recorded
     MISSED = "missed"  # changes without an event: the watcher was marked unhealthy
     INTERRUPTED = "interrupted"  # a round began, something staged, or the round ended meanwhile
-    SKIPPED = "skipped"  # nothing to verify (no watcher, unhealthy for another reason, never scanned)
+    SKIPPED = "skipped"  # nothing to verify (no watcher, unhealthy for another reason, never scanned,
+    # or the portable observer: never trusted, its rounds rescan)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,7 @@ class WatchVerifier:
         """One pass: compare the workspace with the tracked set; mark the watcher on a miss."""
         start = time.perf_counter()
         root, watcher = self.root, self.root.watcher
-        if watcher is None or not root.scanned or root.has_carried or not (
+        if watcher is None or not watcher.has_flush_barrier or not root.scanned or root.has_carried or not (
                 watcher.is_healthy or watcher.has_missed_change):
             return VerifyStats(Verdict.SKIPPED)
         journal = watcher.journal

@@ -1,8 +1,9 @@
 """`WorkspaceWatcher`: one watchdog observer per workspace root, recording touched paths into a `PathJournal`.
 
 The engine thread calls start/flush/swap/stop. Watchdog's threads (named `shadowpoint-watcher*:<root
-name>`) run the recording handler, which only normalises paths and adds them to the journal, and the
-inotify hooks below, which keep watches off skipped folders and report queue overflows and watch limits.
+name>`) run the recording handler, which only normalises paths and adds them to the journal, and, on
+Linux, the inotify overrides of watcher_inotify.py, which call back into `_InotifyHooks` below to keep
+watches off skipped folders and report queue overflows and watch limits.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import contextlib
 import errno
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import structlog
 from watchdog.events import (
@@ -36,19 +37,26 @@ from watchdog.events import (
     FileSystemMovedEvent,
 )
 from watchdog.observers import Observer
-from watchdog.observers.api import BaseObserver, EventQueue, ObservedWatch
+from watchdog.observers.api import BaseObserver
 
+from shadowpoint import watcher_inotify as inotify
 from shadowpoint.journal import JournalSnapshot, PathJournal
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
 
-_THREAD_PREFIX = "shadowpoint-watcher"
+_THREAD_PREFIX = inotify.THREAD_PREFIX
 _MARKER_PREFIX = "flush-"
 _STOP_JOIN_TIMEOUT_S = 10.0
 # A problem that a restart alone does not clear: the verification scan found a change the watcher
 # never reported; only a clean verification after a restart clears it (SPEC §4).
 MISSED_CHANGE = "missed_change"
+# Which observer watches a root: shadowpoint's inotify observer (watcher_inotify.py, Linux), or
+# watchdog's stock `Observer`, as on macOS and Windows (FSEvents, ReadDirectoryChangesW; on Linux
+# the stock inotify observer). The portable one has no flush barrier, so its rounds rescan.
+ObserverKind = Literal["inotify", "portable"]
+UNPROVEN_ROUND = ("the portable observer has no flush barrier and cannot prove it saw every change "
+                  "of the round; the round rescans")
 
 # Only what can change a file's content, mode or existence. The default mask also subscribes to
 # "opened"/"closed-no-write": the recursive set-up alone then queues ~35,000 "directory opened"
@@ -71,28 +79,6 @@ _EVENT_FILTER: list[type[FileSystemEvent]] = [
 def _has_git_component(rel: str) -> bool:
     """True if any component of the POSIX path `rel` is `.git`, in any case."""
     return ".git" in rel.lower() and any(part.lower() == ".git" for part in rel.split("/"))
-
-
-def _read_sysctl(name: str) -> int | None:
-    try:
-        return int(Path("/proc/sys", *name.split(".")).read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _limit_reason(exc: OSError, where: str) -> str:
-    """A message for people: which OS limit stopped the watcher and how to raise it."""
-    if exc.errno == errno.EMFILE:
-        knob, floor, what = "fs.inotify.max_user_instances", 1024, "inotify instance limit"
-    else:
-        knob, floor, what = "fs.inotify.max_user_watches", 524288, "inotify watch limit"
-    current = _read_sysctl(knob)
-    suggested = max(floor, 2 * current) if current else floor
-    return (
-        f"OS {what} reached ({knob}={current if current is not None else '?'}) while watching {where}; "
-        f"raise it with `sudo sysctl {knob}={suggested}` (persist it in /etc/sysctl.d/) "
-        "and restart the watcher; until then rounds use the rescan"
-    )
 
 
 class _RecordingHandler(FileSystemEventHandler):
@@ -136,7 +122,7 @@ class _RecordingHandler(FileSystemEventHandler):
 
 
 class _InotifyHooks:
-    """What the inotify watch group asks of its watcher; called on the set-up and inotify threads."""
+    """`inotify.InotifyHooks` for one watcher; called on the set-up and inotify threads."""
 
     def __init__(self, watcher: WorkspaceWatcher, root: str, marker_dir: str) -> None:
         self._watcher = watcher
@@ -158,7 +144,7 @@ class _InotifyHooks:
         return False
 
     def watch_limit_hit(self, exc: OSError, path: bytes) -> None:
-        self._watcher._degrade("watch_limit", _limit_reason(exc, os.fsdecode(path)))
+        self._watcher._degrade("watch_limit", inotify.limit_reason(exc, os.fsdecode(path)))
 
     def overflowed(self) -> None:
         self._watcher._overflowed()
@@ -168,261 +154,6 @@ class _InotifyHooks:
 
     def bookkeeping_failed(self) -> None:
         self._watcher._journal.mark_unhealthy("inotify bookkeeping failed; events of this round may be lost")
-
-
-try:  # watchdog >= 7.1 on Linux; elsewhere (or an older watchdog) the generic observer is used
-    from watchdog.observers.inotify import InotifyEmitter, InotifyObserver, InotifyWatchGroup
-    from watchdog.observers.inotify_c import InotifyEvent, InotifyFD
-    from watchdog.observers.inotify_move_event_grouper import (
-        GroupedInotifyEvent,
-        InotifyMoveEventGrouper,
-        PathedInotifyEvent,
-    )
-    from watchdog.utils.delayed_queue import DelayedQueue
-
-    _HAVE_INOTIFY_GROUPS = True
-except Exception:  # ImportError, or UnsupportedLibcError/OSError raised while loading libc
-    _HAVE_INOTIFY_GROUPS = False
-
-if _HAVE_INOTIFY_GROUPS:
-
-    class _PromptDelayedQueue(DelayedQueue[GroupedInotifyEvent]):
-        """Watchdog's delay queue, but a head held for move pairing is released as soon as it is paired.
-
-        The stock `get()` sleeps the full 0.5 s behind every IN_MOVED_FROM even when its IN_MOVED_TO
-        arrived a microsecond later, so every rename (editors' atomic saves) delayed all later events,
-        and the flush barrier, by 0.5 s. Waiting on the condition wakes on the pair's `put()`.
-        """
-
-        def get(self) -> GroupedInotifyEvent | None:
-            with self._not_empty:
-                while True:
-                    if self._closed:
-                        return None
-                    if not self._queue:
-                        self._not_empty.wait()
-                        continue
-                    head, insert_time, delay = self._queue[0]
-                    time_left = insert_time + self.delay - time.monotonic() if delay else 0.0
-                    if time_left > 0:
-                        self._not_empty.wait(time_left)
-                        continue
-                    self._queue.popleft()
-                    return head
-
-    class _PromptMoveGrouper(InotifyMoveEventGrouper):
-        def __init__(self) -> None:
-            super().__init__()
-            self._queue = _PromptDelayedQueue(self.delay)
-
-    @dataclass
-    class _ShadowWatchGroup(InotifyWatchGroup):
-        """A recursive watch group that skips folders, reports limits and overflows, and carries the
-        flush marker folder as one more watch, so that marker events travel the same ordered path
-        (kernel queue → this group → one emitter → observer queue → handler) as workspace events."""
-
-        hooks: _InotifyHooks = field(kw_only=True)
-        _move_event_grouper: InotifyMoveEventGrouper = field(default_factory=_PromptMoveGrouper, init=False)
-        _limit_hit: bool = field(default=False, init=False)
-
-        @property
-        def watch_count(self) -> int:
-            """Watches in the workspace (the marker folder's own watch is not counted)."""
-            return max(0, len(self._active_callbacks_by_watch) - 1)
-
-        def _activate(self) -> None:
-            with self._lock:
-                if self.is_active:
-                    return
-                self._add_all_callbacks(self.path)
-                self._add_marker_watch()
-                self._is_active = True
-
-        def _add_marker_watch(self) -> None:
-            marker = self.hooks.marker_dir
-            wd = self._inotify_fd.add_callback(marker, self.event_mask, self._callback, self._id)
-            self._active_callbacks_by_path[marker] = wd
-            self._active_callbacks_by_watch[wd] = marker
-
-        def _add_all_callbacks(self, path: bytes) -> None:
-            # Replaces watchdog's os.walk: prunes skipped folders (no watch below them) and reads
-            # the symlink bit from the directory entry instead of one lstat per folder.
-            if path != self.path and self.hooks.skips(path):
-                return
-            self._add_callback(path)
-            if not self.is_recursive or not os.path.isdir(path):
-                return
-            stack = [path]
-            while stack and not self._limit_hit:
-                try:
-                    with os.scandir(stack.pop()) as entries:
-                        for entry in entries:
-                            try:
-                                if not entry.is_dir(follow_symlinks=self.follow_symlink):
-                                    continue
-                            except OSError:
-                                continue
-                            if self.hooks.skips(entry.path):
-                                continue
-                            self._add_callback(entry.path)
-                            stack.append(entry.path)
-                except OSError:
-                    continue  # vanished or unreadable meanwhile, as os.walk would ignore it
-
-        def _add_callback(self, path: bytes) -> None:
-            try:
-                wd = self._inotify_fd.add_callback(path, self.event_mask, self._callback, self._id)
-            except OSError as exc:
-                if path == self.path:
-                    raise
-                if exc.errno in (errno.ENOSPC, errno.EMFILE):
-                    self._limit_hit = True
-                    self.hooks.watch_limit_hit(exc, path)
-                return  # a descendant vanished or became unreadable during set-up
-            self._active_callbacks_by_path[path] = wd
-            self._active_callbacks_by_watch[wd] = path
-
-        def _move_watches(self, move_src_path: bytes, move_dst_path: bytes) -> bool:
-            moved = super()._move_watches(move_src_path, move_dst_path)
-            if moved and self.hooks.skips(move_dst_path):
-                # A folder renamed to a skipped name (e.g. into node_modules) gives its watches back.
-                prefix = move_dst_path + b"/"
-                wds = [
-                    wd
-                    for path, wd in self._active_callbacks_by_path.items()
-                    if path == move_dst_path or path.startswith(prefix)
-                ]
-                self._remove_callbacks(wds)
-            return moved
-
-        def forget_tree(self, path: bytes) -> None:
-            """Drop the watches at and below `path`, a folder that left the watched tree."""
-            # Watchdog keeps them (its TODO): they would spend the budget and report events of a
-            # folder outside the workspace under its old paths. A folder moved back meanwhile keeps them.
-            with self._lock:
-                if not self.is_active or os.path.lexists(path):
-                    return
-                prefix = path + b"/"
-                wds = [
-                    wd
-                    for watched, wd in self._active_callbacks_by_path.items()
-                    if watched == path or watched.startswith(prefix)
-                ]
-                self._remove_callbacks(wds)
-
-        def on_event(self, event: InotifyEvent) -> None:
-            # An exception here would kill the inotify thread and silently end all watching.
-            try:
-                super().on_event(event)
-            except Exception:
-                with contextlib.suppress(Exception):
-                    log.exception("watcher.inotify_failed", event=repr(event))
-                self.hooks.bookkeeping_failed()
-
-        def on_watch_deleted(self, wd: Any) -> None:
-            try:
-                super().on_watch_deleted(wd)
-            except Exception:
-                with contextlib.suppress(Exception):
-                    log.exception("watcher.inotify_failed", wd=wd)
-                self.hooks.bookkeeping_failed()
-
-        def on_queue_overflow(self) -> None:
-            # Watchdog rebuilds the watches but tells nobody: events were lost, so report it, and
-            # re-add the marker watch that the rebuild drops.
-            self.hooks.overflowed()
-            rewatched = False
-            with self._lock:
-                if not self.is_active:
-                    return
-                self._move_event_grouper.discard_pending_events()
-                # The marker keeps its watch: a flush during the rebuild must still get its event.
-                marker_wd = self._active_callbacks_by_path.get(self.hooks.marker_dir)
-                self._remove_callbacks([wd for wd in self._active_callbacks_by_watch if wd != marker_wd])
-                self._limit_hit = False
-                try:
-                    self._add_all_callbacks(self.path)
-                    if marker_wd is None:
-                        self._add_marker_watch()
-                    rewatched = not self._limit_hit
-                except OSError:
-                    with contextlib.suppress(Exception):
-                        log.exception("watcher.rewatch_failed", root=os.fsdecode(self.path))
-            self.hooks.overflow_handled(rewatched=rewatched)
-
-    class _ShadowEmitter(InotifyEmitter):
-        """Builds a `_ShadowWatchGroup` and does not walk moved folders for synthetic events."""
-
-        def __init__(
-            self,
-            event_queue: EventQueue,
-            watch: ObservedWatch,
-            *,
-            timeout: float,
-            event_filter: list[type[FileSystemEvent]] | None = None,
-            inotify_fd: InotifyFD,
-            hooks: _InotifyHooks,
-            label: str,
-        ) -> None:
-            super().__init__(event_queue, watch, timeout=timeout, event_filter=event_filter, inotify_fd=inotify_fd)
-            self.name = f"{_THREAD_PREFIX}-emitter:{label}"
-            self._hooks = hooks
-            self.group: _ShadowWatchGroup | None = None
-
-        def on_thread_start(self) -> None:
-            self.group = _ShadowWatchGroup(
-                self._inotify_fd,
-                os.fsencode(self.watch.path),
-                is_recursive=self.watch.is_recursive,
-                event_mask=self.get_event_mask_from_filter(),
-                follow_symlink=self.watch.follow_symlink,
-                hooks=self._hooks,
-            )
-            self._inotify = self.group
-
-        def build_and_queue_event(self, event: GroupedInotifyEvent, *, full_events: bool = False) -> None:
-            # The recorded folder path covers its content; the stock emitter would also walk the
-            # moved tree on this thread and queue one synthetic event per entry inside it.
-            if not isinstance(event, PathedInotifyEvent):
-                move_from, move_to = event
-                if move_from.ev.is_directory:
-                    src, dest = self._decode_path(move_from.path), self._decode_path(move_to.path)
-                    self.queue_event(DirMovedEvent(src, dest))
-                    return
-            elif event.ev.is_moved_to and event.ev.is_directory:
-                self.queue_event(DirCreatedEvent(self._decode_path(event.path)))
-                return
-            elif event.ev.is_moved_from and event.ev.is_directory and self.group is not None:
-                # Unpaired after the pairing delay: moved out of the tree or into a skipped folder.
-                self.group.forget_tree(event.path)
-            super().build_and_queue_event(event, full_events=full_events)
-
-    class _ShadowObserver(InotifyObserver):
-        """An inotify observer with its own inotify instance and `_ShadowEmitter`s, threads named."""
-
-        def __init__(self, hooks: _InotifyHooks, label: str) -> None:
-            # InotifyObserver.__init__ hard-codes its emitter class; these are its three steps.
-            self._inotify_fd = InotifyFD()
-            self._inotify_fd.name = f"{_THREAD_PREFIX}-inotify:{label}"
-            self._inotify_fd.start()
-            try:
-                BaseObserver.__init__(self, _ShadowEmitter, inotify_fd=self._inotify_fd, hooks=hooks, label=label)
-            except BaseException:
-                self._inotify_fd.stop()
-                self._inotify_fd.join()
-                raise
-            self.name = f"{_THREAD_PREFIX}:{label}"
-
-        @property
-        def group(self) -> _ShadowWatchGroup | None:
-            for emitter in self.emitters:
-                if isinstance(emitter, _ShadowEmitter):
-                    return emitter.group
-            return None
-
-        @property
-        def worker_threads(self) -> list[threading.Thread]:
-            return [self, self._inotify_fd, *self.emitters]
 
 
 class WorkspaceWatcher:
@@ -439,6 +170,12 @@ class WorkspaceWatcher:
     `verified()` reports a clean verification that began after that restart.
 
     Rounds are observed from `start()` on: start the watcher before building the baseline.
+
+    The portable observer (`observer_kind="portable"`, and wherever the inotify one is unavailable)
+    delivers events asynchronously, with no barrier ordered with them and no overflow signal: no
+    round boundary can prove it saw every change, so `flush()` fails and every snapshot it swaps out
+    is unhealthy, and the stager rescans (SPEC §4). It still records paths (watch mode's activity,
+    a round's scope) and reports a failed start and dead threads.
     """
 
     def __init__(
@@ -448,6 +185,7 @@ class WorkspaceWatcher:
         skip_dirs: Callable[[RepoPath], bool] | None = None,
         on_degraded: Callable[[str], None] | None = None,
         journal: PathJournal | None = None,
+        observer_kind: ObserverKind = "inotify",
     ) -> None:
         """Prepare a watcher; nothing is watched before `start()`.
 
@@ -459,12 +197,19 @@ class WorkspaceWatcher:
             on_degraded: Called with a reason each time the watcher turns unhealthy. Called on
                 whichever thread noticed (possibly a watchdog thread): keep it short, never block.
             journal: The journal to record into; a fresh one by default.
+            observer_kind: "inotify" (the default; on systems without it, or with a watchdog release
+                the overrides were not written for, the portable observer is used) or "portable"
+                (watchdog's stock observer: no skipped folders, no flush barrier, every round rescans).
         """
         self._root = os.path.abspath(root)
         self._label = Path(self._root).name or self._root
         self._skip_dirs = skip_dirs
         self._on_degraded = on_degraded
         self._journal = journal if journal is not None else PathJournal()
+        self._portable = observer_kind == "portable" or not inotify.AVAILABLE
+        if observer_kind == "inotify" and self._portable:
+            log.info("watcher.inotify_unavailable", root=self._root, platform=sys.platform,
+                     watchdog=inotify.watchdog_version())
         self._handler = _RecordingHandler(self._root, self._journal, self._marker_seen)
         # Serialises start/stop/restart; held across watch set-up I/O on purpose (nothing else waits on it
         # except a concurrent lifecycle call).
@@ -513,7 +258,7 @@ class WorkspaceWatcher:
                 self._start_observer()
             except Exception as exc:
                 if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EMFILE):
-                    reason = _limit_reason(exc, self._root)
+                    reason = inotify.limit_reason(exc, self._root)
                 else:
                     reason = f"watcher could not start on {self._root}: {exc}"
                 self._degrade("start_failed", reason)
@@ -525,7 +270,8 @@ class WorkspaceWatcher:
                 root=self._root,
                 watches=self.watch_count,
                 skipped_dirs=self._hooks.skipped_dirs if self._hooks is not None else None,
-                backend="inotify" if self._hooks is not None else type(self._observer).__name__,
+                observer="portable" if self._portable else "inotify",
+                backend=type(self._observer).__name__,
                 duration_ms=round(duration_ms, 1),
             )
         self._recover_if_clear()
@@ -567,23 +313,24 @@ class WorkspaceWatcher:
             self.start()
 
     def _start_observer(self) -> None:
-        if self._marker_dir is None or not os.path.isdir(self._marker_dir):
-            self._marker_dir = tempfile.mkdtemp(prefix="shadowpoint-flush-")
-        self._handler.marker_prefix = os.path.join(self._marker_dir, _MARKER_PREFIX)
-        if _HAVE_INOTIFY_GROUPS:
-            hooks = _InotifyHooks(self, self._root, self._marker_dir)
-            observer: BaseObserver = _ShadowObserver(hooks, self._label)
-        else:
-            hooks = None
+        hooks: _InotifyHooks | None = None
+        if self._portable:
+            # No marker folder: a second watch is a second emitter (or stream) whose events are not
+            # ordered with the workspace's, so a marker proves nothing; see UNPROVEN_ROUND.
+            self._handler.marker_prefix = None
             if self._skip_dirs is not None:
                 log.info("watcher.skip_unsupported", root=self._root)
-            observer = Observer()
+            observer: BaseObserver = Observer()
             observer.name = f"{_THREAD_PREFIX}:{self._label}"
+        else:
+            if self._marker_dir is None or not os.path.isdir(self._marker_dir):
+                self._marker_dir = tempfile.mkdtemp(prefix="shadowpoint-flush-")
+            self._handler.marker_prefix = os.path.join(self._marker_dir, _MARKER_PREFIX)
+            hooks = _InotifyHooks(self, self._root, self._marker_dir)
+            observer = inotify.ShadowObserver(hooks, self._label)
         try:
             observer.schedule(self._handler, self._root, recursive=True, event_filter=_EVENT_FILTER)
             if hooks is None:
-                # Best effort only: a second emitter does not order its events with the first one.
-                observer.schedule(self._handler, self._marker_dir, recursive=False, event_filter=_EVENT_FILTER)
                 for emitter in observer.emitters:
                     emitter.name = f"{_THREAD_PREFIX}-emitter:{self._label}"
             observer.start()
@@ -636,6 +383,12 @@ class WorkspaceWatcher:
         return self._running and observer is not None and _all_alive(observer)
 
     @property
+    def has_flush_barrier(self) -> bool:
+        """True for the inotify observer, whose passed `flush()` proves a round complete; False for
+        the portable one, whose rounds all rescan (nothing of it is trusted, so nothing to verify)."""
+        return not self._portable
+
+    @property
     def is_running(self) -> bool:
         """True between a successful `start()` and `stop()` (healthy or not)."""
         return self._running
@@ -644,7 +397,7 @@ class WorkspaceWatcher:
     def watch_count(self) -> int | None:
         """OS watches placed on the workspace (inotify only; None elsewhere or when stopped)."""
         observer = self._observer
-        if _HAVE_INOTIFY_GROUPS and isinstance(observer, _ShadowObserver):
+        if inotify.AVAILABLE and isinstance(observer, inotify.ShadowObserver):
             group = observer.group
             return group.watch_count if group is not None else None
         return None
@@ -660,14 +413,17 @@ class WorkspaceWatcher:
             timeout_s: How long to wait for the marker.
 
         Returns:
-            True once the barrier passed; False on timeout, overflow or when not running (the
-            current round is then marked unhealthy).
+            True once the barrier passed; False on timeout, overflow, when not running, or always
+            with the portable observer (the current round is then marked unhealthy).
         """
         self._check_alive()
         marker_prefix = self._handler.marker_prefix
         observer = self._observer
-        if not self._running or observer is None or marker_prefix is None or not _all_alive(observer):
+        if not self._running or observer is None or not _all_alive(observer):
             self._journal.mark_unhealthy("flush failed: watcher not running")
+            return False
+        if self._portable or marker_prefix is None:
+            self._journal.mark_unhealthy(UNPROVEN_ROUND)
             return False
         with self._flush_cond:
             self._flush_requested += 1
@@ -711,6 +467,9 @@ class WorkspaceWatcher:
         self._check_alive()
         if not self._running:
             self._journal.mark_unhealthy("watcher not running")
+        if self._portable:
+            # also without a flush: events still on their way may belong to this round
+            self._journal.mark_unhealthy(UNPROVEN_ROUND)
         return self._journal.swap()
 
     # ------------------------------------------------------------------------------- verification
@@ -782,7 +541,7 @@ class WorkspaceWatcher:
         with self._flush_cond:
             self._overflows += 1
             self._flush_cond.notify_all()
-        queued = _read_sysctl("fs.inotify.max_queued_events")
+        queued = inotify.read_sysctl("fs.inotify.max_queued_events")
         self._degrade(
             "queue_overflow",
             f"kernel event queue overflowed (fs.inotify.max_queued_events={queued}); events were lost, "
@@ -847,7 +606,7 @@ class WorkspaceWatcher:
 
 def _worker_threads(observer: BaseObserver) -> list[threading.Thread]:
     """The observer thread and every thread it owns (emitters, the inotify reader)."""
-    if _HAVE_INOTIFY_GROUPS and isinstance(observer, _ShadowObserver):
+    if inotify.AVAILABLE and isinstance(observer, inotify.ShadowObserver):
         return observer.worker_threads
     return [observer, *observer.emitters]
 

@@ -1,5 +1,5 @@
-"""Fixtures of the command-line tests: the hermetic environment of a real `shadowpoint` process
-and a small workspace."""
+"""Fixtures of the integration tests: the hermetic environment of a real `shadowpoint` process, a
+small workspace, and the watcher's observer that the watcher and round tests run on."""
 
 from __future__ import annotations
 
@@ -8,10 +8,20 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from shadowpoint.watcher import ObserverKind
 from tests.conftest import make_tree
+
+
+@pytest.fixture(params=["inotify", "portable"])
+def observer(request: pytest.FixtureRequest) -> ObserverKind:
+    """The `watcher_observer` setting: every test that asks runs on shadowpoint's inotify observer
+    and on watchdog's stock one (what macOS and Windows get). A test of an inotify-only feature
+    names its observer with `@pytest.mark.parametrize("observer", ["inotify"])` and says why."""
+    return cast("ObserverKind", request.param)
 
 
 @pytest.fixture

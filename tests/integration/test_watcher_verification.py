@@ -5,6 +5,9 @@ snapshot without a rescan. A verification scan, off the agent's path, compares t
 with the newest snapshot: a change made without an event (here, honestly: a file written in
 place through a hard link outside the workspace, which no watch inside it sees) makes the
 watcher unhealthy, and the next round rescans and includes it.
+
+The portable observer (no flush barrier) is never trusted: its rounds rescan, so there is nothing
+to verify. The tests that hold for it run on both observers (the `observer` fixture).
 """
 
 from __future__ import annotations
@@ -14,18 +17,22 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
 from shadowpoint.engine import Engine
 from shadowpoint.verifier import Verdict
+from shadowpoint.watcher import ObserverKind
 from tests.conftest import make_tree, wait_for
 
 TREE = {f"pkg{i % 20:02d}/mod{i:04d}.py": f"x = {i}\n" for i in range(400)}
+inotify_only = pytest.mark.parametrize("observer", ["inotify"])
 
 
-def _ready(workspace: Path, make_engine: Any, notes: list[tuple[str, dict[str, Any]]] | None = None) -> Engine:
+def _ready(workspace: Path, make_engine: Any, observer: ObserverKind,
+           notes: list[tuple[str, dict[str, Any]]] | None = None) -> Engine:
     make_tree(workspace, TREE)
-    eng = make_engine(workspace, watcher=True, verify_interval_s=0)
+    eng = make_engine(workspace, watcher=True, verify_interval_s=0, watcher_observer=observer)
     if notes is not None:
         eng.notify = lambda method, params: notes.append((method, params))
     eng.start_task("t", ts=1)
@@ -62,8 +69,10 @@ def _file_at(eng: Engine, ts: int, path: str) -> bytes | None:
     return root.repo.read_blob(entry.oid) if entry else None
 
 
-def test_a_no_change_command_round_with_a_healthy_watcher_makes_no_rescan(workspace: Path, make_engine: Any) -> None:
-    eng = _ready(workspace, make_engine)
+@inotify_only  # trust needs the flush barrier; the portable observer's rounds rescan (test_watch_rounds.py)
+def test_a_no_change_command_round_with_a_healthy_watcher_makes_no_rescan(
+        workspace: Path, make_engine: Any, observer: ObserverKind) -> None:
+    eng = _ready(workspace, make_engine, observer)
     assert eng.roots["proj"].watcher is not None and eng.roots["proj"].watcher.is_healthy
     cp, logs = _command_round(eng, 3, lambda: os.listdir(workspace))  # a shell command that changes nothing
     assert cp is not None and cp.reused, "SPEC §3: no change, the checkpoint reuses the current snapshot"
@@ -76,15 +85,22 @@ def test_a_no_change_command_round_with_a_healthy_watcher_makes_no_rescan(worksp
 
 
 def test_a_change_without_an_event_is_found_by_the_verification_and_the_next_round_rescans(
-        workspace: Path, make_engine: Any, tmp_path: Path) -> None:
+        workspace: Path, make_engine: Any, tmp_path: Path, observer: ObserverKind) -> None:
     notes: list[tuple[str, dict[str, Any]]] = []
-    eng = _ready(workspace, make_engine, notes)
+    eng = _ready(workspace, make_engine, observer, notes)
     outside = tmp_path / "elsewhere" / "alias.py"
     outside.parent.mkdir()
     os.link(workspace / "pkg03/mod0003.py", outside)
     _write_behind_the_watchers_back(outside, b"x = 'changed behind its back'\n")
     watcher = eng.roots["proj"].watcher
     assert watcher is not None
+    if observer == "portable":
+        # never trusted: the round rescans and finds the change at once; nothing to verify
+        cp, _ = _command_round(eng, 3)
+        assert cp is not None and _file_at(eng, 3, "pkg03/mod0003.py") == b"x = 'changed behind its back'\n"
+        assert eng.verify_watchers()["proj"].verdict is Verdict.SKIPPED
+        assert watcher.is_healthy and not notes
+        return
     # the watcher heard nothing: trusted, the round misses the change (what verification is for)
     cp, _ = _command_round(eng, 3)
     assert cp is not None and cp.reused and _file_at(eng, 3, "pkg03/mod0003.py") == b"x = 3\n"
@@ -114,8 +130,8 @@ def test_a_change_without_an_event_is_found_by_the_verification_and_the_next_rou
     assert [e["rescan"] for e in logs if e["event"] == "round.checkpointed"] == [False]
 
 
-def test_changes_the_watcher_heard_are_not_misses(workspace: Path, make_engine: Any) -> None:
-    eng = _ready(workspace, make_engine)
+def test_changes_the_watcher_heard_are_not_misses(workspace: Path, make_engine: Any, observer: ObserverKind) -> None:
+    eng = _ready(workspace, make_engine, observer)
     (workspace / "node_modules/dep").mkdir(parents=True)
     eng.begin_round("t")  # force-add a file in an excluded, unwatched folder
     eng.tool_began("t", "write_to_file", "edit", ["node_modules/dep/index.js"])
@@ -128,7 +144,10 @@ def test_changes_the_watcher_heard_are_not_misses(workspace: Path, make_engine: 
     (workspace / "pkg04/brand_new.py").write_text("new\n")
     (workspace / "node_modules/dep/index.js").write_text("v2\n")
     outcome = eng.verify_watchers()["proj"]
-    assert outcome.verdict is Verdict.CLEAN and outcome.examined >= len(TREE), outcome
+    if observer == "inotify":
+        assert outcome.verdict is Verdict.CLEAN and outcome.examined >= len(TREE), outcome
+    else:
+        assert outcome.verdict is Verdict.SKIPPED, outcome  # never trusted, so never verified
     watcher = eng.roots["proj"].watcher
     assert watcher is not None and watcher.is_healthy
     _command_round(eng, 4)
@@ -137,8 +156,10 @@ def test_changes_the_watcher_heard_are_not_misses(workspace: Path, make_engine: 
     assert _file_at(eng, 4, "pkg02/mod0002.py") is None and _file_at(eng, 4, "pkg04/brand_new.py") == b"new\n"
 
 
-def test_the_verification_gives_way_to_a_round(workspace: Path, make_engine: Any, tmp_path: Path) -> None:
-    eng = _ready(workspace, make_engine)
+@inotify_only  # verification runs only for a watcher with a flush barrier
+def test_the_verification_gives_way_to_a_round(
+        workspace: Path, make_engine: Any, tmp_path: Path, observer: ObserverKind) -> None:
+    eng = _ready(workspace, make_engine, observer)
     outside = tmp_path / "alias.py"
     os.link(workspace / "pkg05/mod0005.py", outside)
     _write_behind_the_watchers_back(outside, b"changed\n")
@@ -149,10 +170,12 @@ def test_the_verification_gives_way_to_a_round(workspace: Path, make_engine: Any
     eng.end_round("t", 3)
 
 
-def test_the_background_verification_degrades_the_watcher(workspace: Path, make_engine: Any, tmp_path: Path) -> None:
+@inotify_only  # verification runs only for a watcher with a flush barrier
+def test_the_background_verification_degrades_the_watcher(
+        workspace: Path, make_engine: Any, tmp_path: Path, observer: ObserverKind) -> None:
     degraded = threading.Event()
     make_tree(workspace, TREE)
-    eng = make_engine(workspace, watcher=True, verify_interval_s=0.05, verify_cpu_share=0.5)
+    eng = make_engine(workspace, watcher=True, verify_interval_s=0.05, verify_cpu_share=0.5, watcher_observer=observer)
     eng.notify = lambda method, params: degraded.set() if method == "watcher/degraded" else None
     eng.start_task("t", ts=1)
     eng.tool_began("t", "write_to_file", "edit", None)

@@ -6,7 +6,8 @@ checkpoint and undoes restores, driving the `Engine` in-process. An in-memory mo
 
 - the tracked set after every round: an edit round (no watcher) stages exactly the reported
   paths, force-added past every exclusion; a command round (or any round with the watcher)
-  rescans: every file not excluded, plus every file already tracked, plus forced paths;
+  rescans: every file not excluded, plus every file already tracked, plus forced paths (with
+  either observer: the inotify one records every change, the portable one makes rounds rescan);
 - every restore: within the scope of SPEC §6 (only the paths edit tools ever reported, or
   every tracked path when there were none), the checkpoint's content byte for byte;
 - every undo: the paths the restore touched, as they were before it.
@@ -35,6 +36,7 @@ from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.errors import AlreadyRestoredError, NothingToUndoError
 from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK
+from shadowpoint.watcher import ObserverKind
 from tests.conftest import Exe, Link, read_tree
 
 SOAK = max(1, int(os.environ.get("SHADOWPOINT_SOAK") or 1))  # read at import: the hermetic fixture clears it
@@ -68,6 +70,7 @@ class WorkspaceModel(RuleBasedStateMachine):
     """One task on one workspace; see the module docstring."""
 
     watcher = False
+    observer: ObserverKind = "inotify"
 
     def __init__(self) -> None:
         super().__init__()
@@ -79,7 +82,7 @@ class WorkspaceModel(RuleBasedStateMachine):
                            ("node_modules/a", b"dep\n")):
             self._write(path, data, False)
         options = EngineOptions(docs_dir=self.tmp / "docs", read_only_tools=frozenset(DEFAULT_READ_ONLY_TOOLS),
-                                watcher=self.watcher)
+                                watcher=self.watcher, watcher_observer=self.observer)
         self.engine = Engine([self.root], options)
         self.engine.start_task("t", 1)
         rt = self.engine._task("t")
@@ -172,7 +175,10 @@ class WorkspaceModel(RuleBasedStateMachine):
         self.edited |= reported
         if self.watcher:
             # the watcher records every change: the unreported ones are staged, minus exclusions
+            before = self.tracked
             self.tracked = self._rescan(self.tracked, reported)
+            if not self.trusted:  # the portable observer's round rescans, and a rescan counts all it found
+                self.changed |= {p for p in set(before) | set(self.tracked) if before.get(p) != self.tracked.get(p)}
             self.pending.clear()
         else:
             for path in reported:
@@ -194,10 +200,15 @@ class WorkspaceModel(RuleBasedStateMachine):
         assert cp is not None
         before = self.tracked
         self.tracked = self._rescan(self.tracked, set())
-        if not self.watcher:
+        if not self.trusted:
             self.changed |= {p for p in set(before) | set(self.tracked) if before.get(p) != self.tracked.get(p)}
         self.pending.clear()
         self._round_done(ts)
+
+    @property
+    def trusted(self) -> bool:
+        """A watcher whose rounds are staged from its paths (not rescanned): the inotify observer."""
+        return self.watcher and self.observer == "inotify"
 
     def _round_done(self, ts: int) -> None:
         self.checkpoints.append((ts, dict(self.tracked)))
@@ -303,5 +314,7 @@ def test_model_without_watcher() -> None:
     run_state_machine_as_test(WorkspaceModel, settings=_settings(120, 40))
 
 
-def test_model_with_watcher() -> None:
-    run_state_machine_as_test(WatchedWorkspaceModel, settings=_settings(30, 25))
+@pytest.mark.parametrize("observer", ["inotify", "portable"])
+def test_model_with_watcher(observer: ObserverKind) -> None:
+    model = type(f"WatchedWorkspaceModel_{observer}", (WatchedWorkspaceModel,), {"observer": observer})
+    run_state_machine_as_test(model, settings=_settings(30, 25))

@@ -1,0 +1,352 @@
+"""The inotify specifics of the watcher on Linux: watchdog's inotify observer with its internals overridden.
+
+`WorkspaceWatcher` (watcher.py) builds a `ShadowObserver` around an `InotifyHooks` of its own. The
+overrides keep watches off skipped folders, report kernel queue overflows and watch limits, carry the
+flush marker folder on the workspace's own watch group (so the flush barrier is ordered with workspace
+events) and release paired renames at once. They run on watchdog's set-up, inotify-reader and emitter
+threads.
+
+They reach into private internals of watchdog, written for the versions in `SUPPORTED_WATCHDOG`.
+tests/unit/test_watcher_inotify.py checks the installed version and the signature of every internal
+overridden here, so an upgrade fails in that test; at run time an untested version leaves `AVAILABLE`
+False and the watcher takes watchdog's stock observer (the portable path, whose rounds rescan).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+from watchdog.events import DirCreatedEvent, DirMovedEvent, FileSystemEvent
+from watchdog.observers.api import BaseObserver, EventQueue, ObservedWatch
+
+log = structlog.get_logger(__name__)
+
+THREAD_PREFIX = "shadowpoint-watcher"
+# The watchdog releases these overrides were written and tested for: (major, minor) pairs.
+SUPPORTED_WATCHDOG: frozenset[tuple[int, int]] = frozenset({(7, 1)})
+
+
+def watchdog_version() -> tuple[int, int] | None:
+    """The installed watchdog's (major, minor), or None when it cannot be read."""
+    try:
+        major, minor = metadata.version("watchdog").split(".")[:2]
+        return int(major), int(minor)
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+class InotifyHooks(Protocol):
+    """What the watch group asks of its watcher; called on the set-up and inotify threads."""
+
+    @property
+    def marker_dir(self) -> bytes:
+        """The flush marker folder, watched on the same group as the workspace."""
+        ...
+
+    def skips(self, path: bytes) -> bool:
+        """True for a directory that gets no watch."""
+        ...
+
+    def watch_limit_hit(self, exc: OSError, path: bytes) -> None:
+        """The OS watch (or instance) limit stopped a watch on `path`."""
+        ...
+
+    def overflowed(self) -> None:
+        """The kernel queue overflowed: events were lost."""
+        ...
+
+    def overflow_handled(self, *, rewatched: bool) -> None:
+        """The watches were rebuilt after an overflow (`rewatched`), or could not be."""
+        ...
+
+    def bookkeeping_failed(self) -> None:
+        """watchdog's bookkeeping raised: events of this round may be lost."""
+        ...
+
+
+def read_sysctl(name: str) -> int | None:
+    try:
+        return int(Path("/proc/sys", *name.split(".")).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def limit_reason(exc: OSError, where: str) -> str:
+    """A message for people: which OS limit stopped the watcher and how to raise it."""
+    if exc.errno == errno.EMFILE:
+        knob, floor, what = "fs.inotify.max_user_instances", 1024, "inotify instance limit"
+    else:
+        knob, floor, what = "fs.inotify.max_user_watches", 524288, "inotify watch limit"
+    current = read_sysctl(knob)
+    suggested = max(floor, 2 * current) if current else floor
+    return (
+        f"OS {what} reached ({knob}={current if current is not None else '?'}) while watching {where}; "
+        f"raise it with `sudo sysctl {knob}={suggested}` (persist it in /etc/sysctl.d/) "
+        "and restart the watcher; until then rounds use the rescan"
+    )
+
+
+
+try:  # watchdog >= 7.1 on Linux; elsewhere (or an older watchdog) the generic observer is used
+    from watchdog.observers.inotify import InotifyEmitter, InotifyObserver, InotifyWatchGroup
+    from watchdog.observers.inotify_c import InotifyEvent, InotifyFD
+    from watchdog.observers.inotify_move_event_grouper import (
+        GroupedInotifyEvent,
+        InotifyMoveEventGrouper,
+        PathedInotifyEvent,
+    )
+    from watchdog.utils.delayed_queue import DelayedQueue
+
+    AVAILABLE = watchdog_version() in SUPPORTED_WATCHDOG
+except Exception:  # ImportError, or UnsupportedLibcError/OSError raised while loading libc
+    AVAILABLE = False
+
+if AVAILABLE:
+
+    class _PromptDelayedQueue(DelayedQueue[GroupedInotifyEvent]):
+        """Watchdog's delay queue, but a head held for move pairing is released as soon as it is paired.
+
+        The stock `get()` sleeps the full 0.5 s behind every IN_MOVED_FROM even when its IN_MOVED_TO
+        arrived a microsecond later, so every rename (editors' atomic saves) delayed all later events,
+        and the flush barrier, by 0.5 s. Waiting on the condition wakes on the pair's `put()`.
+        """
+
+        def get(self) -> GroupedInotifyEvent | None:
+            with self._not_empty:
+                while True:
+                    if self._closed:
+                        return None
+                    if not self._queue:
+                        self._not_empty.wait()
+                        continue
+                    head, insert_time, delay = self._queue[0]
+                    time_left = insert_time + self.delay - time.monotonic() if delay else 0.0
+                    if time_left > 0:
+                        self._not_empty.wait(time_left)
+                        continue
+                    self._queue.popleft()
+                    return head
+
+    class _PromptMoveGrouper(InotifyMoveEventGrouper):
+        def __init__(self) -> None:
+            super().__init__()
+            self._queue = _PromptDelayedQueue(self.delay)
+
+    @dataclass
+    class _ShadowWatchGroup(InotifyWatchGroup):
+        """A recursive watch group that skips folders, reports limits and overflows, and carries the
+        flush marker folder as one more watch, so that marker events travel the same ordered path
+        (kernel queue → this group → one emitter → observer queue → handler) as workspace events."""
+
+        hooks: InotifyHooks = field(kw_only=True)
+        _move_event_grouper: InotifyMoveEventGrouper = field(default_factory=_PromptMoveGrouper, init=False)
+        _limit_hit: bool = field(default=False, init=False)
+
+        @property
+        def watch_count(self) -> int:
+            """Watches in the workspace (the marker folder's own watch is not counted)."""
+            return max(0, len(self._active_callbacks_by_watch) - 1)
+
+        def _activate(self) -> None:
+            with self._lock:
+                if self.is_active:
+                    return
+                self._add_all_callbacks(self.path)
+                self._add_marker_watch()
+                self._is_active = True
+
+        def _add_marker_watch(self) -> None:
+            marker = self.hooks.marker_dir
+            wd = self._inotify_fd.add_callback(marker, self.event_mask, self._callback, self._id)
+            self._active_callbacks_by_path[marker] = wd
+            self._active_callbacks_by_watch[wd] = marker
+
+        def _add_all_callbacks(self, path: bytes) -> None:
+            # Replaces watchdog's os.walk: prunes skipped folders (no watch below them) and reads
+            # the symlink bit from the directory entry instead of one lstat per folder.
+            if path != self.path and self.hooks.skips(path):
+                return
+            self._add_callback(path)
+            if not self.is_recursive or not os.path.isdir(path):
+                return
+            stack = [path]
+            while stack and not self._limit_hit:
+                try:
+                    with os.scandir(stack.pop()) as entries:
+                        for entry in entries:
+                            try:
+                                if not entry.is_dir(follow_symlinks=self.follow_symlink):
+                                    continue
+                            except OSError:
+                                continue
+                            if self.hooks.skips(entry.path):
+                                continue
+                            self._add_callback(entry.path)
+                            stack.append(entry.path)
+                except OSError:
+                    continue  # vanished or unreadable meanwhile, as os.walk would ignore it
+
+        def _add_callback(self, path: bytes) -> None:
+            try:
+                wd = self._inotify_fd.add_callback(path, self.event_mask, self._callback, self._id)
+            except OSError as exc:
+                if path == self.path:
+                    raise
+                if exc.errno in (errno.ENOSPC, errno.EMFILE):
+                    self._limit_hit = True
+                    self.hooks.watch_limit_hit(exc, path)
+                return  # a descendant vanished or became unreadable during set-up
+            self._active_callbacks_by_path[path] = wd
+            self._active_callbacks_by_watch[wd] = path
+
+        def _move_watches(self, move_src_path: bytes, move_dst_path: bytes) -> bool:
+            moved = super()._move_watches(move_src_path, move_dst_path)
+            if moved and self.hooks.skips(move_dst_path):
+                # A folder renamed to a skipped name (e.g. into node_modules) gives its watches back.
+                prefix = move_dst_path + b"/"
+                wds = [
+                    wd
+                    for path, wd in self._active_callbacks_by_path.items()
+                    if path == move_dst_path or path.startswith(prefix)
+                ]
+                self._remove_callbacks(wds)
+            return moved
+
+        def forget_tree(self, path: bytes) -> None:
+            """Drop the watches at and below `path`, a folder that left the watched tree."""
+            # Watchdog keeps them (its TODO): they would spend the budget and report events of a
+            # folder outside the workspace under its old paths. A folder moved back meanwhile keeps them.
+            with self._lock:
+                if not self.is_active or os.path.lexists(path):
+                    return
+                prefix = path + b"/"
+                wds = [
+                    wd
+                    for watched, wd in self._active_callbacks_by_path.items()
+                    if watched == path or watched.startswith(prefix)
+                ]
+                self._remove_callbacks(wds)
+
+        def on_event(self, event: InotifyEvent) -> None:
+            # An exception here would kill the inotify thread and silently end all watching.
+            try:
+                super().on_event(event)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    log.exception("watcher.inotify_failed", event=repr(event))
+                self.hooks.bookkeeping_failed()
+
+        def on_watch_deleted(self, wd: Any) -> None:
+            try:
+                super().on_watch_deleted(wd)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    log.exception("watcher.inotify_failed", wd=wd)
+                self.hooks.bookkeeping_failed()
+
+        def on_queue_overflow(self) -> None:
+            # Watchdog rebuilds the watches but tells nobody: events were lost, so report it, and
+            # re-add the marker watch that the rebuild drops.
+            self.hooks.overflowed()
+            rewatched = False
+            with self._lock:
+                if not self.is_active:
+                    return
+                self._move_event_grouper.discard_pending_events()
+                # The marker keeps its watch: a flush during the rebuild must still get its event.
+                marker_wd = self._active_callbacks_by_path.get(self.hooks.marker_dir)
+                self._remove_callbacks([wd for wd in self._active_callbacks_by_watch if wd != marker_wd])
+                self._limit_hit = False
+                try:
+                    self._add_all_callbacks(self.path)
+                    if marker_wd is None:
+                        self._add_marker_watch()
+                    rewatched = not self._limit_hit
+                except OSError:
+                    with contextlib.suppress(Exception):
+                        log.exception("watcher.rewatch_failed", root=os.fsdecode(self.path))
+            self.hooks.overflow_handled(rewatched=rewatched)
+
+    class _ShadowEmitter(InotifyEmitter):
+        """Builds a `_ShadowWatchGroup` and does not walk moved folders for synthetic events."""
+
+        def __init__(
+            self,
+            event_queue: EventQueue,
+            watch: ObservedWatch,
+            *,
+            timeout: float,
+            event_filter: list[type[FileSystemEvent]] | None = None,
+            inotify_fd: InotifyFD,
+            hooks: InotifyHooks,
+            label: str,
+        ) -> None:
+            super().__init__(event_queue, watch, timeout=timeout, event_filter=event_filter, inotify_fd=inotify_fd)
+            self.name = f"{THREAD_PREFIX}-emitter:{label}"
+            self._hooks = hooks
+            self.group: _ShadowWatchGroup | None = None
+
+        def on_thread_start(self) -> None:
+            self.group = _ShadowWatchGroup(
+                self._inotify_fd,
+                os.fsencode(self.watch.path),
+                is_recursive=self.watch.is_recursive,
+                event_mask=self.get_event_mask_from_filter(),
+                follow_symlink=self.watch.follow_symlink,
+                hooks=self._hooks,
+            )
+            self._inotify = self.group
+
+        def build_and_queue_event(self, event: GroupedInotifyEvent, *, full_events: bool = False) -> None:
+            # The recorded folder path covers its content; the stock emitter would also walk the
+            # moved tree on this thread and queue one synthetic event per entry inside it.
+            if not isinstance(event, PathedInotifyEvent):
+                move_from, move_to = event
+                if move_from.ev.is_directory:
+                    src, dest = self._decode_path(move_from.path), self._decode_path(move_to.path)
+                    self.queue_event(DirMovedEvent(src, dest))
+                    return
+            elif event.ev.is_moved_to and event.ev.is_directory:
+                self.queue_event(DirCreatedEvent(self._decode_path(event.path)))
+                return
+            elif event.ev.is_moved_from and event.ev.is_directory and self.group is not None:
+                # Unpaired after the pairing delay: moved out of the tree or into a skipped folder.
+                self.group.forget_tree(event.path)
+            super().build_and_queue_event(event, full_events=full_events)
+
+    class ShadowObserver(InotifyObserver):
+        """An inotify observer with its own inotify instance and `_ShadowEmitter`s, threads named."""
+
+        def __init__(self, hooks: InotifyHooks, label: str) -> None:
+            # InotifyObserver.__init__ hard-codes its emitter class; these are its three steps.
+            self._inotify_fd = InotifyFD()
+            self._inotify_fd.name = f"{THREAD_PREFIX}-inotify:{label}"
+            self._inotify_fd.start()
+            try:
+                BaseObserver.__init__(self, _ShadowEmitter, inotify_fd=self._inotify_fd, hooks=hooks, label=label)
+            except BaseException:
+                self._inotify_fd.stop()
+                self._inotify_fd.join()
+                raise
+            self.name = f"{THREAD_PREFIX}:{label}"
+
+        @property
+        def group(self) -> _ShadowWatchGroup | None:
+            for emitter in self.emitters:
+                if isinstance(emitter, _ShadowEmitter):
+                    return emitter.group
+            return None
+
+        @property
+        def worker_threads(self) -> list[threading.Thread]:
+            return [self, self._inotify_fd, *self.emitters]
+
