@@ -29,6 +29,7 @@ import pygit2
 import structlog
 
 from shadowpoint import packing
+from shadowpoint.atomic import atomic_writer
 from shadowpoint.errors import (
     FileNotStorableError,
     ObjectMissingError,
@@ -176,19 +177,13 @@ def write_loose_blob(git_dir: Path, data: bytes) -> str:
     tmp = git_dir / "objects" / f"tmp_shadowpoint_{os.getpid()}_{threading.get_ident()}"
     try:
         final.parent.mkdir(exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
-        try:
+        with atomic_writer(final, tmp=tmp, perm=0o444) as fh:
             deflate = zlib.compressobj(1)
-            _write_all(fd, deflate.compress(b"blob %d\0" % len(data)))
+            fh.write(deflate.compress(b"blob %d\0" % len(data)))
             for start in range(0, len(data), 1 << 20):
-                _write_all(fd, deflate.compress(memoryview(data)[start:start + (1 << 20)]))
-            _write_all(fd, deflate.flush())
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
+                fh.write(deflate.compress(memoryview(data)[start:start + (1 << 20)]))
+            fh.write(deflate.flush())
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         if exc.errno in _DAMAGE_ERRNOS:
             raise RepoError(f"Shadow repository failed to write a blob: {exc}") from exc
         if exc.errno == errno.EFBIG:
