@@ -8,7 +8,6 @@ import posixpath
 import shutil
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from structlog.testing import capture_logs
 from shadowpoint.journal import JournalSnapshot, PathJournal
 from shadowpoint.watcher import WorkspaceWatcher
 from shadowpoint.workspace import RepoPath
+from tests.conftest import wait_for
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify specifics")
 
@@ -92,10 +92,7 @@ def next_round(watcher: WorkspaceWatcher) -> JournalSnapshot:
 
 
 def wait_until(predicate: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
+    wait_for(predicate, "condition not reached", WAIT_S)
 
 
 def watched_inodes() -> set[int]:
