@@ -30,6 +30,7 @@ from pathlib import Path
 
 import structlog
 
+from shadowpoint.atomic import write_atomic
 from shadowpoint.errors import RepoError
 from shadowpoint.shadow_repo import BORROWED_LEDGER, ShadowRepo
 
@@ -181,10 +182,9 @@ def copy_borrowed(git_dir: Path, worktree: Path, locked: Callable[[], contextlib
             now = read_ledger(git_dir) or Ledger()
             left = {oid: p for oid, p in now.items.items() if oid not in ledger.items}
             if left:
-                tmp = ledger_path(git_dir).with_name(f"borrowed.{os.getpid()}.tmp")
                 alternate = now.alternates[-1] if now.alternates else None
-                tmp.write_text("".join(_lines(alternate, left.items())), "utf-8", "surrogateescape")
-                os.replace(tmp, ledger_path(git_dir))
+                write_atomic(ledger_path(git_dir),
+                             "".join(_lines(alternate, left.items())).encode("utf-8", "surrogateescape"))
                 return report
             with contextlib.suppress(FileNotFoundError):
                 ledger_path(git_dir).unlink()

@@ -53,6 +53,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn, Protocol
 import click
 
 from shadowpoint import __version__
+from shadowpoint.errors import AbortedError, CliError, cli_error
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -98,16 +99,8 @@ EXIT_CODES: dict[str, int] = {
 }
 
 
-class CliError(Exception):
-    """An error for the command line: one line on stderr, the exit code of its `kind`."""
-
-    def __init__(self, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
 def _fail(message: str, kind: str) -> NoReturn:
-    raise CliError(message, kind)
+    raise cli_error(message, kind)
 
 
 # ---------------------------------------------------------------------------- shared helpers
@@ -274,10 +267,6 @@ def wait_ready(ctx: _Ctx, backend: _Waitable, task_id: str, stop: threading.Even
     return state
 
 
-class Declined(Exception):
-    """The person answered no: a calm line, exit code 51 (`aborted`)."""
-
-
 def _confirm(ctx: _Ctx, question: str, yes: bool, refusal: str | None = None) -> None:
     """Ask before a destructive step; refuse without a terminal unless --yes."""
     if yes:
@@ -286,7 +275,7 @@ def _confirm(ctx: _Ctx, question: str, yes: bool, refusal: str | None = None) ->
         _fail(refusal or "This overwrites work: pass --yes to confirm (there is no terminal to ask on).",
               "confirmation_required")
     if not click.confirm(question, default=False, err=True):
-        raise Declined()
+        raise AbortedError("The question was answered no.")
 
 
 # ---------------------------------------------------------------------------- the group
@@ -358,7 +347,8 @@ def serve(ctx: _Ctx, socket_path: str | None, idle_timeout: float | None, http_r
     settings = ctx.settings
     _isolate()
     if socket_path:
-        from shadowpoint.sidecar.socket_server import SidecarRunningError, serve_socket
+        from shadowpoint.errors import SidecarRunningError
+        from shadowpoint.sidecar.socket_server import serve_socket
 
         try:
             sys.exit(serve_socket(socket_path, settings, idle_timeout, http_root))
@@ -387,10 +377,11 @@ def watch(ctx: _Ctx, positional_dir: str | None, directory: str | None, debounce
     this process's engine while it runs.
     """
     from shadowpoint.engine import Engine, EngineOptions
+    from shadowpoint.errors import SidecarError, SidecarRunningError
     from shadowpoint.sidecar.backend import BaselineProgress, default_task
-    from shadowpoint.sidecar.client import SidecarError, connect_live, socket_path
+    from shadowpoint.sidecar.client import connect_live, socket_path
     from shadowpoint.sidecar.server import Host
-    from shadowpoint.sidecar.socket_server import SidecarRunningError, SocketServer
+    from shadowpoint.sidecar.socket_server import SocketServer
     from shadowpoint.watch import WatchEvent, WatchLoop
 
     settings = ctx.settings
@@ -1197,7 +1188,7 @@ def main(argv: list[str] | None = None) -> int:
             return _report(exc.format_message(), "usage", as_json)
         exc.show()
         return EXIT_CODES["usage"]
-    except Declined:
+    except AbortedError:
         sys.stderr.write("Nothing was changed.\n")
         if as_json:
             _print_json({"aborted": True, "changed": False})

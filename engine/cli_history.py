@@ -82,8 +82,8 @@ def resolve_ref(ctx: _Ctx, backend: Backend, task: str, ref: str) -> dict[str, A
         UnknownCheckpointError: neither matches.
         AmbiguousCheckpointError: the prefix matches several safety checkpoints.
     """
-    from shadowpoint.errors import UnknownCheckpointError
-    from shadowpoint.sidecar.backend import AmbiguousCheckpointError, resolve_checkpoint
+    from shadowpoint.errors import AmbiguousCheckpointError, UnknownCheckpointError
+    from shadowpoint.sidecar.backend import resolve_checkpoint
 
     try:
         return resolve_checkpoint(_checkpoints(backend, task), ref)

@@ -89,7 +89,8 @@ def _serve(options: dict[str, str | float]) -> int | None:
 
     isolate_libgit2()
     if "--socket" in options:
-        from shadowpoint.sidecar.socket_server import SidecarRunningError, serve_socket
+        from shadowpoint.errors import SidecarRunningError
+        from shadowpoint.sidecar.socket_server import serve_socket
 
         idle = options.get("--idle-timeout")
         http_root = options.get("--workspace")

@@ -1,6 +1,7 @@
-"""The exception tree of shadowpoint; each class carries the protocol's error `kind`.
+"""The exception tree of shadowpoint; each class carries the error `kind` that the protocol
+(`data.kind`) and the CLI (its exit code) report.
 
-    ShadowpointError                      (kind: internal)
+    ShadowpointError                      internal (the one root: nothing else is raised on purpose)
     ├── InvalidParamsError                invalid_params
     ├── WorkspaceError
     │   ├── NoWorkspaceError              no_workspace
@@ -17,6 +18,7 @@
     ├── CheckpointError
     │   ├── UnknownCheckpointError        unknown_checkpoint
     │   │   └── DamagedCheckpointError    unknown_checkpoint (its objects are gone from the shadow repo)
+    │   ├── AmbiguousCheckpointError      ambiguous_checkpoint (a hash prefix naming several commits)
     │   ├── NoFileSnapshotError           no_file_snapshot
     │   ├── AlreadyRestoredError          already_restored
     │   ├── NothingToUndoError            nothing_to_undo
@@ -25,10 +27,24 @@
     ├── LockTimeoutError                  lock_timeout
     ├── StorageFailedError                storage_failed (disk full, quota, I/O error in the docs root)
     │   └── FileNotStorableError          storage_failed (one file: caught per file, left out with a warning)
-    └── RepoError                         init_failed (a libgit2 failure, translated in shadow_repo.py)
-        └── ObjectMissingError            init_failed (an object the repo should hold is missing)
+    ├── RepoError                         init_failed (a libgit2 failure, translated in shadow_repo.py)
+    │   └── ObjectMissingError            init_failed (an object the repo should hold is missing)
+    ├── SidecarError                      internal, or the `data.kind` the sidecar answered with
+    │   ├── SidecarUnavailableError       sidecar_unavailable
+    │   └── SidecarRunningError           sidecar_running (another sidecar serves the socket)
+    └── CliError                          internal, or the kind it is given (`cli_error`)
+        ├── UsageError                    usage
+        ├── ConfirmationRequiredError     confirmation_required (no terminal to ask on, no --yes)
+        ├── AbortedError                  aborted (the question was answered no)
+        ├── DoctorProblemsError           doctor_problems
+        └── InterruptedCommandError       interrupted (Ctrl-C arrives as KeyboardInterrupt: its kind)
 
-Entry points map `kind` to a JSON-RPC `data.kind` (sidecar) or an exit code (CLI).
+Entry points map `kind` to a JSON-RPC `data.kind` (sidecar) or an exit code (CLI:
+`shadowpoint.cli.EXIT_CODES`); `KIND_CLASSES` names the class of every kind, and
+tests/unit/test_errors.py checks it against PROTOCOL.md, the exit codes and this drawing.
+A few exceptions are signals that never leave their module and are not drawn here:
+`git_index.IndexDoubt` (the git index is not trusted: no ids are taken from it),
+`patterns._Unmatchable` and `hook_endpoint.BadRequestError` (an HTTP status for the reply).
 """
 
 from __future__ import annotations
@@ -113,6 +129,12 @@ class DamagedCheckpointError(UnknownCheckpointError):
     kind = "unknown_checkpoint"
 
 
+class AmbiguousCheckpointError(CheckpointError):
+    """A hash prefix naming several different commits."""
+
+    kind = "ambiguous_checkpoint"
+
+
 class NoFileSnapshotError(CheckpointError):
     kind = "no_file_snapshot"
 
@@ -165,3 +187,94 @@ class ObjectMissingError(RepoError):
     """A commit, tree or blob the shadow repository should hold is missing (damage)."""
 
     kind = "init_failed"
+
+
+class SidecarError(ShadowpointError):
+    """The sidecar answered with an error, or could not be reached; `kind` is the protocol's."""
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
+
+
+class SidecarUnavailableError(SidecarError):
+    """Nothing listens on the socket, or the sidecar went away or could not be started."""
+
+    kind = "sidecar_unavailable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class SidecarRunningError(SidecarError):
+    """Another live sidecar already serves this socket."""
+
+    kind = "sidecar_running"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class CliError(ShadowpointError):
+    """An error for the command line: one line on stderr, the exit code of its `kind` (which
+    may be any kind: one the sidecar answered with is relayed as it came)."""
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
+
+
+class UsageError(CliError):
+    """Bad arguments."""
+
+    kind = "usage"
+
+
+class ConfirmationRequiredError(CliError):
+    """A destructive command without a terminal to ask on and without --yes."""
+
+    kind = "confirmation_required"
+
+
+class AbortedError(CliError):
+    """The person answered no: a calm line, nothing changed."""
+
+    kind = "aborted"
+
+
+class DoctorProblemsError(CliError):
+    """`doctor` found problems."""
+
+    kind = "doctor_problems"
+
+
+class InterruptedCommandError(CliError):
+    """Ctrl-C outside `watch` (Python raises KeyboardInterrupt; the CLI reports this kind)."""
+
+    kind = "interrupted"
+
+
+# The class of every kind: where several classes share one, the general one a caller raises.
+KIND_CLASSES: dict[str, type[ShadowpointError]] = {
+    cls.kind: cls
+    for cls in (
+        ShadowpointError, InvalidParamsError, NoWorkspaceError, ProtectedDirectoryError,
+        PathOutsideWorkspaceError, UnknownTaskError, UnknownMessageError, InitTimeoutError,
+        InitFailedError, CheckpointsDisabledError, UnknownCheckpointError, AmbiguousCheckpointError,
+        NoFileSnapshotError, AlreadyRestoredError, NothingToUndoError, RestoreFailedError,
+        RestoreConflictError, LockTimeoutError, StorageFailedError, SidecarUnavailableError,
+        SidecarRunningError, UsageError, ConfirmationRequiredError, AbortedError, DoctorProblemsError,
+        InterruptedCommandError,
+    )
+}
+
+
+def cli_error(message: str, kind: str) -> CliError:
+    """The `CliError` for `kind`: its own class for a kind only the command line has, else a
+    `CliError` carrying `kind` (an engine's or the sidecar's, reported with its exit code)."""
+    cls = KIND_CLASSES.get(kind)
+    if cls is not None and issubclass(cls, CliError):
+        return cls(message)
+    return CliError(message, kind)

@@ -183,6 +183,7 @@ def _read_session(path: str) -> dict[str, object]:
 
 
 def _write_session(path: str, data: dict[str, object]) -> None:
+    # shadowpoint.atomic's temp-and-rename, written out: this module imports no shadowpoint module
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -227,7 +228,8 @@ def _spawn(path: str, root: str) -> _socket.socket | None:
         os.chmod(folder, 0o700)
     fd = os.open(path[:-len(".sock")] + ".spawn.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # the kernel frees it if this process dies
+        # the kernel frees it if this process dies (not locking.flocked: no shadowpoint import here)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         sock = _connect(path)
         if sock is not None:
             return sock

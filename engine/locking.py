@@ -2,6 +2,10 @@
 shadow repo. An OS advisory lock (`flock`): the kernel frees it when its holder dies, so
 there is no stale-lock timer. Taken by the engine around every repo write; re-entrant
 within one thread, with bounded retries (backoff) up to `lock_timeout`.
+
+Also the other flocks (`flocked`, `is_flocked`, `lock_holder`): a garbage collection's busy
+file and `doctor`'s look at held locks. The lean hook command (hookrun) keeps its own spawn
+lock: it imports no shadowpoint module.
 """
 
 from __future__ import annotations
@@ -136,5 +140,56 @@ def sole_user(path: Path) -> Iterator[bool]:
         except BlockingIOError:
             sole = False
         yield sole
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (created mode 0600), waiting while another holds it,
+    until the block ends; the kernel frees it if this process dies first."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def is_flocked(path: Path) -> bool:
+    """True while some process holds a flock on `path`; False when it is free or missing.
+
+    A lock that cannot be probed (an error other than "held") counts as held: callers use
+    this to decide whether removing something is safe.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def lock_holder(path: Path) -> str | None:
+    """The pid written in a held lock file (`?` when unreadable), None when it is free or
+    missing. Probes with a shared lock, so two probes never see each other."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with contextlib.suppress(OSError):
+                return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            return "?"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
     finally:
         os.close(fd)

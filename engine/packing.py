@@ -162,6 +162,8 @@ def write_pack(repo: pygit2.Repository, oids: list[str], folder: Path, progress:
         for oid in batch:
             try:
                 kind, data = odb.read(oid)
+            # not `shadow_repo.translated` (that module imports this one): one context manager
+            # per object of a collection costs ~1 µs each, and this message names the object
             except (KeyError, pygit2.GitError, ValueError) as exc:
                 raise RepoError(f"Object {oid} cannot be read: {exc}") from exc
             items.append((oid, int(kind), bytes(data)))

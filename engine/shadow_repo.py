@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -29,6 +28,7 @@ import pygit2
 import structlog
 
 from shadowpoint import packing
+from shadowpoint.atomic import atomic_writer, write_atomic
 from shadowpoint.errors import (
     FileNotStorableError,
     ObjectMissingError,
@@ -36,6 +36,7 @@ from shadowpoint.errors import (
     ShadowRepoMismatchError,
     StorageFailedError,
 )
+from shadowpoint.locking import flocked, is_flocked
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
@@ -101,7 +102,8 @@ def limit_mapped_memory(limit_bytes: int) -> None:
 
 @contextlib.contextmanager
 def translated(action: str) -> Iterator[None]:
-    """Turn libgit2 failures into `RepoError` (the one place that catches pygit2 errors)."""
+    """Turn libgit2 failures into `RepoError` (the one place that translates pygit2 errors; the
+    few other catches answer "not found", repair or retry, and say so)."""
     try:
         yield
     except (pygit2.GitError, KeyError, ValueError) as exc:
@@ -182,19 +184,13 @@ def write_loose_blob(git_dir: Path, data: bytes) -> str:
     tmp = git_dir / "objects" / f"tmp_shadowpoint_{os.getpid()}_{threading.get_ident()}"
     try:
         final.parent.mkdir(exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
-        try:
+        with atomic_writer(final, tmp=tmp, perm=0o444) as fh:
             deflate = zlib.compressobj(1)
-            _write_all(fd, deflate.compress(b"blob %d\0" % len(data)))
+            fh.write(deflate.compress(b"blob %d\0" % len(data)))
             for start in range(0, len(data), 1 << 20):
-                _write_all(fd, deflate.compress(memoryview(data)[start:start + (1 << 20)]))
-            _write_all(fd, deflate.flush())
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
+                fh.write(deflate.compress(memoryview(data)[start:start + (1 << 20)]))
+            fh.write(deflate.flush())
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         if exc.errno in _DAMAGE_ERRNOS:
             raise RepoError(f"Shadow repository failed to write a blob: {exc}") from exc
         if exc.errno == errno.EFBIG:
@@ -293,7 +289,7 @@ def open_blob_writer(git_dir: Path) -> Callable[[bytes], bytes]:
     def write(data: bytes) -> bytes:
         try:
             return bytes(repo.create_blob(data).raw)
-        except pygit2.GitError:
+        except pygit2.GitError:  # not translated: libgit2 lost the errno, our own write keeps it
             return bytes.fromhex(write_loose_blob(git_dir, data))
 
     return write
@@ -392,7 +388,7 @@ class ShadowRepo:
                 raise ValueError("the config file holds NUL bytes")
             repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
             recorded = repo.config["core.worktree"] if "core.worktree" in repo.config else None
-        except (pygit2.GitError, KeyError, ValueError, OSError) as exc:
+        except (pygit2.GitError, KeyError, ValueError, OSError) as exc:  # not translated: repaired
             return cls._repair(git_dir, worktree, str(exc))
         if recorded is None:
             # an existing repo always records its worktree: an empty or cut config lost it
@@ -491,7 +487,7 @@ class ShadowRepo:
         try:
             _, size = self._repo.odb.read_header(pygit2.Oid(hex=oid))
             return int(size)
-        except (pygit2.GitError, KeyError, ValueError):
+        except (pygit2.GitError, KeyError, ValueError):  # not translated: a missing object is the answer
             return 0
 
     def reopen(self) -> None:
@@ -528,9 +524,7 @@ class ShadowRepo:
         """Tell every handle on this repository that packs are about to go (GC_GENERATION_FILE)."""
         path = self.git_dir / GC_GENERATION_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(os.urandom(8).hex().encode())
-        os.replace(tmp, path)
+        write_atomic(path, os.urandom(8).hex().encode())
 
     def clear_stale_locks(self) -> None:
         self._clear_stale_locks(self.git_dir)
@@ -551,7 +545,7 @@ class ShadowRepo:
         """
         try:
             return str(self._repo.create_blob(data))
-        except pygit2.GitError:
+        except pygit2.GitError:  # not translated: libgit2 lost the errno, our own write keeps it
             return write_loose_blob(self.git_dir, data)
 
     def read_blob(self, oid: str) -> bytes:
@@ -624,7 +618,7 @@ class ShadowRepo:
         for oid in oids:
             try:
                 odb.read_header(pygit2.Oid(hex=oid))
-            except (pygit2.GitError, KeyError, ValueError):
+            except (pygit2.GitError, KeyError, ValueError):  # not translated: unreadable is the answer
                 continue
             out.append(oid)
         return out
@@ -652,7 +646,7 @@ class ShadowRepo:
     def has_object(self, oid: str) -> bool:
         try:
             return oid in self._repo
-        except (pygit2.GitError, ValueError):
+        except (pygit2.GitError, ValueError):  # not translated: a malformed id is not held
             return False
 
     def patch_tree(self, base_tree: str | None, changes: Changes) -> str | None:
@@ -871,7 +865,7 @@ class ShadowRepo:
             return None
         try:
             entry = self._obj(tree)[path]
-        except (KeyError, pygit2.GitError, ValueError):
+        except (KeyError, pygit2.GitError, ValueError):  # not translated: "not found" is the answer
             return None
         return TreeEntry(str(entry.id), entry.filemode)
 
@@ -920,19 +914,20 @@ class ShadowRepo:
     def read_ref(self, name: str) -> str | None:
         try:
             ref = self._repo.references.get(name)
-        except (pygit2.GitError, ValueError):
+        except (pygit2.GitError, ValueError):  # not translated: an invalid or unreadable ref is no ref
             return None
         if ref is None:
             return None
         try:
             return str(ref.resolve().target)
-        except (pygit2.GitError, KeyError):
+        except (pygit2.GitError, KeyError):  # not translated: a dangling symbolic ref is no ref
             return None
 
     def set_ref(self, name: str, commit: str) -> None:
         with written(self.git_dir, f"move {name}"):
             try:
                 self._repo.references.create(name, pygit2.Oid(hex=commit), force=True)
+            # not translated: a stale lock is cleared and the retry, inside `written`, is translated
             except (pygit2.GitError, OSError):  # pygit2 raises OSError for "failed to lock file"
                 # A stale `<ref>.lock` of a killed writer: we hold the workspace lock.
                 self._clear_stale_locks(self.git_dir)
@@ -945,7 +940,7 @@ class ShadowRepo:
                 return
             except KeyError:
                 return  # no such ref
-            except (pygit2.GitError, ValueError, OSError):
+            except (pygit2.GitError, ValueError, OSError):  # not translated: cleared, retried, then logged
                 if attempt:
                     log.warning("shadow_repo.ref_not_deleted", ref=name)
                     return
@@ -1105,56 +1100,54 @@ class ShadowRepo:
         staging = Path(tempfile.mkdtemp(prefix=GC_STAGING_PREFIX, dir=objects))
         # held until the staging folder is gone: a stale-leftover sweep must not remove it
         # under a live collection (its old packs went next, with no new pack in place)
-        busy = os.open(staging / GC_BUSY_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(busy, fcntl.LOCK_EX)
-        try:
-            kept_packs: set[str] = set()
-            packed: set[str] = set()
-            # Only packs present now may go: one installed meanwhile (a baseline's trees, a
-            # borrowed copy) may hold objects only a stat cache reaches yet, and packs get no grace.
-            old_packs = {idx.stem for idx in pack_dir.glob("pack-*.idx")}
-            for idx in sorted(pack_dir.glob("pack-*.idx")):
-                listed = packing.pack_objects(idx)
-                if len(listed) >= GC_KEEP_PACK_OBJECTS and all(o in keep for o in listed):
-                    kept_packs.add(idx.stem)
-                    packed.update(listed)
-            todo = keep - packed
-            deltas = sorted(todo & reach.multi, key=lambda o: reach.names.get(o, ""))
-            plain = sorted(todo - reach.multi, key=lambda o: reach.names.get(o, ""))
-            if len(plain) < GC_KEEP_PACK_OBJECTS:
-                deltas, plain = sorted(todo, key=lambda o: reach.names.get(o, "")), []  # small: one pack
-            total, done = len(todo), 0
-            with translated("collect garbage"):
-                for i in range(0, len(plain), GC_PACK_OBJECTS):
-                    chunk = plain[i:i + GC_PACK_OBJECTS]
-                    packing.write_pack(self._repo, chunk, staging, progress, done, total)
-                    kept_packs.add(self._install_packs(staging, pack_dir))
-                    done += len(chunk)
-                if deltas:
-                    packing.write_delta_pack(self._repo, deltas, reach.names, staging)
-                    kept_packs.add(self._install_packs(staging, pack_dir))
-                    done += len(deltas)
-                    if progress is not None:
-                        progress(done, total)
-            with locked() if locked is not None else contextlib.nullcontext():
-                now_tips = self.list_refs()
-                moved = [t for name, t in now_tips.items() if tips.get(name) != t]
-                extra = self.reachable_objects(moved, known=keep) - keep if moved else set()
-                only_in_old_packs = [o for o in extra if not self._loose_path(o).exists()]
-                if only_in_old_packs:
-                    log.info("storage.collect_deferred", git_dir=str(self.git_dir), objects=len(only_in_old_packs))
-                    return len(keep), 0
-                self._note_collection()
-                for p in pack_dir.glob("pack-*"):
-                    name = p.name.partition(".")[0]
-                    if name in old_packs and name not in kept_packs:
-                        with contextlib.suppress(OSError):
-                            p.unlink()
-                self._prune_loose(keep, extra, grace_s)
-                self.reopen()
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-            os.close(busy)
+        with flocked(staging / GC_BUSY_FILE):
+            try:
+                kept_packs: set[str] = set()
+                packed: set[str] = set()
+                # Only packs present now may go: one installed meanwhile (a baseline's trees, a
+                # borrowed copy) may hold objects only a stat cache reaches yet, and packs get no grace.
+                old_packs = {idx.stem for idx in pack_dir.glob("pack-*.idx")}
+                for idx in sorted(pack_dir.glob("pack-*.idx")):
+                    listed = packing.pack_objects(idx)
+                    if len(listed) >= GC_KEEP_PACK_OBJECTS and all(o in keep for o in listed):
+                        kept_packs.add(idx.stem)
+                        packed.update(listed)
+                todo = keep - packed
+                deltas = sorted(todo & reach.multi, key=lambda o: reach.names.get(o, ""))
+                plain = sorted(todo - reach.multi, key=lambda o: reach.names.get(o, ""))
+                if len(plain) < GC_KEEP_PACK_OBJECTS:
+                    deltas, plain = sorted(todo, key=lambda o: reach.names.get(o, "")), []  # small: one pack
+                total, done = len(todo), 0
+                with translated("collect garbage"):
+                    for i in range(0, len(plain), GC_PACK_OBJECTS):
+                        chunk = plain[i:i + GC_PACK_OBJECTS]
+                        packing.write_pack(self._repo, chunk, staging, progress, done, total)
+                        kept_packs.add(self._install_packs(staging, pack_dir))
+                        done += len(chunk)
+                    if deltas:
+                        packing.write_delta_pack(self._repo, deltas, reach.names, staging)
+                        kept_packs.add(self._install_packs(staging, pack_dir))
+                        done += len(deltas)
+                        if progress is not None:
+                            progress(done, total)
+                with locked() if locked is not None else contextlib.nullcontext():
+                    now_tips = self.list_refs()
+                    moved = [t for name, t in now_tips.items() if tips.get(name) != t]
+                    extra = self.reachable_objects(moved, known=keep) - keep if moved else set()
+                    only_in_old_packs = [o for o in extra if not self._loose_path(o).exists()]
+                    if only_in_old_packs:
+                        log.info("storage.collect_deferred", git_dir=str(self.git_dir), objects=len(only_in_old_packs))
+                        return len(keep), 0
+                    self._note_collection()
+                    for p in pack_dir.glob("pack-*"):
+                        name = p.name.partition(".")[0]
+                        if name in old_packs and name not in kept_packs:
+                            with contextlib.suppress(OSError):
+                                p.unlink()
+                    self._prune_loose(keep, extra, grace_s)
+                    self.reopen()
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
         freed = max(0, before - disk_usage(self.git_dir))
         log.info("storage.collected", git_dir=str(self.git_dir), kept=len(keep), freed_bytes=freed)
         return len(keep), freed
@@ -1192,18 +1185,9 @@ class ShadowRepo:
 
 
 def _staging_in_use(staging: Path) -> bool:
-    """True while a live collection holds the flock on the staging folder's busy file."""
-    try:
-        fd = os.open(staging / GC_BUSY_FILE, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return False  # no busy file: a dead collection's, or one that will fail to start
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    """True while a live collection holds the flock on the staging folder's busy file (no busy
+    file: a dead collection's, or one that will fail to start)."""
+    return is_flocked(staging / GC_BUSY_FILE)
 
 
 def _is_utf8(name: str) -> bool:

@@ -9,7 +9,6 @@ repo so a restarted sidecar does not re-hash the workspace.
 from __future__ import annotations
 
 import array
-import contextlib
 import json
 import os
 import struct
@@ -21,6 +20,7 @@ from typing import BinaryIO, TypeVar
 
 import structlog
 
+from shadowpoint.atomic import atomic_writer
 from shadowpoint.shadow_repo import TreeEntry
 from shadowpoint.workspace import RepoPath
 
@@ -123,14 +123,13 @@ class StatCache:
         binary blob ids): compact while written, and nothing in it can execute when read
         back, unlike a pickle.
         """
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             paths = list(self.entries)
             states = [self.entries[p] for p in paths]
             header = json.dumps({"version": CACHE_VERSION, "tree": self.tree, "base": self.base_commit,
                                  "count": len(paths)}).encode() + b"\n"
-            with open(tmp, "wb") as fh:
+            with atomic_writer(path) as fh:
                 fh.write(header)
                 # paths and ids are streamed in slices: joined whole, their bytes copies added
                 # ~15 MB to the peak memory of a 100k-file baseline (saved right after it)
@@ -139,11 +138,8 @@ class StatCache:
                     _write_section(fh, array.array("q", (getattr(st, name) for st in states)).tobytes())
                 _write_section(fh, array.array("q", (int(st.entry.mode) for st in states)).tobytes())
                 _write_chunked(fh, (bytes.fromhex("".join(st.entry.oid for st in part)) for part in _slices(states)))
-            os.replace(tmp, path)
         except (OSError, ValueError) as exc:
             log.warning("stat_cache.save_failed", path=str(path), reason=str(exc))
-            with contextlib.suppress(OSError):
-                tmp.unlink()
 
     @classmethod
     def load(cls, path: Path, base_commit: str | None) -> StatCache | None:

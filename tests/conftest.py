@@ -10,15 +10,17 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import structlog
 
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
+
+T = TypeVar("T")
 
 
 class Link:
@@ -79,12 +81,19 @@ def make_tree(root: Path, tree: dict[str, Any]) -> Path:
     return root
 
 
-def wait_for(predicate: Any, what: str, timeout_s: float = 60.0) -> None:
-    """Wait for a state another thread reaches (a marker, never a duration to assert on)."""
+def wait_for(predicate: Callable[[], T], what: str = "a condition never held", timeout_s: float = 60.0,
+             poll_s: float = 0.01) -> T:
+    """Wait for a state another thread or process reaches; returns the predicate's first truthy value.
+
+    The one polling helper of the tests: a condition with a generous bound (a hang fails with
+    `what`), never a sleep sized to a duration and never a duration to assert on. A predicate
+    may raise AssertionError itself to give up early (a process that exited).
+    """
     deadline = time.monotonic() + timeout_s
-    while not predicate():
+    while not (value := predicate()):
         assert time.monotonic() < deadline, what
-        time.sleep(0.01)
+        time.sleep(poll_s)
+    return value
 
 
 def read_tree(root: Path) -> dict[str, Any]:
@@ -126,14 +135,15 @@ def hermetic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     before = {t.ident for t in threading.enumerate()}
     yield
     structlog.reset_defaults()  # a test that configured logging must not leak it into the next
-    deadline = time.monotonic() + 5
-    while True:
-        leaked = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()
-                  and t.name.startswith("shadowpoint")]
-        if not leaked or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not leaked, f"threads leaked: {[t.name for t in leaked]}"
+
+    def leaked() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()
+                and t.name.startswith("shadowpoint")]
+
+    try:
+        wait_for(lambda: not leaked(), "threads leaked", timeout_s=5)
+    except AssertionError:
+        raise AssertionError(f"threads leaked: {leaked()}") from None
 
 
 @pytest.fixture

@@ -113,9 +113,7 @@ class SidecarProcess:
                     pipe.close()
 
     def wait_ready(self, task: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.call("checkpoint/list", {"taskId": task})["state"] == "ready":
-                return
-            time.sleep(0.05)
-        raise AssertionError("task never became ready")
+        from tests.conftest import wait_for
+
+        wait_for(lambda: self.call("checkpoint/list", {"taskId": task})["state"] == "ready",
+                 "task never became ready", timeout, poll_s=0.05)

@@ -26,6 +26,7 @@ from typing import Any
 
 from shadowpoint import hookrun
 from shadowpoint.adapters import AGENTS
+from shadowpoint.atomic import atomic_writer
 from shadowpoint.errors import InvalidParamsError
 
 SETTINGS_FILES = {"claude": (".claude", "settings.local.json"), "codex": (".codex", "hooks.json"),
@@ -256,18 +257,12 @@ def _load(path: Path) -> dict[str, Any]:
 def _write(path: Path, data: dict[str, Any], *, private: bool) -> None:
     """Write atomically, keeping the file's mode (`private`: readable by the user only)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    with atomic_writer(path) as fh:
+        fh.write((json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
         with contextlib.suppress(OSError):
-            os.chmod(tmp, os.stat(path).st_mode & 0o777)
+            os.fchmod(fh.fileno(), os.stat(path).st_mode & 0o777)
         if private:
-            os.chmod(tmp, os.stat(tmp).st_mode & 0o700)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+            os.fchmod(fh.fileno(), os.fstat(fh.fileno()).st_mode & 0o700)
 
 
 def next_steps(agent: str, directory: Path) -> list[str]:

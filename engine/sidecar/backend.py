@@ -24,7 +24,7 @@ from shadowpoint.checkpoints import CheckpointStore, TaskRecord
 from shadowpoint.config import Settings
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.errors import (
-    CheckpointError,
+    AmbiguousCheckpointError,
     ShadowpointError,
     UnknownCheckpointError,
     UnknownTaskError,
@@ -35,12 +35,6 @@ from shadowpoint.sidecar.client import SidecarClient, connect_live
 from shadowpoint.workspace import workspace_hash
 
 SAVE_TOOL = "shadowpoint-save"
-
-
-class AmbiguousCheckpointError(CheckpointError):
-    """A hash prefix naming several different commits."""
-
-    kind = "ambiguous_checkpoint"
 
 
 def now_ms() -> int:

@@ -17,22 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from shadowpoint import hookrun
-from shadowpoint.errors import ShadowpointError
-
-
-class SidecarError(ShadowpointError):
-    """The sidecar answered with an error, or could not be reached; `kind` is the protocol's."""
-
-    def __init__(self, message: str, kind: str = "internal") -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class SidecarUnavailableError(SidecarError):
-    """Nothing listens on the socket, or the sidecar went away or could not be started."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, "sidecar_unavailable")
+from shadowpoint.errors import SidecarError, SidecarUnavailableError
 
 
 def runtime_dir() -> Path:

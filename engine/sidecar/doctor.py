@@ -9,16 +9,16 @@ the CLI on its thread; changes nothing (a lock is probed without blocking and le
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from pathlib import Path
 from typing import Any
 
 from shadowpoint.config import Settings
-from shadowpoint.errors import ShadowpointError
+from shadowpoint.errors import ShadowpointError, SidecarError
 from shadowpoint.exclusions import ExclusionRules
+from shadowpoint.locking import lock_holder
 from shadowpoint.shadow_repo import ShadowRepo, disk_usage
-from shadowpoint.sidecar.client import SidecarClient, SidecarError, runtime_dir
+from shadowpoint.sidecar.client import SidecarClient, runtime_dir
 from shadowpoint.workspace import RepoPath
 
 # Recommended floors: a 100,000-file workspace has ~17,000 folders (benchmarks/watch_probe.py);
@@ -138,32 +138,13 @@ def check_sidecars() -> Check:
     return _check("sidecars", status, f"{len(socks) - stale} running, {stale} stale in {folder}", details)
 
 
-def _lock_holder(lock: Path) -> str | None:
-    """The pid written in a held lock file, None when it is free."""
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            with contextlib.suppress(OSError):
-                return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            return "?"
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
 def check_locks(docs: Path) -> Check:
     """Workspace locks held right now, and by which pid."""
     root = docs / "checkpoints"
     locks = sorted(root.glob("*/shadowpoint.lock")) if root.is_dir() else []
     held = []
     for lock in locks:
-        holder = _lock_holder(lock)
+        holder = lock_holder(lock)
         if holder is not None:
             alive = holder.isdigit() and Path(f"/proc/{holder}").exists()
             held.append(f"{lock.parent.name}: held by pid {holder}{'' if alive else ' (not running?)'}")

@@ -39,6 +39,7 @@ import structlog
 from shadowpoint import hookrun
 from shadowpoint.adapters import AGENTS
 from shadowpoint.adapters.base import Call, HookPlan
+from shadowpoint.atomic import write_atomic
 from shadowpoint.sidecar.server import Host, Server
 
 log = structlog.get_logger(__name__)
@@ -94,11 +95,7 @@ def ensure_http_config(root: str) -> HttpConfig:
     path = http_config_path(root)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(path.parent, 0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump({"port": config.port, "secret": config.secret, "root": root}, fh)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"port": config.port, "secret": config.secret, "root": root}).encode(), perm=0o600)
     return config
 
 

@@ -25,7 +25,7 @@ from types import FrameType
 import structlog
 
 from shadowpoint.config import Settings
-from shadowpoint.errors import ShadowpointError
+from shadowpoint.errors import SidecarRunningError
 from shadowpoint.sidecar.hook_endpoint import HookEndpoint, HttpConfig, load_http_config, looks_like_http, serve_http
 from shadowpoint.sidecar.server import Host, Server
 
@@ -33,12 +33,6 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_IDLE_TIMEOUT_S = 30 * 60.0
 _ACCEPT_POLL_S = 0.25
-
-
-class SidecarRunningError(ShadowpointError):
-    """Another live sidecar already serves this socket."""
-
-    kind = "sidecar_running"
 
 
 def _is_live(path: Path) -> bool:

@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,13 +38,16 @@ class PausePoint:
 
     def wait(self, proc: Any, timeout_s: float = 300) -> None:
         """Wait (never asserting a duration) until the sidecar is paused there."""
-        deadline = time.monotonic() + timeout_s
-        while not os.path.exists(self.marker):
+        from tests.conftest import wait_for
+
+        def paused() -> bool:
+            if os.path.exists(self.marker):
+                return True
             if proc.poll() is not None:
                 raise AssertionError(f"the sidecar exited ({proc.returncode}) before pausing at {self.target}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the sidecar never reached {self.target} (call {self.after + 1})")
-            time.sleep(0.01)
+            return False
+
+        wait_for(paused, f"the sidecar never reached {self.target} (call {self.after + 1})", timeout_s)
 
 
 ARGV = [sys.executable, "-m", "tests.faults.paused_sidecar"]

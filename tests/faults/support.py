@@ -11,7 +11,6 @@ import hashlib
 import os
 import stat
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from shadowpoint.checkpoints import CheckpointRecord
 from shadowpoint.engine import Engine
 from shadowpoint.workspace import workspace_hash
-from tests.conftest import Exe, Link, make_tree, read_tree
+from tests.conftest import Exe, Link, make_tree, read_tree, wait_for
 from tests.rpc import SidecarProcess
 
 PROTOCOL_KINDS = frozenset({
@@ -176,12 +175,12 @@ def command_round(sc: SidecarProcess, task: str, ts: int, run: Any = None) -> di
 
 def wait_ready(eng: Engine, task_id: str, timeout_s: float = 120) -> str:
     """Wait (never asserting a duration) for the background baseline; returns the state."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def settled() -> str:
         state = str(eng.list_checkpoints(task_id)["state"])
-        if state != "initializing" or time.monotonic() > deadline:
-            return state
-        time.sleep(0.01)
+        return "" if state == "initializing" else state
+
+    return wait_for(settled, f"the baseline of {task_id} never finished", timeout_s)
 
 
 def start(eng: Engine, task_id: str = "t", ts: int = 1) -> None:

@@ -18,11 +18,10 @@ import fcntl
 import os
 import random
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import make_tree, read_tree
+from tests.conftest import make_tree, read_tree, wait_for
 from tests.faults.support import (
     PROTOCOL_KINDS,
     SOAK,
@@ -259,14 +258,15 @@ class HeldLock:
 def _wait_until_open(pid: int, path: Path, timeout_s: float = 60) -> None:
     """Until process `pid` has `path` open (a condition with a generous bound, not a delay)."""
     fd_dir = Path(f"/proc/{pid}/fd")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def is_open() -> bool:
         for fd in fd_dir.iterdir():
             with contextlib.suppress(OSError):
                 if os.readlink(fd) == str(path):
-                    return
-        time.sleep(0.001)
-    raise AssertionError(f"process {pid} never opened {path}")
+                    return True
+        return False
+
+    wait_for(is_open, f"process {pid} never opened {path}", timeout_s, poll_s=0.001)
 
 
 def test_a_held_lock_gives_lock_timeout_not_a_hang(tmp_path: Path, docs: Path) -> None:
@@ -321,10 +321,8 @@ def test_a_held_lock_gives_lock_timeout_not_a_hang(tmp_path: Path, docs: Path) -
             "a restore that could not lock wrote nothing")
         # a new task's baseline: reported as failed with the lock_timeout kind, retry works later
         sc.call("task/start", {"taskId": "u", "ts": 1})
-        deadline = time.monotonic() + 60
-        while (listing := sc.call("checkpoint/list", {"taskId": "u"}))["state"] == "initializing":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        listing = wait_for(lambda: (lst := sc.call("checkpoint/list", {"taskId": "u"}))["state"] != "initializing"
+                           and lst, "the baseline of u never finished", poll_s=0.05)
         assert listing["state"] == "disabled" and listing["error"]["kind"] == "lock_timeout", listing
     finally:
         held.release()

@@ -243,9 +243,11 @@ def test_a_task_record_that_cannot_be_written_takes_the_round_back(tmp_path: Pat
 
 def test_an_injected_enospc_on_the_record_is_storage_failed(make_engine: Any, workspace: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same without a mount: the record's writer (its module's `open`) refuses with ENOSPC."""
+    """The same without a mount: the record's writers (their modules' `open`: the atomic
+    write and the log's append) refuse with ENOSPC."""
     import builtins
 
+    import shadowpoint.atomic as atomic_module
     import shadowpoint.checkpoints as checkpoints_module
     from shadowpoint.errors import StorageFailedError
     from tests.faults.support import engine_edit, start
@@ -261,6 +263,7 @@ def test_an_injected_enospc_on_the_record_is_storage_failed(make_engine: Any, wo
         return builtins.open(file, mode, *args, **kwargs)
 
     monkeypatch.setattr(checkpoints_module, "open", refusing_open, raising=False)
+    monkeypatch.setattr(atomic_module, "open", refusing_open, raising=False)
     with pytest.raises(StorageFailedError, match="No space left on device"):
         engine_edit(eng, workspace, 2, {"a.txt": "a1\n"})
     assert [c["ts"] for c in eng.list_checkpoints("t")["checkpoints"]] == [1]

@@ -5,6 +5,7 @@ run them, and the checkpoints that result read back from the shadow repo with th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,7 +13,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from shadowpoint.adapters import claude, codex, gemini
 from shadowpoint.checkpoints import CheckpointStore
 from shadowpoint.sidecar.client import SidecarClient, socket_path
 from shadowpoint.workspace import workspace_hash
-from tests.conftest import make_tree
+from tests.conftest import make_tree, wait_for
 
 SP = [sys.executable, "-m", "shadowpoint"]
 
@@ -56,9 +56,8 @@ def stop_sidecars(run_dir: Path) -> None:
         except Exception:
             continue
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        with contextlib.suppress(AssertionError):  # a sidecar that outlives this is the next test's worry
+            wait_for(lambda pid=pid: not _alive(pid), f"sidecar {pid} still alive", 30, poll_s=0.05)
 
 
 def hook(agent: str, payload: dict[str, Any], env: dict[str, str], cwd: Path) -> None:

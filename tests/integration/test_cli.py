@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from shadowpoint.errors import UnknownCheckpointError
-from shadowpoint.sidecar.backend import AmbiguousCheckpointError, resolve_checkpoint
-from tests.conftest import make_tree
+from shadowpoint.errors import AmbiguousCheckpointError, UnknownCheckpointError
+from shadowpoint.sidecar.backend import resolve_checkpoint
+from tests.conftest import make_tree, wait_for
 
 SP = [sys.executable, "-m", "shadowpoint"]
 ANSI = b"\x1b["
@@ -230,13 +230,6 @@ def test_progress_bar_on_a_terminal_baseline_and_none_when_piped(tmp_path: Path,
 # ---------------------------------------------------------------------------- watch
 
 
-def _wait_for(predicate: Any, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def test_watch_checkpoints_after_a_quiet_period_and_exits_0_on_ctrl_c(ws: Path, env: dict[str, str],
                                                                       tmp_path: Path) -> None:
     out_file = tmp_path / "watch.out"
@@ -244,15 +237,15 @@ def test_watch_checkpoints_after_a_quiet_period_and_exits_0_on_ctrl_c(ws: Path, 
         proc = subprocess.Popen([*SP, "watch", str(ws), "--debounce", "0.3"], cwd=ws, env=env,
                                 stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: b"Ctrl-C to stop" in out_file.read_bytes() or proc.poll() is not None)
+        wait_for(lambda: b"Ctrl-C to stop" in out_file.read_bytes() or proc.poll() is not None)
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
         (ws / "app.py").write_text("print('watched')\n")
-        _wait_for(lambda: b" checkpoint " in out_file.read_bytes())
+        wait_for(lambda: b" checkpoint " in out_file.read_bytes())
         listing = sp_json("list", str(ws), cwd=ws, env=env)  # served by the watch process itself
         kinds = [c["kind"] for c in listing["checkpoints"]]
         assert kinds == ["round", "baseline"]
         (ws / "late.txt").write_text("late\n")
-        _wait_for(lambda: out_file.read_bytes().count(b" checkpoint ") == 2)
+        wait_for(lambda: out_file.read_bytes().count(b" checkpoint ") == 2)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     finally:
@@ -288,11 +281,11 @@ def test_watch_on_a_terminal_shows_a_status_line(ws: Path, env: dict[str, str]) 
         return bytes(out)
 
     try:
-        _wait_for(lambda: b"watching" in pump() and b"checkpoint" in bytes(out))
+        wait_for(lambda: b"watching" in pump() and b"checkpoint" in bytes(out))
         (ws / "README.md").write_text("changed\n")
-        _wait_for(lambda: b"last: " in pump() and b"(1 path, quiet period)" in bytes(out))
+        wait_for(lambda: b"last: " in pump() and b"(1 path, quiet period)" in bytes(out))
         proc.send_signal(signal.SIGINT)
-        _wait_for(lambda: pump() is not None and proc.poll() is not None)
+        wait_for(lambda: pump() is not None and proc.poll() is not None)
         pump()
         assert proc.returncode == 0
         assert b"\x1b[" in out and b"stopped (2 checkpoints this session)" in out, "the baseline counts"

@@ -13,8 +13,8 @@ import pytest
 from shadowpoint.engine import EngineOptions
 from shadowpoint.roots import RootState
 from shadowpoint.workspace import RepoPath, open_workspaces
-from tests.conftest import make_tree
-from tests.integration.test_cli import SP, _wait_for, run_pty, save, sp, sp_json
+from tests.conftest import make_tree, wait_for
+from tests.integration.test_cli import SP, run_pty, save, sp, sp_json
 from tests.rpc import RpcError, SidecarProcess
 
 
@@ -107,7 +107,7 @@ def test_delete_task_returns_at_once_and_the_space_is_collected_in_the_backgroun
     assert json.loads(deleted.stdout) == {"taskId": doomed, "deleted": True, "collecting": True}
     assert [t["taskId"] for t in sp_json("list", "--tasks", cwd=ws, env=env)["tasks"]] == [keep]
     # the detached collection clears the pending mark when done, and the doomed blob is gone
-    _wait_for(lambda: not (git_dir / "shadowpoint-gc-pending").exists(), timeout=120)
+    wait_for(lambda: not (git_dir / "shadowpoint-gc-pending").exists(), "the collection never finished", 120)
     assert subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "-e", oid],
                           capture_output=True).returncode != 0
     assert subprocess.run(["git", "--git-dir", str(git_dir), "fsck", "--no-dangling"],

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from shadowpoint.safe_fs import TEMP_PREFIX
 from shadowpoint.shadow_repo import MODE_FILE, TreeEntry, task_ref
 from shadowpoint.storage import remove_all_checkpoints
 from shadowpoint.workspace import RepoPath
-from tests.conftest import Exe, Link, make_tree, read_tree
+from tests.conftest import Exe, Link, make_tree, read_tree, wait_for
 
 MakeEngine = Callable[..., Engine]
 EDIT = "write_to_file"
@@ -44,12 +43,12 @@ COMMAND = "execute_command"
 
 def wait_ready(eng: Engine, task_id: str) -> str:
     """Wait (never asserting a duration) for the background baseline; returns the state."""
-    deadline = time.monotonic() + 60
-    while True:
-        state = eng.list_checkpoints(task_id)["state"]
-        if state != "initializing" or time.monotonic() > deadline:
-            return str(state)
-        time.sleep(0.01)
+
+    def settled() -> str:
+        state = str(eng.list_checkpoints(task_id)["state"])
+        return "" if state == "initializing" else state
+
+    return wait_for(settled, f"the baseline of {task_id} never finished")
 
 
 def start(eng: Engine, task_id: str = "t1", ts: int = 0) -> None:

@@ -189,14 +189,10 @@ def _sidecar_pid(ws: Path) -> int:
 
 
 def _wait_gone(pid: int) -> None:
-    import time
-
+    from tests.conftest import wait_for
     from tests.integration.test_adapters import _alive
 
-    deadline = time.monotonic() + 60
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pid)
+    wait_for(lambda: not _alive(pid), f"process {pid} still alive", poll_s=0.05)
 
 
 def test_an_unreachable_sidecar_fails_open_and_the_next_checkpoint_says_events_were_missed(

@@ -12,14 +12,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from shadowpoint.sidecar.client import SidecarClient, SidecarError
-from tests.conftest import make_tree
+from shadowpoint.errors import SidecarError
+from shadowpoint.sidecar.client import SidecarClient
+from tests.conftest import make_tree, wait_for
 
 SP = [sys.executable, "-m", "shadowpoint"]
 
@@ -52,14 +52,15 @@ def server(path: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def connect(path: Path, proc: subprocess.Popen[bytes] | None = None) -> SidecarClient:
-    deadline = time.monotonic() + 30
-    while True:
+
+    def connected() -> SidecarClient | None:
         try:
             return SidecarClient(path, timeout_s=60)
         except SidecarError:
             assert proc is None or proc.poll() is None, proc.stderr.read() if proc and proc.stderr else ""
-            assert time.monotonic() < deadline, "the sidecar did not come up"
-            time.sleep(0.05)
+            return None
+
+    return wait_for(connected, "the sidecar did not come up", 30, poll_s=0.05)
 
 
 def test_state_survives_between_connections_and_connections_run_concurrently(workspace: Path,

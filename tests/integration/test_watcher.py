@@ -15,7 +15,6 @@ import posixpath
 import shutil
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from shadowpoint import watcher_inotify
 from shadowpoint.journal import JournalSnapshot, PathJournal
 from shadowpoint.watcher import UNPROVEN_ROUND, ObserverKind, WorkspaceWatcher
 from shadowpoint.workspace import RepoPath
+from tests.conftest import wait_for
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify specifics")
 inotify_only = pytest.mark.parametrize("observer", ["inotify"])
@@ -117,10 +117,7 @@ def check(watcher: WorkspaceWatcher, snapshot: JournalSnapshot, paths: set[str])
 
 
 def wait_until(predicate: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
+    wait_for(predicate, "condition not reached", WAIT_S)
 
 
 def watched_inodes() -> set[int]:

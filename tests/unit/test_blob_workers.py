@@ -28,7 +28,7 @@ from shadowpoint.shadow_repo import ShadowRepo
 from shadowpoint.stager import StagePlan
 from shadowpoint.stat_cache import StatCache
 from shadowpoint.workspace import RepoPath
-from tests.conftest import Exe, Link, make_tree, read_tree
+from tests.conftest import Exe, Link, make_tree, read_tree, wait_for
 from tests.faults.support import expected_git_tree, git, git_tree
 
 # workers from the first file on, in small batches, so a small tree crosses many batches
@@ -312,10 +312,7 @@ def test_workers_exit_when_the_scanning_process_is_killed(workspace: Path, tmp_p
     line = next(ln for ln in proc.stdout.decode().splitlines() if ln.startswith("PIDS"))
     pids = [int(p) for p in line.split()[1:]]
     assert len(pids) == 2
-    deadline = time.monotonic() + 60  # a liveness bound, not a timing assertion
-    while not all(is_gone(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(is_gone(pid) for pid in pids), "orphaned blob workers kept running"
+    wait_for(lambda: all(is_gone(pid) for pid in pids), "orphaned blob workers kept running", poll_s=0.05)
 
 
 # ---- the setting ---------------------------------------------------------------------------------
@@ -339,8 +336,5 @@ def test_the_hash_workers_setting_reaches_the_scanner(make_engine: Any, workspac
     eng = make_engine(workspace, hash_workers=setting, watcher=False)
     eng.start_task("t", ts=1)
     assert eng.list_checkpoints("t")["state"] in ("initializing", "ready")
-    deadline = time.monotonic() + 60
-    while eng.list_checkpoints("t")["state"] != "ready":
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for(lambda: eng.list_checkpoints("t")["state"] == "ready", "the baseline never finished")
     assert len(pids) == (default_worker_count() if expected is None else expected)

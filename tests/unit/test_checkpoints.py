@@ -371,6 +371,7 @@ def test_a_refused_append_changes_nothing_on_disk_and_keeps_the_changes(tmp_path
     import builtins
     import errno
 
+    import shadowpoint.atomic as atomic_module
     import shadowpoint.checkpoints as module
     from shadowpoint.errors import StorageFailedError
 
@@ -390,6 +391,7 @@ def test_a_refused_append_changes_nothing_on_disk_and_keeps_the_changes(tmp_path
     before = [(c, c.restored) for c in rec.checkpoints]
     c = _round(rec, 20, "b.py")
     monkeypatch.setattr(module, "open", refusing_open, raising=False)
+    monkeypatch.setattr(atomic_module, "open", refusing_open, raising=False)
     with pytest.raises(StorageFailedError, match=r"task\.json"):
         store.append(rec)
     rec.take_back_checkpoint(c, before, None)  # what the engine does with the round
