@@ -175,10 +175,9 @@ class WorkspaceModel(RuleBasedStateMachine):
         self.edited |= reported
         if self.watcher:
             # the watcher records every change: the unreported ones are staged, minus exclusions
-            before = self.tracked
+            # (a round of reported edits adds only its paths to the scope, even when it rescans:
+            # what else changed meanwhile is not its commands' doing, PROTOCOL 1.1 "Scope")
             self.tracked = self._rescan(self.tracked, reported)
-            if not self.trusted:  # the portable observer's round rescans, and a rescan counts all it found
-                self.changed |= {p for p in set(before) | set(self.tracked) if before.get(p) != self.tracked.get(p)}
             self.pending.clear()
         else:
             for path in reported:
