@@ -10,7 +10,6 @@ thread for hooks); the baseline builds on its own thread.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -23,6 +22,7 @@ import structlog
 
 from shadowpoint import stager
 from shadowpoint.bus import RoundBus
+from shadowpoint.checkpointer import checkpoint_root
 from shadowpoint.checkpoints import CheckpointRecord, CheckpointStore, TaskRecord, checkpoint_or_raise, fork_record
 from shadowpoint.config import protected_directories
 from shadowpoint.diff import TITLE_NEW, TITLE_SINCE, FileChange, diff_to_wire, file_changes
@@ -52,25 +52,20 @@ from shadowpoint.events import (
     ToolBegan,
     ToolEnded,
 )
-from shadowpoint.locking import SharedUse
+from shadowpoint.maintenance import Maintenance
 from shadowpoint.options import EngineOptions
 from shadowpoint.recovery import rebuild_record
 from shadowpoint.restorer import Restorer
 from shadowpoint.roots import Notify, RootState
 from shadowpoint.rounds import RoundRecord, RoundRecorder, tool_kind
 from shadowpoint.scanner import StageResult
-from shadowpoint.shadow_repo import delete_task_refs, loose_object_estimate, task_ref
+from shadowpoint.shadow_repo import delete_task_refs, task_ref
 from shadowpoint.stager import StagePlan
-from shadowpoint.storage import USERS_FILE, apply_retention
-from shadowpoint.storage import collect_garbage as collect_repo_garbage
 from shadowpoint.verifier import VerifyStats, WatchVerifier, throttled
 from shadowpoint.workspace import PathResolver, RepoPath, Workspace, open_workspaces
 
 __all__ = ["Engine", "EngineOptions", "TaskRuntime"]
 
-# git's gc.auto threshold; checked every AUTO_PACK_EVERY checkpoints (one listdir)
-AUTO_PACK_LOOSE = 6700
-AUTO_PACK_EVERY = 25
 
 # what a failed baseline reports as itself (any other error is reported as init_failed)
 _INIT_ERROR_KINDS = ("init_failed", "init_timeout", "lock_timeout", "storage_failed")
@@ -129,16 +124,13 @@ class Engine:
         self.resolver = PathResolver(self.workspaces)
         self.roots = {ws.name: RootState(ws, options) for ws in self.workspaces}
         self.store = CheckpointStore(options.docs_dir)
-        # a share of the checkpoints folder for as long as this engine runs (locking.SharedUse)
-        self._users = SharedUse(options.docs_dir / USERS_FILE)
         self.notify: Notify = notify or (lambda method, params: None)
         self._tasks: dict[str, TaskRuntime] = {}
         self._tasks_lock = threading.Lock()
         self._closed = False
         self.restorer = Restorer(self)
         self.bus = RoundBus()
-        self._background: list[threading.Thread] = []
-        self._checkpoints_made = 0
+        self.maintenance = Maintenance(self.roots, options, closed=lambda: self._closed)
         self._verifiers = {name: WatchVerifier(root) for name, root in self.roots.items()}
         self._verify_lock = threading.Lock()  # one verification pass at a time
         self._verify_stop = threading.Event()
@@ -363,21 +355,18 @@ class Engine:
         warnings: list[dict[str, str]] = []
         hashed = taken = 0
         self._start_watchers(captures, requested)
+
+        def wanted() -> bool:
+            with rt.lock:
+                return rt.generation == gen  # not deleted or restarted meanwhile
+
         for name, root in self.roots.items():
-            with root.lock.held():
-                try:
-                    # on a git repository, ids the user's index proves unchanged are taken
-                    result = root.stage(StagePlan(rescan=True), captures[name], borrow=True)
-                finally:
-                    captures[name].finish()  # this root's part is scanned: its edits wait no more
-                assert root.repo is not None
-                commit = root.repo.commit(result.tree, [], f"baseline checkpoint at {ts}", rt.record.task_id)
-                with rt.lock:
-                    if rt.generation != gen:
-                        return
-                root.repo.set_ref(task_ref(rt.record.task_id), commit)
-                root.set_head(result.tree)
-                root.save_cache()
+            # on a git repository, ids the user's index proves unchanged are taken
+            made = checkpoint_root(root, StagePlan(rescan=True), rt.record.task_id, f"baseline checkpoint at {ts}",
+                                   None, capture=captures[name], borrow=True, wanted=wanted, save_cache=True)
+            if made is None:
+                return
+            commit, result = made.commit, made.result
             hashes[name] = commit
             warnings.extend(self._warnings(name, result))
             hashed += result.stats.hashed
@@ -616,22 +605,11 @@ class Engine:
         for i, (name, root) in enumerate(self.roots.items()):
             plan = root.take_carried(plans[name])
             try:
-                with root.lock.held():
-                    result = root.stage(plan)
-                    assert root.repo is not None
-                    parent = prev.hashes.get(name) if prev else None
-                    parent_tree = root.repo.tree_of_commit_or_none(parent) if parent else None
-                    if parent is not None and parent_tree == result.tree and root.repo.has_object(parent):
-                        commit = parent
-                    else:
-                        reused_all = False
-                        # libgit2 refuses a commit whose parent is missing (a lost object): the
-                        # chain then restarts here rather than every later round failing.
-                        parents = [parent] if parent and root.repo.has_object(parent) else []
-                        commit = root.repo.commit(result.tree, parents, f"{kind} checkpoint at {ts}",
-                                                  rt.record.task_id)
-                        root.repo.set_ref(task_ref(rt.record.task_id), commit)
-                    root.set_head(result.tree)
+                made = checkpoint_root(root, plan, rt.record.task_id, f"{kind} checkpoint at {ts}",
+                                       prev.hashes.get(name) if prev else None)
+                assert made is not None
+                commit, result = made.commit, made.result
+                reused_all = reused_all and made.reused
             except BaseException as exc:
                 if isinstance(exc, RepoError):
                     root.verified = False  # check the objects it reuses before the next round
@@ -657,12 +635,7 @@ class Engine:
             rt.missed_events = None
         cp = CheckpointRecord(ts=ts, kind=kind, hashes=hashes, reused=reused_all, warnings=warnings)
         self._add_checkpoint(rt, cp, prev, plans)
-        self._checkpoints_made += 1
-        if self._checkpoints_made % AUTO_PACK_EVERY == 0 and any(
-            loose_object_estimate(r.ws.git_dir) > AUTO_PACK_LOOSE for r in self.roots.values()
-        ):
-            # loose objects cost a disk block each: pack them, as git's gc.auto does
-            self._collect_in_background()
+        self.maintenance.checkpointed()
         log.info("round.checkpointed", task_id=rt.record.task_id, kind=kind, ts=ts, reused=reused_all,
                  paths=sum(s.examined for s in stats), changed=sum(s.changed for s in stats),
                  rescan=any(s.rescan for s in stats), forced=sum(len(p.forced) for p in plans.values()),
@@ -883,36 +856,14 @@ class Engine:
             self.store.delete(task_id)
         # an unreadable task.json still counts: its history must not go with the folder
         if not self.store.has_any_task():
-            self._remove_checkpoints_folder()
+            self.maintenance.remove_checkpoints_folder()
         else:
-            self._collect_in_background()
-
-    def _collect_in_background(self) -> None:
-        """Free what deleted tasks alone referenced, off the request path."""
-        dirs = [root.ws.git_dir for root in self.roots.values() if root.ws.git_dir.is_dir()]
-        if not dirs or self._closed:
-            return
-
-        def run() -> None:
-            try:
-                collect_repo_garbage(self.options.docs_dir, grace_s=self.options.gc_grace_s,
-                                     lock_timeout_s=self.options.lock_timeout_s, only=dirs,
-                                     locks={root.ws.git_dir: root.lock for root in self.roots.values()})
-            except Exception:  # never fatal: the next collection tries again
-                log.exception("storage.collect_failed")
-
-        t = threading.Thread(target=run, name="shadowpoint-gc", daemon=True)
-        self._background.append(t)
-        t.start()
+            self.maintenance.collect_in_background()
 
     def _retain(self) -> None:
-        """Apply the retention limits (oldest tasks first; open tasks are kept)."""
-        if self.options.retention.is_unlimited:
-            return
         with self._tasks_lock:
             live = set(self._tasks)
-        if apply_retention(self.options.docs_dir, self.options.retention, protect=live):
-            self._collect_in_background()
+        self.maintenance.retain(live)
 
     def delete_all(self, keep: Sequence[str]) -> None:
         keep_set = set(keep)
@@ -925,7 +876,7 @@ class Engine:
             except UnknownTaskError:
                 self.store.delete(task_id)
         if not keep_set or not self.store.task_ids():
-            self._remove_checkpoints_folder()
+            self.maintenance.remove_checkpoints_folder()
 
     def _drop_refs(self, record: TaskRecord) -> None:
         for name, root in self.roots.items():
@@ -934,37 +885,9 @@ class Engine:
             with root.lock.held():
                 delete_task_refs(root.open(), record.task_id)
 
-    def _remove_checkpoints_folder(self) -> None:
-        # A collection an earlier deletion started may still be writing its pack in there:
-        # removing the folder under it left the folder behind (a CI run caught it).
-        for worker in self._background:
-            worker.join()
-        with self._users.sole() as sole:
-            if not sole:
-                # another process works in the folder (its task may have no record yet): the
-                # deleted tasks' objects are collected instead
-                log.info("storage.checkpoints_kept", docs_dir=str(self.options.docs_dir),
-                         reason="another process uses them")
-                self._collect_in_background()
-                return
-            for root in self.roots.values():
-                with root.lock.held():
-                    root.forget_repo()
-            shutil.rmtree(self.options.docs_dir / "checkpoints", ignore_errors=True)
-        log.info("storage.checkpoints_removed", docs_dir=str(self.options.docs_dir))
-
     def collect_garbage(self, grace_s: float = 3600.0) -> dict[str, Any]:
         """Drop the objects no task reaches any more, in every root's shadow repo."""
-        out = {}
-        for name, root in self.roots.items():
-            if not root.ws.git_dir.is_dir():
-                continue
-            with root.lock.held():
-                kept, freed = root.open().collect_garbage(grace_s)
-                # the stat cache may name blobs of uncommitted scans (a diff): forget them
-                root.reset_cache(root.cache.base_commit)
-            out[name] = {"kept": kept, "freedBytes": freed}
-        return out
+        return self.maintenance.collect_now(grace_s)
 
     # ================================================================== lifecycle
 
@@ -984,9 +907,8 @@ class Engine:
             if rt.baseline is not None and not rt.baseline.done():
                 with contextlib.suppress(Exception):
                     rt.baseline.result(timeout=self.options.init_timeout_s)
-        for worker in self._background:
-            worker.join()
+        self.maintenance.join()
         for root in self.roots.values():
             with contextlib.suppress(Exception), root.lock.held():
                 root.close()
-        self._users.close()
+        self.maintenance.close()

@@ -1,0 +1,63 @@
+"""The one routine that turns a stage plan into a checkpoint of one root: stage, commit on
+the task's previous snapshot, move the task's ref and the head, all under the workspace lock.
+The baseline and every round go through it; what a failure leaves to the next round (the
+plan carried) is the caller's, which knows the other roots' plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shadowpoint.early_capture import EarlyCapture
+from shadowpoint.roots import RootState
+from shadowpoint.scanner import StageResult
+from shadowpoint.shadow_repo import task_ref
+from shadowpoint.stager import StagePlan
+
+
+@dataclass(frozen=True, slots=True)
+class RootCheckpoint:
+    commit: str
+    reused: bool  # the staged tree equals the parent's: the parent is the checkpoint
+    result: StageResult
+
+
+def checkpoint_root(root: RootState, plan: StagePlan, task_id: str, message: str, parent: str | None,
+                    *, capture: EarlyCapture | None = None, borrow: bool = False,
+                    wanted: Callable[[], bool] | None = None, save_cache: bool = False) -> RootCheckpoint | None:
+    """Stage `plan` in `root` and commit it on `parent` (the task's previous snapshot of this
+    root, None for a baseline); the task's ref moves to the commit, the head to its tree.
+
+    `capture`: a baseline's early captures, finished once the root is scanned (its edits wait
+    no more); `borrow`: a baseline may take blob ids from the user's git index; `wanted`: asked
+    before the ref moves, None as its answer when false (a task deleted or restarted meanwhile);
+    `save_cache`: write the stat cache too (after a baseline's whole scan).
+
+    Raises:
+        whatever staging or committing raised (LockTimeoutError, RepoError, StorageFailedError):
+        nothing moved; the caller carries the plan to the next round.
+    """
+    with root.lock.held():
+        try:
+            result = root.stage(plan, capture, borrow=borrow)
+        finally:
+            if capture is not None:
+                capture.finish()
+        repo = root.repo
+        assert repo is not None
+        # libgit2 refuses a commit whose parent is missing (a lost object): the chain then
+        # restarts here rather than every later round failing
+        parent_ok = parent is not None and repo.has_object(parent)
+        if parent is not None and parent_ok and repo.tree_of_commit_or_none(parent) == result.tree:
+            commit, reused = parent, True
+        else:
+            commit = repo.commit(result.tree, [parent] if parent is not None and parent_ok else [], message, task_id)
+            reused = False
+            if wanted is not None and not wanted():
+                return None
+            repo.set_ref(task_ref(task_id), commit)
+        root.set_head(result.tree)
+        if save_cache:
+            root.save_cache()
+        return RootCheckpoint(commit, reused, result)

@@ -1,0 +1,111 @@
+"""Storage upkeep for an engine's roots, off the agent's path: garbage collection in the
+background (after a deletion, or once loose objects pile up), retention limits, and the
+checkpoints folder going with the last task (unless another engine still uses it)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from shadowpoint.locking import SharedUse
+from shadowpoint.options import EngineOptions
+from shadowpoint.roots import RootState
+from shadowpoint.shadow_repo import loose_object_estimate
+from shadowpoint.storage import USERS_FILE, apply_retention
+from shadowpoint.storage import collect_garbage as collect_repo_garbage
+
+log = structlog.get_logger(__name__)
+
+# git's gc.auto threshold; checked every AUTO_PACK_EVERY checkpoints (one listdir)
+AUTO_PACK_LOOSE = 6700
+AUTO_PACK_EVERY = 25
+
+
+class Maintenance:
+    """Upkeep of the shadow repositories of `roots` (one engine's)."""
+
+    def __init__(self, roots: Mapping[str, RootState], options: EngineOptions, closed: Callable[[], bool]) -> None:
+        self.roots = roots
+        self.options = options
+        self._closed = closed
+        # a share of the checkpoints folder for as long as the engine runs (locking.SharedUse)
+        self._users = SharedUse(options.docs_dir / USERS_FILE)
+        self._background: list[threading.Thread] = []
+        self._checkpoints = 0
+
+    def collect_in_background(self) -> None:
+        """Free what deleted tasks alone referenced (and pack loose objects), off the request path."""
+        dirs = [root.ws.git_dir for root in self.roots.values() if root.ws.git_dir.is_dir()]
+        if not dirs or self._closed():
+            return
+
+        def run() -> None:
+            try:
+                collect_repo_garbage(self.options.docs_dir, grace_s=self.options.gc_grace_s,
+                                     lock_timeout_s=self.options.lock_timeout_s, only=dirs,
+                                     locks={root.ws.git_dir: root.lock for root in self.roots.values()})
+            except Exception:  # never fatal: the next collection tries again
+                log.exception("storage.collect_failed")
+
+        t = threading.Thread(target=run, name="shadowpoint-gc", daemon=True)
+        self._background.append(t)
+        t.start()
+
+    def collect_now(self, grace_s: float) -> dict[str, Any]:
+        """Drop the objects no task reaches any more, in every root's shadow repo."""
+        out = {}
+        for name, root in self.roots.items():
+            if not root.ws.git_dir.is_dir():
+                continue
+            with root.lock.held():
+                kept, freed = root.open().collect_garbage(grace_s)
+                # the stat cache may name blobs of uncommitted scans (a diff): forget them
+                root.reset_cache(root.cache.base_commit)
+            out[name] = {"kept": kept, "freedBytes": freed}
+        return out
+
+    def checkpointed(self) -> None:
+        """One more checkpoint: now and then, pack loose objects (each costs a disk block)."""
+        self._checkpoints += 1
+        if self._checkpoints % AUTO_PACK_EVERY == 0 and any(
+            loose_object_estimate(r.ws.git_dir) > AUTO_PACK_LOOSE for r in self.roots.values()
+        ):
+            self.collect_in_background()
+
+    def retain(self, live: set[str]) -> None:
+        """Apply the retention limits (oldest tasks first; the `live` ones are kept)."""
+        if self.options.retention.is_unlimited:
+            return
+        if apply_retention(self.options.docs_dir, self.options.retention, protect=live):
+            self.collect_in_background()
+
+    def remove_checkpoints_folder(self) -> None:
+        """The last task went: the whole checkpoints folder goes too (SPEC §2), unless another
+        process works in it (its task may have no record yet): then only a collection."""
+        # A collection an earlier deletion started may still be writing its pack in there:
+        # removing the folder under it left the folder behind (a CI run caught it).
+        self.join()
+        with self._users.sole() as sole:
+            if not sole:
+                log.info("storage.checkpoints_kept", docs_dir=str(self.options.docs_dir),
+                         reason="another process uses them")
+                self.collect_in_background()
+                return
+            for root in self.roots.values():
+                with root.lock.held():
+                    root.forget_repo()
+            shutil.rmtree(self.options.docs_dir / "checkpoints", ignore_errors=True)
+        log.info("storage.checkpoints_removed", docs_dir=str(self.options.docs_dir))
+
+    def join(self) -> None:
+        """Wait for the background collections started so far."""
+        for worker in self._background:
+            worker.join()
+
+    def close(self) -> None:
+        self.join()
+        self._users.close()
