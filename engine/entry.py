@@ -27,13 +27,19 @@ class _Deferred(types.ModuleType):
         return getattr(importlib.import_module(self.__name__), name)
 
 
-def lean_imports() -> None:
+LEAN_MODULES = ("structlog", "shadowpoint.config.settings")
+
+
+def lean_imports(modules: tuple[str, ...] = LEAN_MODULES) -> None:
     """Import structlog and the settings (pydantic-settings) without what they import and a
     command does not use: rich (structlog.dev's default traceback formatter; importable again
     afterwards, the CLI's consoles import it when they print) and asyncio (structlog's and
     pydantic-settings' async helpers: imported on their first use). Measured with `python -X
-    importtime`: ~100 ms and ~7 MiB of every process (issue 14). Nothing when they are loaded."""
-    if "structlog" in sys.modules or "shadowpoint.config" in sys.modules:
+    importtime`: ~100 ms and ~7 MiB of every process (issue 14). Only those of `modules` not
+    loaded yet (the fast commands import structlog alone, and the settings only when they hand
+    over to the click CLI)."""
+    wanted = [name for name in modules if name not in sys.modules]
+    if not wanted:
         return
     placed: dict[str, ModuleType | None] = {}
     if "rich" not in sys.modules:
@@ -42,9 +48,8 @@ def lean_imports() -> None:
         placed["asyncio"] = _Deferred("asyncio")
     sys.modules.update(placed)  # type: ignore[arg-type]
     try:
-        import structlog  # noqa: F401
-
-        import shadowpoint.config  # noqa: F401
+        for name in wanted:
+            importlib.import_module(name)
     finally:
         for name, module in placed.items():
             if name in sys.modules and sys.modules[name] is module:
