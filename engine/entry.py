@@ -1,7 +1,9 @@
 """The `shadowpoint` command's entry point: imports only what the command needs.
 
 `shadowpoint serve` (the sidecar, on stdio) and `shadowpoint hook AGENT` (run on every tool
-call) start without click or rich; every other command goes to the click CLI (`cli.main`).
+call) start without click or rich, `shadowpoint delete-task ID --yes` without click, rich or
+pydantic (`quick`); every other command, and any of these in a form they do not take, goes to
+the click CLI (`cli.main`).
 structlog and the settings are imported without rich and asyncio (`lean_imports`); `logs`
 renders a traceback with rich only on a terminal, importing it then.
 """
@@ -115,6 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         from shadowpoint.hookrun import main as hook_main
 
         return hook_main([args[1]])
+    from shadowpoint import quick
+
+    command = quick.parse(args)
+    if command is not None:
+        lean_imports(("structlog",))
+        code = command.run()
+        if code is not None:
+            return code
     lean_imports()
     options = _serve_options(args)
     if options is not None:
