@@ -117,14 +117,15 @@ def main(argv: list[str] | None = None) -> int:
         from shadowpoint.hookrun import main as hook_main
 
         return hook_main([args[1]])
-    from shadowpoint import quick
+    if args[:1] == ["delete-task"]:
+        from shadowpoint import quick
 
-    command = quick.parse(args)
-    if command is not None:
-        lean_imports(("structlog",))
-        code = command.run()
-        if code is not None:
-            return code
+        command = quick.parse(args)
+        if command is not None:
+            lean_imports(("structlog",))
+            code = command.run()
+            if code is not None:
+                return code
     lean_imports()
     options = _serve_options(args)
     if options is not None:
