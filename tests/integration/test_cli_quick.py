@@ -71,8 +71,8 @@ def state(docs: Path) -> dict[str, Any]:
 
 @pytest.fixture
 def two_tasks(ws: Path, hooks_env: dict[str, str]) -> Iterator[Path]:
-    """A workspace with task `kept` and task `doomed` (two checkpoints, a file only it saw);
-    yields the docs root, saved aside so that each run starts from the same files."""
+    """A workspace with its default task, task `kept` and task `doomed` (two checkpoints, a file
+    only it saw); yields the docs root, saved aside so that each run starts from the same files."""
     save(ws, hooks_env, "kept")
     kept = sp_json("list", "--tasks", cwd=ws, env=hooks_env)["tasks"][0]["taskId"]
     sp_json("save", "--task-id", "kept", cwd=ws, env=hooks_env)  # an explicit name too
