@@ -39,7 +39,6 @@ Exit codes (one per error kind; the README carries the same table):
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -48,12 +47,18 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import IO, TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import click
 
 from shadowpoint import __version__
-from shadowpoint.errors import AbortedError, CliError, cli_error
+from shadowpoint.cli_report import EXIT_CODES as EXIT_CODES
+from shadowpoint.cli_report import PlainOut, print_json, report_exception, stdout_console
+from shadowpoint.cli_report import fail as _fail
+from shadowpoint.cli_report import people_words as people_words
+from shadowpoint.cli_report import report as _report
+from shadowpoint.errors import AbortedError
+from shadowpoint.errors import CliError as CliError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -69,74 +74,7 @@ class _Waitable(Protocol):
     def task_state(self, task_id: str) -> dict[str, Any]: ...
     def progress(self) -> Progress: ...
 
-EXIT_CODES: dict[str, int] = {
-    "internal": 1,
-    "usage": 2,
-    "invalid_params": 2,
-    "no_workspace": 3,
-    "protected_directory": 4,
-    "path_outside_workspace": 5,
-    "unknown_task": 10,
-    "unknown_checkpoint": 11,
-    "ambiguous_checkpoint": 12,
-    "unknown_message": 13,
-    "no_file_snapshot": 20,
-    "already_restored": 21,
-    "nothing_to_undo": 22,
-    "restore_failed": 23,
-    "restore_conflict": 24,
-    "init_timeout": 30,
-    "init_failed": 31,
-    "checkpoints_disabled": 32,
-    "storage_failed": 33,
-    "lock_timeout": 40,
-    "sidecar_running": 41,
-    "sidecar_unavailable": 42,
-    "confirmation_required": 50,
-    "aborted": 51,
-    "doctor_problems": 60,
-    "interrupted": 130,
-}
-
-
-def _fail(message: str, kind: str) -> NoReturn:
-    raise cli_error(message, kind)
-
-
 # ---------------------------------------------------------------------------- shared helpers
-
-
-class _PlainOut:
-    """stdout when it is not a terminal: plain text is written as the rich console would
-    write it (no markup, highlighting or wrapping there), without importing rich (~100 ms of
-    a short command, issue 13); anything else (tables, tabs, control characters, options)
-    goes to the rich console."""
-
-    is_terminal = False
-
-    def __init__(self) -> None:
-        self._rich: Console | None = None
-
-    @property
-    def rich(self) -> Console:
-        if self._rich is None:
-            from rich.console import Console
-
-            self._rich = Console(highlight=False, emoji=False, markup=False, soft_wrap=True)
-        return self._rich
-
-    @property
-    def width(self) -> int:
-        return self.rich.width
-
-    def print(self, *objects: Any, **options: Any) -> None:
-        texts = [o for o in objects if isinstance(o, str)]
-        text = " ".join(texts)
-        if options or len(texts) != len(objects) or not text.replace("\n", "").isprintable():
-            self.rich.print(*objects, **options)
-            return
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
 
 
 class _Ctx:
@@ -144,7 +82,7 @@ class _Ctx:
 
     def __init__(self) -> None:
         self._settings: Settings | None = None
-        self._out: Console | _PlainOut | None = None
+        self._out: Console | PlainOut | None = None
         self._err: Console | None = None
 
     @property
@@ -158,21 +96,16 @@ class _Ctx:
         return self._settings
 
     @property
-    def out(self) -> Console | _PlainOut:
+    def out(self) -> Console | PlainOut:
         if self._out is None:
-            if not sys.stdout.isatty() and "FORCE_COLOR" not in os.environ and "TTY_COMPATIBLE" not in os.environ:
-                self._out = _PlainOut()
-            else:
-                from rich.console import Console
-
-                self._out = Console(highlight=False, emoji=False, markup=False, soft_wrap=True)
+            self._out = stdout_console()
         return self._out
 
     @property
     def rich_out(self) -> Console:
         """The rich console of stdout (for rich's own widgets)."""
         out = self.out
-        return out.rich if isinstance(out, _PlainOut) else out
+        return out.rich if isinstance(out, PlainOut) else out
 
     @property
     def err(self) -> Console:
@@ -190,11 +123,6 @@ def _isolate() -> None:
     from shadowpoint.shadow_repo import isolate_libgit2
 
     isolate_libgit2()
-
-
-def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
 
 
 def workspace_for(ctx: _Ctx, directory: str | None) -> Path:
@@ -546,7 +474,7 @@ def save(ctx: _Ctx, positional_dir: str | None, directory: str | None, message: 
         else:
             cp = backend.save(task, max(ts + 1, now_ms()), message) or {}
     if as_json:
-        _print_json({"taskId": task, "workspace": str(backend.root), "checkpoint": cp})
+        print_json({"taskId": task, "workspace": str(backend.root), "checkpoint": cp})
         return
     what = "baseline" if is_new else ("unchanged since the last one" if cp.get("reused") else "saved")
     ctx.out.print(header(task, backend.root))
@@ -580,7 +508,7 @@ def list_cmd(ctx: _Ctx, positional_dir: str | None, directory: str | None, task_
 
     safety = safety_rows(load_record(ctx, task)) if show_all else []
     if as_json:
-        _print_json({"taskId": task, "workspace": str(backend.root), "state": result.get("state"),
+        print_json({"taskId": task, "workspace": str(backend.root), "state": result.get("state"),
                      "checkpoints": cps, **({"safety": safety} if show_all else {})})
         return
     state = str(result.get("state"))
@@ -614,7 +542,7 @@ def _list_tasks(ctx: _Ctx, directory: str | None, as_json: bool) -> None:
          "lastActivity": datetime.fromtimestamp(last_activity(t)).astimezone().isoformat(timespec="seconds")}
         for t in tasks]
     if as_json:
-        _print_json({"workspace": str(root), "tasks": rows, "default": rows[0]["taskId"] if rows else None})
+        print_json({"workspace": str(root), "tasks": rows, "default": rows[0]["taskId"] if rows else None})
         return
     table = Table(title=f"Tasks of {root} (the first is the default)", title_justify="left")
     for col in ("task", "checkpoints", "last activity"):
@@ -700,7 +628,7 @@ def diff(ctx: _Ctx, args: tuple[str, ...], directory: str | None, task_id: str |
         Path(html_file).write_text(diff_page(result, title, task=task, workspace=str(backend.root)),
                                    encoding="utf-8")
     if as_json:
-        _print_json({"taskId": task, "workspace": str(backend.root), "from": old, "to": new, **result})
+        print_json({"taskId": task, "workspace": str(backend.root), "from": old, "to": new, **result})
         return
     painted = use_color(sys.stdout, color)
     lines = stat_lines(result, color=painted) if stat_only else unified_diff_lines(result, color=painted)
@@ -758,7 +686,7 @@ def status(ctx: _Ctx, paths: tuple[str, ...], directory: str | None, task_id: st
                                 "changed": [{"path": f["path"], "status": f["status"]} for f in changed]}
         if ignored:
             data["ignored"] = left_out
-        _print_json(data)
+        print_json(data)
         return
     out = ctx.out
     out.print(header(task, backend.root))
@@ -848,7 +776,7 @@ def restore(ctx: _Ctx, ref: str, paths: tuple[str, ...], mode: str | None, dry_r
             lines.append("Checkpoints and messages after it leave the task.")
         if dry_run:
             if as_json:
-                _print_json({"taskId": task, "checkpoint": cp, **plan})
+                print_json({"taskId": task, "checkpoint": cp, **plan})
             else:
                 ctx.out.print("\n".join(lines))
             return
@@ -858,7 +786,7 @@ def restore(ctx: _Ctx, ref: str, paths: tuple[str, ...], mode: str | None, dry_r
             _confirm(ctx, "Go ahead?", yes)
         result = run_restore(backend, task, cp, mode, named, False, keep_mine)
     if as_json:
-        _print_json({"taskId": task, "checkpoint": cp, **result})
+        print_json({"taskId": task, "checkpoint": cp, **result})
     else:
         files = result.get("files")
         if files:
@@ -917,7 +845,7 @@ def storage(ctx: _Ctx, gc: bool, grace: float | None, only: tuple[str, ...], qui
         return
     report = store.storage_report(docs)
     if as_json:
-        _print_json({**report, "collected": collected} if gc else report)
+        print_json({**report, "collected": collected} if gc else report)
         return
     from rich.table import Table
 
@@ -972,18 +900,6 @@ def _collect(ctx: _Ctx, docs: Path, grace: float, lock_timeout_s: float, only: t
     return out
 
 
-def collect_in_background(git_dirs: list[Path], grace_s: float) -> None:
-    """Start a detached `shadowpoint storage --gc` for these shadow repos (it outlives us)."""
-    import subprocess
-
-    if not git_dirs:
-        return
-    only = [arg for g in git_dirs for arg in ("--only", g.parent.name)]
-    subprocess.Popen([sys.executable, "-m", "shadowpoint", "storage", "--gc", "--quiet", "--grace", str(grace_s),
-                      *only], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True, close_fds=True)
-
-
 def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -1005,15 +921,14 @@ def delete_task(ctx: _Ctx, task_id: str, yes: bool, no_collect: bool, as_json: b
     Returns at once; the space the task alone used is reclaimed in the background.
     Your files are not touched.
     """
-    from shadowpoint import storage as store
     from shadowpoint.checkpoints import CheckpointStore
+    from shadowpoint.quick import delete_task_here, deleted_json, deleted_text
     from shadowpoint.sidecar.client import connect_live
 
     settings = ctx.settings
     _isolate()
     docs = settings.resolved_docs_dir()
-    tasks = CheckpointStore(docs)
-    rec = tasks.load(task_id)
+    rec = CheckpointStore(docs).load(task_id)
     roots = list(rec.roots.values())
     if not roots:
         _fail(f"Task {task_id} names no workspace.", "unknown_task")
@@ -1029,17 +944,11 @@ def delete_task(ctx: _Ctx, task_id: str, yes: bool, no_collect: bool, as_json: b
         with _backend(ctx, roots[0]) as backend:
             backend.delete_task(task_id)
     else:
-        git_dirs = store.delete_task_storage(docs, rec)
-        if not tasks.has_any_task() and store.remove_all_checkpoints(docs):
-            pass  # the last task: its checkpoints folder is gone, nothing to collect
-        elif not no_collect:
-            collect_in_background(git_dirs, settings.gc_grace_s)
-            background = bool(git_dirs)
+        background = delete_task_here(docs, rec, no_collect=no_collect, gc_grace_s=settings.gc_grace_s)
     if as_json:
-        _print_json({"taskId": task_id, "deleted": True, "collecting": background})
+        print_json(deleted_json(task_id, background))
         return
-    tail = "; its space is being reclaimed in the background" if background else ""
-    ctx.out.print(f"deleted task {task_id} ({len(rec.checkpoints)} checkpoint(s)){tail}")
+    ctx.out.print(deleted_text(task_id, len(rec.checkpoints), background))
 
 
 # ---------------------------------------------------------------------------- doctor / bench
@@ -1058,7 +967,7 @@ def doctor(ctx: _Ctx, positional_dir: str | None, directory: str | None, as_json
     report = run_checks(ctx.settings, workspace_for(ctx, directory or positional_dir))
     problems = [c for c in report if c["status"] == "problem"]
     if as_json:
-        _print_json({"checks": report, "problems": len(problems)})
+        print_json({"checks": report, "problems": len(problems)})
     else:
         marks = {"ok": "✓", "warning": "!", "problem": "✗", "info": "·"}
         for c in report:
@@ -1132,7 +1041,7 @@ def install_hooks(ctx: _Ctx, agent: str, directory: str | None, remove: bool, co
 
     result = install(agent, Path(directory or os.getcwd()), remove=remove, command=command)
     if as_json:
-        _print_json({"file": str(result.path), "added": result.added, "updated": result.updated,
+        print_json({"file": str(result.path), "added": result.added, "updated": result.updated,
                      "removed": result.removed, "nextSteps": result.notes})
         return
     if remove:
@@ -1188,55 +1097,9 @@ def main(argv: list[str] | None = None) -> int:
             return _report(exc.format_message(), "usage", as_json)
         exc.show()
         return EXIT_CODES["usage"]
-    except AbortedError:
-        sys.stderr.write("Nothing was changed.\n")
-        if as_json:
-            _print_json({"aborted": True, "changed": False})
-        return EXIT_CODES["aborted"]
-    except CliError as exc:
-        return _report(str(exc), exc.kind, as_json)
-    except KeyboardInterrupt:
-        sys.stderr.write("shadowpoint: interrupted\n")
-        return EXIT_CODES["interrupted"]
-    except Exception as exc:
-        from shadowpoint.errors import ShadowpointError
-
-        if isinstance(exc, ShadowpointError):
-            return _report(str(exc), exc.kind, as_json)
-        import traceback
-
-        traceback.print_exc()
-        return _report(f"internal error: {exc}", "internal", as_json)
+    except (Exception, KeyboardInterrupt) as exc:
+        return report_exception(exc, as_json)
     return 0
-
-
-def people_words(message: str) -> str:
-    """An engine message as a person reads it: times instead of raw `ts=…` milliseconds,
-    commands instead of protocol methods."""
-    import re
-    from datetime import datetime
-
-    def stamp(m: re.Match[str]) -> str:
-        try:
-            return datetime.fromtimestamp(int(m.group(1)) / 1000).strftime("%Y-%m-%d %H:%M:%S")
-        except (OverflowError, OSError, ValueError):
-            return m.group(0)
-
-    message = re.sub(r"\bts=['\"]?(\d{10,16})['\"]?", stamp, message)
-    message = message.replace("start it with task/start first", "it has no checkpoints yet (`shadowpoint save` "
-                              "makes the first)")
-    return message.replace("task/start", "`shadowpoint save`")
-
-
-def _report(message: str, kind: str, as_json: bool = False) -> int:
-    """One line on stderr (and with --json, the error as JSON on stdout); the kind's exit code."""
-    message = people_words(message)
-    first = message.strip().splitlines()[0] if message.strip() else kind
-    code = EXIT_CODES.get(kind, EXIT_CODES["internal"])
-    sys.stderr.write(f"shadowpoint: error: {first}\n")
-    if as_json:
-        _print_json({"error": {"kind": kind, "message": message.strip(), "exitCode": code}})
-    return code
 
 
 if __name__ == "__main__":

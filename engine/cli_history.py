@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from shadowpoint.cli import _backend, _checkpoints, _Ctx, _dir_option, _print_json, _task_for, _task_option, pass_ctx
+from shadowpoint.cli import _backend, _checkpoints, _Ctx, _dir_option, _task_for, _task_option, pass_ctx
+from shadowpoint.cli_report import print_json as _print_json
 
 if TYPE_CHECKING:
     from shadowpoint.checkpoints import TaskRecord
@@ -106,7 +107,7 @@ def run_restore(backend: Backend, task: str, cp: Mapping[str, Any], mode: str, p
     if cp.get("safety") is None:
         return backend.restore(task, cp["ts"], mode, paths, dry_run, keep_mine)
     if mode != "files":
-        from shadowpoint.cli import _fail
+        from shadowpoint.cli_report import fail as _fail
 
         _fail("A safety checkpoint holds files only: restore it with --files.", "usage")
     return backend.restore_safety(task, int(cp["safety"]), paths, dry_run, keep_mine)

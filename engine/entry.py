@@ -1,7 +1,9 @@
 """The `shadowpoint` command's entry point: imports only what the command needs.
 
 `shadowpoint serve` (the sidecar, on stdio) and `shadowpoint hook AGENT` (run on every tool
-call) start without click or rich; every other command goes to the click CLI (`cli.main`).
+call) start without click or rich, `shadowpoint delete-task ID --yes` without click, rich or
+pydantic (`quick`); every other command, and any of these in a form they do not take, goes to
+the click CLI (`cli.main`).
 structlog and the settings are imported without rich and asyncio (`lean_imports`); `logs`
 renders a traceback with rich only on a terminal, importing it then.
 """
@@ -27,13 +29,19 @@ class _Deferred(types.ModuleType):
         return getattr(importlib.import_module(self.__name__), name)
 
 
-def lean_imports() -> None:
+LEAN_MODULES = ("structlog", "shadowpoint.config.settings")
+
+
+def lean_imports(modules: tuple[str, ...] = LEAN_MODULES) -> None:
     """Import structlog and the settings (pydantic-settings) without what they import and a
     command does not use: rich (structlog.dev's default traceback formatter; importable again
     afterwards, the CLI's consoles import it when they print) and asyncio (structlog's and
     pydantic-settings' async helpers: imported on their first use). Measured with `python -X
-    importtime`: ~100 ms and ~7 MiB of every process (issue 14). Nothing when they are loaded."""
-    if "structlog" in sys.modules or "shadowpoint.config" in sys.modules:
+    importtime`: ~100 ms and ~7 MiB of every process (issue 14). Only those of `modules` not
+    loaded yet (the fast commands import structlog alone, and the settings only when they hand
+    over to the click CLI)."""
+    wanted = [name for name in modules if name not in sys.modules]
+    if not wanted:
         return
     placed: dict[str, ModuleType | None] = {}
     if "rich" not in sys.modules:
@@ -42,9 +50,8 @@ def lean_imports() -> None:
         placed["asyncio"] = _Deferred("asyncio")
     sys.modules.update(placed)  # type: ignore[arg-type]
     try:
-        import structlog  # noqa: F401
-
-        import shadowpoint.config  # noqa: F401
+        for name in wanted:
+            importlib.import_module(name)
     finally:
         for name, module in placed.items():
             if name in sys.modules and sys.modules[name] is module:
@@ -111,6 +118,15 @@ def main(argv: list[str] | None = None) -> int:
         from shadowpoint.hookrun import main as hook_main
 
         return hook_main([args[1]])
+    if args[:1] == ["delete-task"]:
+        from shadowpoint import quick
+
+        command = quick.parse(args)
+        if command is not None:
+            lean_imports(("structlog",))
+            code = command.run()
+            if code is not None:
+                return code
     lean_imports()
     options = _serve_options(args)
     if options is not None:
