@@ -44,7 +44,8 @@ Entry points map `kind` to a JSON-RPC `data.kind` (sidecar) or an exit code (CLI
 tests/unit/test_errors.py checks it against PROTOCOL.md, the exit codes and this drawing.
 A few exceptions are signals that never leave their module and are not drawn here:
 `git_index.IndexDoubt` (the git index is not trusted: no ids are taken from it),
-`patterns._Unmatchable` and `hook_endpoint.BadRequestError` (an HTTP status for the reply).
+`patterns._Unmatchable`, `hook_endpoint.BadRequestError` (an HTTP status for the reply) and
+`config.plain._Unproven` (a setting the plain reader hands to `Settings`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from shadowpoint.sidecar.client import SidecarClient, SidecarError, socket_path
-from tests.integration.test_cli import _wait_for, save, sp_json
+from tests.conftest import wait_for
+from tests.integration.test_cli import save, sp_json
 
 SHADOWPOINT = Path(sys.executable).parent / "shadowpoint"  # the installed console script (entry.main)
 CLICK = [sys.executable, "-c", "import sys; from shadowpoint.cli import main; sys.exit(main(sys.argv[1:]))"]
@@ -101,7 +102,8 @@ def both(args: list[str], ws: Path, docs: Path, env: dict[str, str], *, quick: b
         restore_docs(docs)
         code, out, err = run([str(program)] if program else CLICK, args, ws, {**env, **extra})
         if "--no-collect" not in args:
-            _wait_for(lambda: not any(r["pending"] for r in state(docs)["repos"].values()), timeout=120)
+            wait_for(lambda: not any(r["pending"] for r in state(docs)["repos"].values()),
+                     "the background collection never finished", timeout_s=120)
         answers.append(((code, out, err), state(docs)))
     return answers[0], answers[1]
 

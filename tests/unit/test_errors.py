@@ -34,7 +34,7 @@ PROTOCOL_KINDS_COPY = frozenset({
 
 # Exceptions that are signals inside one module and never reach a caller (errors.py says so).
 MODULE_SIGNALS = {"shadowpoint.git_index.IndexDoubt", "shadowpoint.patterns._Unmatchable",
-                  "shadowpoint.sidecar.hook_endpoint.BadRequestError"}
+                  "shadowpoint.sidecar.hook_endpoint.BadRequestError", "shadowpoint.config.plain._Unproven"}
 
 
 def protocol_kinds() -> frozenset[str]:
