@@ -28,7 +28,7 @@ from benchmarks.treegen import generate, git_env, parse_size
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.logs import configure_logging
-from shadowpoint.shadow_repo import disk_usage
+from shadowpoint.store.shadow_repo import disk_usage
 
 
 def _timed(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:

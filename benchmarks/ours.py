@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from shadowpoint.checkpoints import CheckpointRecord
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
+from shadowpoint.store.checkpoints import CheckpointRecord
 
 EDIT_TOOL = "write_to_file"
 COMMAND_TOOL = "execute_command"

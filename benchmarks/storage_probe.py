@@ -16,8 +16,8 @@ from pathlib import Path
 
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
-from shadowpoint.shadow_repo import disk_usage
-from shadowpoint.storage import collect_garbage, storage_report
+from shadowpoint.store.shadow_repo import disk_usage
+from shadowpoint.store.storage import collect_garbage, storage_report
 
 
 def make_workspace(root: Path, files: int, seed: int) -> list[str]:

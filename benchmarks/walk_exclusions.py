@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from shadowpoint.exclusions import ExclusionRules
+from shadowpoint.stage.exclusions import ExclusionRules
 
 SOURCE_EXTS = (".py", ".ts", ".tsx", ".js", ".md", ".json", ".go", ".rs", ".yaml", ".html", ".css")
 NOISE_EXTS = (".png", ".log", ".csv", ".pyc", ".generated.ts", ".tmp")

@@ -25,8 +25,8 @@ from typing import Any
 
 import structlog
 
-from shadowpoint.journal import PathJournal
-from shadowpoint.watcher import WorkspaceWatcher
+from shadowpoint.observe.journal import PathJournal
+from shadowpoint.observe.watcher import WorkspaceWatcher
 from shadowpoint.workspace import RepoPath
 
 TOP_LEVEL = ["src", "lib", "tests", "docs", "packages", "tools", "assets", "config"]
@@ -106,7 +106,7 @@ def measure_stock_start(root: Path, repeat: int) -> dict[str, Any]:
     from watchdog.events import FileSystemEventHandler
     from watchdog.observers import Observer
 
-    from shadowpoint.watcher import _EVENT_FILTER
+    from shadowpoint.observe.watcher import _EVENT_FILTER
 
     durations, kernel = [], 0
     for _ in range(repeat):

@@ -1,6 +1,6 @@
 """The built-in exclusion list (SPEC §4), as data grouped by category.
 
-`shadowpoint.exclusions.ExclusionRules` compiles it when no other list is passed; the
+`shadowpoint.stage.exclusions.ExclusionRules` compiles it when no other list is passed; the
 category name shows up in its reasons (`builtin:media`). Patterns use gitignore syntax;
 those starting with `*` ignore letter case (`IMG_0001.JPG` is media), names do not.
 """

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shadowpoint.early_capture import EarlyCapture
 from shadowpoint.roots import RootState
-from shadowpoint.scanner import StageResult
-from shadowpoint.shadow_repo import task_ref
-from shadowpoint.stager import StagePlan
+from shadowpoint.stage.early_capture import EarlyCapture
+from shadowpoint.stage.scanner import StageResult
+from shadowpoint.stage.stager import StagePlan
+from shadowpoint.store.shadow_repo import task_ref
 
 
 @dataclass(frozen=True, slots=True)

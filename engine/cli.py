@@ -120,7 +120,7 @@ pass_ctx = click.make_pass_decorator(_Ctx, ensure=True)
 
 
 def _isolate() -> None:
-    from shadowpoint.shadow_repo import isolate_libgit2
+    from shadowpoint.store.shadow_repo import isolate_libgit2
 
     isolate_libgit2()
 
@@ -310,13 +310,13 @@ def watch(ctx: _Ctx, positional_dir: str | None, directory: str | None, debounce
     from shadowpoint.sidecar.client import connect_live, socket_path
     from shadowpoint.sidecar.server import Host
     from shadowpoint.sidecar.socket_server import SocketServer
-    from shadowpoint.watch import WatchEvent, WatchLoop
+    from shadowpoint.watch_mode import WatchEvent, WatchLoop
 
     settings = ctx.settings
     _isolate()
     root = workspace_for(ctx, directory or positional_dir)
     task = task_id or default_task(settings.resolved_docs_dir(), root, create=True)
-    from shadowpoint.checkpoints import CheckpointStore
+    from shadowpoint.store.checkpoints import CheckpointStore
 
     # the baseline this run builds (a new task) is a checkpoint too, as `list` shows
     baseline = 0 if CheckpointStore(settings.resolved_docs_dir()).task_dir(task).is_dir() else 1
@@ -666,8 +666,8 @@ def _args_after_dashes(args: tuple[str, ...]) -> int | None:
 def status(ctx: _Ctx, paths: tuple[str, ...], directory: str | None, task_id: str | None, ignored: bool,
            as_json: bool) -> None:
     """What changed since the newest checkpoint (--ignored: and what the rules leave out)."""
-    from shadowpoint.exclusions import ignored_changes
     from shadowpoint.sidecar.backend import resolve_checkpoint
+    from shadowpoint.stage.exclusions import ignored_changes
 
     with _backend(ctx, directory) as backend:
         _, wanted = split_refs_and_paths(paths, len(paths), Path(os.getcwd()), backend.root)
@@ -830,8 +830,8 @@ def storage(ctx: _Ctx, gc: bool, grace: float | None, only: tuple[str, ...], qui
     A collection can be interrupted (Ctrl-C) at any time without harm; the next one goes on
     from the packs already written.
     """
-    from shadowpoint import storage as store
-    from shadowpoint.shadow_repo import limit_mapped_memory
+    from shadowpoint.store import storage as store
+    from shadowpoint.store.shadow_repo import limit_mapped_memory
 
     settings = ctx.settings
     _isolate()
@@ -875,7 +875,7 @@ STORAGE_MAPPED_BYTES = 64 << 20  # pack memory `storage` keeps mapped: it reads 
 
 def _collect(ctx: _Ctx, docs: Path, grace: float, lock_timeout_s: float, only: tuple[str, ...] = (),
              show: bool = True) -> dict[str, Any]:
-    from shadowpoint import storage as store
+    from shadowpoint.store import storage as store
 
     root = docs / "checkpoints"
     git_dirs = sorted(d / ".git" for d in root.iterdir() if (d / ".git").is_dir()) if root.is_dir() else []
@@ -921,9 +921,9 @@ def delete_task(ctx: _Ctx, task_id: str, yes: bool, no_collect: bool, as_json: b
     Returns at once; the space the task alone used is reclaimed in the background.
     Your files are not touched.
     """
-    from shadowpoint.checkpoints import CheckpointStore
     from shadowpoint.quick import delete_task_here, deleted_json, deleted_text
     from shadowpoint.sidecar.client import connect_live
+    from shadowpoint.store.checkpoints import CheckpointStore
 
     settings = ctx.settings
     _isolate()

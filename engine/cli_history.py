@@ -20,8 +20,8 @@ from shadowpoint.cli import _backend, _checkpoints, _Ctx, _dir_option, _task_for
 from shadowpoint.cli_report import print_json as _print_json
 
 if TYPE_CHECKING:
-    from shadowpoint.checkpoints import TaskRecord
     from shadowpoint.sidecar.backend import Backend
+    from shadowpoint.store.checkpoints import TaskRecord
 
 
 def register(group: click.Group) -> None:
@@ -32,8 +32,8 @@ def register(group: click.Group) -> None:
 
 def load_record(ctx: _Ctx, task_id: str) -> TaskRecord | None:
     """The task's record on disk (None when it cannot be read)."""
-    from shadowpoint.checkpoints import CheckpointStore
     from shadowpoint.errors import ShadowpointError
+    from shadowpoint.store.checkpoints import CheckpointStore
 
     try:
         return CheckpointStore(ctx.settings.resolved_docs_dir()).load(task_id)

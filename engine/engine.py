@@ -20,13 +20,9 @@ from typing import Any
 
 import structlog
 
-from shadowpoint import stager
 from shadowpoint.bus import RoundBus
 from shadowpoint.checkpointer import checkpoint_root
-from shadowpoint.checkpoints import CheckpointRecord, CheckpointStore, TaskRecord, checkpoint_or_raise, fork_record
 from shadowpoint.config import protected_directories
-from shadowpoint.diff import TITLE_NEW, TITLE_SINCE, FileChange, diff_to_wire, file_changes
-from shadowpoint.early_capture import EarlyCapture, ScanHold
 from shadowpoint.errors import (
     CheckpointsDisabledError,
     DamagedCheckpointError,
@@ -53,14 +49,24 @@ from shadowpoint.events import (
     ToolEnded,
 )
 from shadowpoint.maintenance import Maintenance
+from shadowpoint.observe.rounds import RoundRecord, RoundRecorder, tool_kind
 from shadowpoint.options import EngineOptions
-from shadowpoint.recovery import rebuild_record
-from shadowpoint.restorer import Restorer
+from shadowpoint.restore.diff import TITLE_NEW, TITLE_SINCE, FileChange, diff_to_wire, file_changes
+from shadowpoint.restore.restorer import Restorer
 from shadowpoint.roots import Notify, RootState
-from shadowpoint.rounds import RoundRecord, RoundRecorder, tool_kind
-from shadowpoint.scanner import StageResult
-from shadowpoint.shadow_repo import delete_task_refs, task_ref
-from shadowpoint.stager import StagePlan
+from shadowpoint.stage import stager
+from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
+from shadowpoint.stage.scanner import StageResult
+from shadowpoint.stage.stager import StagePlan
+from shadowpoint.store.checkpoints import (
+    CheckpointRecord,
+    CheckpointStore,
+    TaskRecord,
+    checkpoint_or_raise,
+    fork_record,
+)
+from shadowpoint.store.recovery import rebuild_record
+from shadowpoint.store.shadow_repo import delete_task_refs, task_ref
 from shadowpoint.verifier import VerifyStats, WatchVerifier, throttled
 from shadowpoint.workspace import PathResolver, RepoPath, Workspace, open_workspaces
 

@@ -92,7 +92,7 @@ def _serve(options: dict[str, str | float]) -> int | None:
         configure_logging(settings.log_level, settings.log_format, settings.log_file)
     except Exception:
         return None
-    from shadowpoint.shadow_repo import isolate_libgit2
+    from shadowpoint.store.shadow_repo import isolate_libgit2
 
     isolate_libgit2()
     if "--socket" in options:

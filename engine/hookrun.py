@@ -183,7 +183,7 @@ def _read_session(path: str) -> dict[str, object]:
 
 
 def _write_session(path: str, data: dict[str, object]) -> None:
-    # shadowpoint.atomic's temp-and-rename, written out: this module imports no shadowpoint module
+    # shadowpoint.store.atomic's temp-and-rename, written out: this module imports no shadowpoint module
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:

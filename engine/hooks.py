@@ -17,7 +17,6 @@ from typing import Any, ParamSpec, TypeVar
 
 import structlog
 
-from shadowpoint.checkpoints import CheckpointRecord
 from shadowpoint.config import Settings, load_settings
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.events import (
@@ -32,8 +31,9 @@ from shadowpoint.events import (
     ToolEnded,
 )
 from shadowpoint.logs import configure_logging
-from shadowpoint.rounds import tool_kind
-from shadowpoint.shadow_repo import isolate_libgit2
+from shadowpoint.observe.rounds import tool_kind
+from shadowpoint.store.checkpoints import CheckpointRecord
+from shadowpoint.store.shadow_repo import isolate_libgit2
 
 P = ParamSpec("P")
 R = TypeVar("R")

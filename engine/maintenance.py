@@ -11,12 +11,12 @@ from typing import Any
 
 import structlog
 
-from shadowpoint.locking import SharedUse
 from shadowpoint.options import EngineOptions
 from shadowpoint.roots import RootState
-from shadowpoint.shadow_repo import loose_object_estimate
-from shadowpoint.storage import USERS_FILE, apply_retention
-from shadowpoint.storage import collect_garbage as collect_repo_garbage
+from shadowpoint.store.locking import SharedUse
+from shadowpoint.store.shadow_repo import loose_object_estimate
+from shadowpoint.store.storage import USERS_FILE, apply_retention
+from shadowpoint.store.storage import collect_garbage as collect_repo_garbage
 
 log = structlog.get_logger(__name__)
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shadowpoint.config import Settings
-from shadowpoint.storage import RetentionLimits
-from shadowpoint.watcher import ObserverKind
+from shadowpoint.observe.watcher import ObserverKind
+from shadowpoint.store.storage import RetentionLimits
 
 
 @dataclass(frozen=True, slots=True)

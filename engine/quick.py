@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from shadowpoint.cli_report import fail, print_json, report_exception, stdout_console
 
 if TYPE_CHECKING:
-    from shadowpoint.checkpoints import TaskRecord
+    from shadowpoint.store.checkpoints import TaskRecord
 
 _DELETE_FLAGS = {"-y": "yes", "--yes": "yes", "--no-collect": "no_collect", "--json": "as_json"}
 
@@ -55,9 +55,9 @@ class DeleteTask:
             return None
         import structlog
 
-        from shadowpoint.checkpoints import CheckpointStore
-        from shadowpoint.shadow_repo import isolate_libgit2
         from shadowpoint.sidecar.client import connect_live
+        from shadowpoint.store.checkpoints import CheckpointStore
+        from shadowpoint.store.shadow_repo import isolate_libgit2
 
         isolate_libgit2()
         docs = settings.resolved_docs_dir()
@@ -103,8 +103,8 @@ def delete_task_here(docs: Path, rec: TaskRecord, *, no_collect: bool, gc_grace_
     """Delete a task no sidecar serves: its refs (the objects stay, `storage.delete_task_storage`)
     and its record; the whole store when it was the last task, else a collection of the freed
     objects in the background unless `no_collect`. Returns whether a collection was started."""
-    from shadowpoint import storage as store
-    from shadowpoint.checkpoints import CheckpointStore
+    from shadowpoint.store import storage as store
+    from shadowpoint.store.checkpoints import CheckpointStore
 
     git_dirs = store.delete_task_storage(docs, rec)
     if not CheckpointStore(docs).has_any_task() and store.remove_all_checkpoints(docs):

@@ -15,19 +15,20 @@ from typing import Any
 
 import structlog
 
-from shadowpoint import borrowed, stager
-from shadowpoint.blob_workers import BlobWorkerOptions
-from shadowpoint.early_capture import EarlyCapture
 from shadowpoint.errors import RepoError, ShadowpointError
-from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.journal import PathJournal
-from shadowpoint.locking import WorkspaceLock
+from shadowpoint.observe.journal import PathJournal
+from shadowpoint.observe.watcher import WorkspaceWatcher
 from shadowpoint.options import EngineOptions
-from shadowpoint.scanner import Scanner, StageOptions, StageResult
-from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo
-from shadowpoint.stager import RootFacts, StagePlan, WatchView, staging_plan
-from shadowpoint.stat_cache import StatCache
-from shadowpoint.watcher import WorkspaceWatcher
+from shadowpoint.stage import stager
+from shadowpoint.stage.blob_workers import BlobWorkerOptions
+from shadowpoint.stage.early_capture import EarlyCapture
+from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.stage.scanner import Scanner, StageOptions, StageResult
+from shadowpoint.stage.stager import RootFacts, StagePlan, WatchView, staging_plan
+from shadowpoint.stage.stat_cache import StatCache
+from shadowpoint.store import borrowed
+from shadowpoint.store.locking import WorkspaceLock
+from shadowpoint.store.shadow_repo import HEAD_REF, ShadowRepo
 from shadowpoint.workspace import RepoPath, Workspace
 
 log = structlog.get_logger(__name__)

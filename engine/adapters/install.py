@@ -26,8 +26,8 @@ from typing import Any
 
 from shadowpoint import hookrun
 from shadowpoint.adapters import AGENTS
-from shadowpoint.atomic import atomic_writer
 from shadowpoint.errors import InvalidParamsError
+from shadowpoint.store.atomic import atomic_writer
 
 SETTINGS_FILES = {"claude": (".claude", "settings.local.json"), "codex": (".codex", "hooks.json"),
                   "gemini": (".gemini", "settings.json")}

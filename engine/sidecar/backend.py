@@ -20,7 +20,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from shadowpoint.checkpoints import CheckpointStore, TaskRecord
 from shadowpoint.config import Settings
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.errors import (
@@ -30,8 +29,9 @@ from shadowpoint.errors import (
     UnknownTaskError,
 )
 from shadowpoint.events import RoundBegan, RoundEnded, ToolBegan, ToolEnded
-from shadowpoint.exclusions import ExclusionRules
 from shadowpoint.sidecar.client import SidecarClient, connect_live
+from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.store.checkpoints import CheckpointStore, TaskRecord
 from shadowpoint.workspace import workspace_hash
 
 SAVE_TOOL = "shadowpoint-save"

@@ -15,10 +15,10 @@ from typing import Any
 
 from shadowpoint.config import Settings
 from shadowpoint.errors import ShadowpointError, SidecarError
-from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.locking import lock_holder
-from shadowpoint.shadow_repo import ShadowRepo, disk_usage
 from shadowpoint.sidecar.client import SidecarClient, runtime_dir
+from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.store.locking import lock_holder
+from shadowpoint.store.shadow_repo import ShadowRepo, disk_usage
 from shadowpoint.workspace import RepoPath
 
 # Recommended floors: a 100,000-file workspace has ~17,000 folders (benchmarks/watch_probe.py);

@@ -39,8 +39,8 @@ import structlog
 from shadowpoint import hookrun
 from shadowpoint.adapters import AGENTS
 from shadowpoint.adapters.base import Call, HookPlan
-from shadowpoint.atomic import write_atomic
 from shadowpoint.sidecar.server import Host, Server
+from shadowpoint.store.atomic import write_atomic
 
 log = structlog.get_logger(__name__)
 

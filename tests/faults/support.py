@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shadowpoint.checkpoints import CheckpointRecord
 from shadowpoint.engine import Engine
+from shadowpoint.store.checkpoints import CheckpointRecord
 from shadowpoint.workspace import workspace_hash
 from tests.conftest import Exe, Link, make_tree, read_tree, wait_for
 from tests.rpc import SidecarProcess

@@ -123,10 +123,10 @@ def _kill_there(sc: SidecarProcess, point: PausePoint) -> None:
     sc.kill()
 
 
-HASHED = "shadowpoint.scanner:Scanner._record_file"  # the scanner records one hashed file
-COMMIT = "shadowpoint.shadow_repo:ShadowRepo.commit"
-REF = "shadowpoint.shadow_repo:ShadowRepo.set_ref"
-RECORD = "shadowpoint.checkpoints:CheckpointStore.append"  # a round's record: one log line
+HASHED = "shadowpoint.stage.scanner:Scanner._record_file"  # the scanner records one hashed file
+COMMIT = "shadowpoint.store.shadow_repo:ShadowRepo.commit"
+REF = "shadowpoint.store.shadow_repo:ShadowRepo.set_ref"
+RECORD = "shadowpoint.store.checkpoints:CheckpointStore.append"  # a round's record: one log line
 
 
 def test_kill_during_baseline(tmp_path: Path, docs: Path) -> None:
@@ -186,7 +186,7 @@ def test_kill_during_round_commit(tmp_path: Path, docs: Path) -> None:
     iterations = 10 * SOAK
     # the N-th file staged, the tree, the commit, the task ref, the task record
     # (5 points, 2 kinds: ten iterations kill each kind of round at each point)
-    points = [HASHED, "shadowpoint.shadow_repo:ShadowRepo.patch_tree", COMMIT, REF, RECORD]
+    points = [HASHED, "shadowpoint.store.shadow_repo:ShadowRepo.patch_tree", COMMIT, REF, RECORD]
     for it in range(iterations):
         kind = ("edit", "command")[it % 2]
         target = points[it % len(points)]
@@ -243,8 +243,8 @@ def test_kill_during_restore(tmp_path: Path, docs: Path) -> None:
     iterations = 8 * SOAK
     # before its journal (nothing written), before the N-th file is renamed into place, before
     # the journal is cleared (every file written)
-    points = ["shadowpoint.checkpoints:CheckpointStore.write_journal", MOVED, MOVED,
-              "shadowpoint.checkpoints:CheckpointStore.clear_journal"]
+    points = ["shadowpoint.store.checkpoints:CheckpointStore.write_journal", MOVED, MOVED,
+              "shadowpoint.store.checkpoints:CheckpointStore.clear_journal"]
     for it in range(iterations):
         target = points[it % len(points)]
         after = rng.randrange(1, RESTORE_FILES) if target == MOVED else 0
@@ -261,7 +261,7 @@ def test_kill_during_restore(tmp_path: Path, docs: Path) -> None:
                 len({line.split(b" ")[0] for line in data.splitlines()}) > 1]
         assert not torn, f"a file is never torn, even mid-restore: {torn[:3]}"
         restored = sum(1 for p in paths if at_kill.get(p) == old[p])
-        want = {MOVED: after, "shadowpoint.checkpoints:CheckpointStore.clear_journal": len(paths)}.get(target, 0)
+        want = {MOVED: after, "shadowpoint.store.checkpoints:CheckpointStore.clear_journal": len(paths)}.get(target, 0)
         assert restored == want, f"killed at {target} with {want} files restored, found {restored}"
 
         problems = fsck_problems(git_dir)
@@ -280,7 +280,7 @@ def test_kill_during_restore(tmp_path: Path, docs: Path) -> None:
         sc.close()
 
 
-MOVED = "shadowpoint.safe_fs:SafeWriter._move_into_place"  # before one file is renamed into place
+MOVED = "shadowpoint.restore.safe_fs:SafeWriter._move_into_place"  # before one file is renamed into place
 
 
 def test_kill_during_garbage_collection(tmp_path: Path, docs: Path) -> None:
@@ -295,8 +295,8 @@ def test_kill_during_garbage_collection(tmp_path: Path, docs: Path) -> None:
     iterations = 6 * SOAK
     # the pack about to be written (in its staging folder), written and installed with no loose
     # object removed yet, the loose objects removed but the staging folder not yet
-    points = ["pygit2:PackBuilder.write", "shadowpoint.shadow_repo:ShadowRepo._prune_loose",
-              "shadowpoint.shadow_repo:ShadowRepo.reopen"]
+    points = ["pygit2:PackBuilder.write", "shadowpoint.store.shadow_repo:ShadowRepo._prune_loose",
+              "shadowpoint.store.shadow_repo:ShadowRepo.reopen"]
     point: PausePoint | None = None
     for it in range(iterations + 1):
         if it:

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from shadowpoint.checkpoints import CheckpointStore
 from shadowpoint.engine import Engine
 from shadowpoint.errors import ShadowpointError
-from shadowpoint.shadow_repo import task_ref
+from shadowpoint.store.checkpoints import CheckpointStore
+from shadowpoint.store.shadow_repo import task_ref
 from tests.conftest import make_tree, read_tree
 from tests.faults.support import (
     PROTOCOL_KINDS,

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-import shadowpoint.restore as restore_module
+import shadowpoint.restore.plan as restore_module
 from shadowpoint.engine import Engine
 from shadowpoint.errors import ShadowpointError
-from shadowpoint.safe_fs import SafeWriter
-from shadowpoint.scanner import Scanner
+from shadowpoint.restore.safe_fs import SafeWriter
+from shadowpoint.stage.scanner import Scanner
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree
 from tests.faults.support import (

@@ -43,7 +43,7 @@ def test_kill_during_restore_is_completed_on_next_start(tmp_path: Path) -> None:
         task = f"crash-{attempt}"
         if attempt:
             make_tree(root, _versions("old"))
-        pause = PausePoint("shadowpoint.safe_fs:SafeWriter._move_into_place", after=renamed,
+        pause = PausePoint("shadowpoint.restore.safe_fs:SafeWriter._move_into_place", after=renamed,
                            marker=str(tmp_path / f"paused-{attempt}"), arm=str(tmp_path / f"arm-{attempt}"))
         sc = _start(root, task, pause)
         paths = sorted(_versions("x"))

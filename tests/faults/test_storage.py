@@ -247,8 +247,8 @@ def test_an_injected_enospc_on_the_record_is_storage_failed(make_engine: Any, wo
     write and the log's append) refuse with ENOSPC."""
     import builtins
 
-    import shadowpoint.atomic as atomic_module
-    import shadowpoint.checkpoints as checkpoints_module
+    import shadowpoint.store.atomic as atomic_module
+    import shadowpoint.store.checkpoints as checkpoints_module
     from shadowpoint.errors import StorageFailedError
     from tests.faults.support import engine_edit, start
 

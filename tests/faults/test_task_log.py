@@ -9,14 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shadowpoint.checkpoints import LOG_FILE, CheckpointStore
+from shadowpoint.store.checkpoints import LOG_FILE, CheckpointStore
 from tests.conftest import make_tree
 from tests.faults.paused_sidecar import ARGV, PausePoint
 from tests.faults.support import edit_round, git_tree, shadow_git_dir, start_sidecar
 from tests.rpc import SidecarProcess
 
-APPEND = "shadowpoint.checkpoints:append_line"
-DROP_LOG = "shadowpoint.checkpoints:drop_log"
+APPEND = "shadowpoint.store.checkpoints:append_line"
+DROP_LOG = "shadowpoint.store.checkpoints:drop_log"
 
 
 def _paused(root: Path, tmp_path: Path, name: str, target: str, task: str) -> tuple[SidecarProcess, PausePoint]:

@@ -12,7 +12,7 @@ from typing import cast
 
 import pytest
 
-from shadowpoint.watcher import ObserverKind
+from shadowpoint.observe.watcher import ObserverKind
 from tests.conftest import make_tree
 
 

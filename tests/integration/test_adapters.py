@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from shadowpoint.adapters import claude, codex, gemini
-from shadowpoint.checkpoints import CheckpointStore
 from shadowpoint.sidecar.client import SidecarClient, socket_path
+from shadowpoint.store.checkpoints import CheckpointStore
 from shadowpoint.workspace import workspace_hash
 from tests.conftest import make_tree, wait_for
 

@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from shadowpoint.early_capture import ScanHold
 from shadowpoint.engine import Engine
+from shadowpoint.stage.early_capture import ScanHold
 from tests.conftest import make_tree, wait_for
 
 FILES = 20_000

@@ -15,7 +15,6 @@ from typing import Any
 import pygit2
 import pytest
 
-from shadowpoint.checkpoints import CheckpointRecord
 from shadowpoint.engine import Engine
 from shadowpoint.errors import (
     AlreadyRestoredError,
@@ -26,10 +25,11 @@ from shadowpoint.errors import (
     UnknownMessageError,
     UnknownTaskError,
 )
-from shadowpoint.restore import RestoreOp, RestorePlan
-from shadowpoint.safe_fs import TEMP_PREFIX
-from shadowpoint.shadow_repo import MODE_FILE, TreeEntry, task_ref
-from shadowpoint.storage import remove_all_checkpoints
+from shadowpoint.restore.plan import RestoreOp, RestorePlan
+from shadowpoint.restore.safe_fs import TEMP_PREFIX
+from shadowpoint.store.checkpoints import CheckpointRecord
+from shadowpoint.store.shadow_repo import MODE_FILE, TreeEntry, task_ref
+from shadowpoint.store.storage import remove_all_checkpoints
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree, wait_for
 

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from shadowpoint import borrowed
 from shadowpoint.engine import Engine
-from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.scanner import Scanner, StageOptions, StageResult
-from shadowpoint.shadow_repo import ShadowRepo
-from shadowpoint.stager import StagePlan
-from shadowpoint.stat_cache import StatCache
+from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.stage.scanner import Scanner, StageOptions, StageResult
+from shadowpoint.stage.stager import StagePlan
+from shadowpoint.stage.stat_cache import StatCache
+from shadowpoint.store import borrowed
+from shadowpoint.store.shadow_repo import ShadowRepo
 from tests.gitrepo import backdate, git, git_dir_state, make_repo
 
 FILES = {

@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 
 from shadowpoint.config import Settings
 from shadowpoint.engine import Engine, EngineOptions
-from shadowpoint.watcher import ObserverKind
+from shadowpoint.observe.watcher import ObserverKind
 from tests.conftest import make_tree
 
 

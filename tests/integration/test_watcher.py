@@ -23,9 +23,9 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from shadowpoint import watcher_inotify
-from shadowpoint.journal import JournalSnapshot, PathJournal
-from shadowpoint.watcher import UNPROVEN_ROUND, ObserverKind, WorkspaceWatcher
+from shadowpoint.observe import inotify as watcher_inotify
+from shadowpoint.observe.journal import JournalSnapshot, PathJournal
+from shadowpoint.observe.watcher import UNPROVEN_ROUND, ObserverKind, WorkspaceWatcher
 from shadowpoint.workspace import RepoPath
 from tests.conftest import wait_for
 

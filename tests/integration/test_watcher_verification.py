@@ -21,8 +21,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from shadowpoint.engine import Engine
+from shadowpoint.observe.watcher import ObserverKind
 from shadowpoint.verifier import Verdict
-from shadowpoint.watcher import ObserverKind
 from tests.conftest import make_tree, wait_for
 
 TREE = {f"pkg{i % 20:02d}/mod{i:04d}.py": f"x = {i}\n" for i in range(400)}

@@ -1,4 +1,4 @@
-"""Unit tests for `shadowpoint.blob_workers`: scans whose files are hashed by worker processes.
+"""Unit tests for `shadowpoint.stage.blob_workers`: scans whose files are hashed by worker processes.
 
 Real worker processes and real shadow repos, no mocks; snapshots are checked against the git
 CLI (`git ls-tree -r` against `git hash-object`) and against the scanner's own thread. Races
@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from shadowpoint.blob_workers import BlobWorkerOptions, default_worker_count
 from shadowpoint.errors import RepoError
-from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.scanner import Scanner, SkipReason, StageOptions, StageResult
-from shadowpoint.shadow_repo import ShadowRepo
-from shadowpoint.stager import StagePlan
-from shadowpoint.stat_cache import StatCache
+from shadowpoint.stage.blob_workers import BlobWorkerOptions, default_worker_count
+from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.stage.scanner import Scanner, SkipReason, StageOptions, StageResult
+from shadowpoint.stage.stager import StagePlan
+from shadowpoint.stage.stat_cache import StatCache
+from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree, wait_for
 from tests.faults.support import expected_git_tree, git, git_tree
@@ -283,12 +283,12 @@ def test_workers_exit_when_the_scanning_process_is_killed(workspace: Path, tmp_p
     script = textwrap.dedent(f"""
         import os, signal, sys
         from pathlib import Path
-        from shadowpoint.blob_workers import BlobWorkerOptions
-        from shadowpoint.exclusions import ExclusionRules
-        from shadowpoint.scanner import Scanner, StageOptions
-        from shadowpoint.stager import StagePlan
-        from shadowpoint.shadow_repo import ShadowRepo
-        from shadowpoint.stat_cache import StatCache
+        from shadowpoint.stage.blob_workers import BlobWorkerOptions
+        from shadowpoint.stage.exclusions import ExclusionRules
+        from shadowpoint.stage.scanner import Scanner, StageOptions
+        from shadowpoint.stage.stager import StagePlan
+        from shadowpoint.store.shadow_repo import ShadowRepo
+        from shadowpoint.stage.stat_cache import StatCache
 
         root = Path({str(workspace)!r})
         repo = ShadowRepo.open_or_init(Path({str(tmp_path / "shadow" / ".git")!r}), root)

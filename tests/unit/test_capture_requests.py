@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from shadowpoint.early_capture import EarlyCapture, ScanHold
+from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
 from shadowpoint.workspace import RepoPath
 
 

@@ -1,4 +1,4 @@
-"""Unit tests for `shadowpoint.checkpoints`: the task timeline, atomic writes and task folders."""
+"""Unit tests for `shadowpoint.store.checkpoints`: the task timeline, atomic writes and task folders."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shadowpoint.checkpoints import (
+from shadowpoint.errors import UnknownCheckpointError, UnknownTaskError
+from shadowpoint.store.checkpoints import (
     JOURNAL_FILE,
     TASK_FILE,
     CheckpointRecord,
@@ -20,7 +21,6 @@ from shadowpoint.checkpoints import (
     checkpoint_or_raise,
     write_json_atomic,
 )
-from shadowpoint.errors import UnknownCheckpointError, UnknownTaskError
 
 
 def cp(ts: int, kind: str = "round", **kw: object) -> CheckpointRecord:
@@ -266,7 +266,7 @@ def test_a_1_0_undo_record_becomes_the_undo_stack() -> None:
 
 
 def test_scope_keeps_the_first_ts_and_a_fork_takes_it_up_to_its_ts() -> None:
-    from shadowpoint.checkpoints import fork_record
+    from shadowpoint.store.checkpoints import fork_record
 
     rec = task(cp(0, "baseline"), cp(10), cp(20), cp(30))
     rec.edited = {"proj": ["a", "b"]}
@@ -296,7 +296,7 @@ def _round(rec: TaskRecord, ts: int, path: str) -> CheckpointRecord:
 
 def test_400_rounds_load_as_the_whole_record_written_every_round(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    import shadowpoint.checkpoints as module
+    import shadowpoint.store.checkpoints as module
 
     monkeypatch.setattr(module, "LOG_COMPACT_MIN", 4096)  # several compactions on the way
     logged, whole = CheckpointStore(tmp_path / "logged"), CheckpointStore(tmp_path / "whole")
@@ -341,7 +341,7 @@ def test_a_torn_last_line_is_ignored_then_cut_off(tmp_path: Path) -> None:
 
 def test_lines_of_an_older_generation_are_not_applied_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A kill between the compaction (task.json of the next generation) and the log's removal."""
-    import shadowpoint.checkpoints as module
+    import shadowpoint.store.checkpoints as module
 
     store = CheckpointStore(tmp_path / "docs")
     rec = task(cp(0, "baseline"))
@@ -371,8 +371,8 @@ def test_a_refused_append_changes_nothing_on_disk_and_keeps_the_changes(tmp_path
     import builtins
     import errno
 
-    import shadowpoint.atomic as atomic_module
-    import shadowpoint.checkpoints as module
+    import shadowpoint.store.atomic as atomic_module
+    import shadowpoint.store.checkpoints as module
     from shadowpoint.errors import StorageFailedError
 
     store = CheckpointStore(tmp_path / "docs")

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from shadowpoint import exclusions
 from shadowpoint.config.exclusion_data import BUILTIN_EXCLUSIONS
-from shadowpoint.exclusions import ExclusionRules
+from shadowpoint.stage import exclusions
+from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.workspace import RepoPath
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="the git CLI is the oracle")

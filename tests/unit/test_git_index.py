@@ -1,4 +1,4 @@
-"""Unit tests for `shadowpoint.git_index`: the index reader against `git ls-files --debug` and
+"""Unit tests for `shadowpoint.stage.git_index`: the index reader against `git ls-files --debug` and
 `git ls-files -s` (the git CLI as oracle) on random repositories, versions 2, 3 and 4, and the
 conditions that put the whole index in doubt."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowpoint.git_index import IndexDoubt, IndexProof, read_index
+from shadowpoint.stage.git_index import IndexDoubt, IndexProof, read_index
 from tests.gitrepo import git, make_repo
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shadowpoint.journal import JournalSnapshot, PathJournal
+from shadowpoint.observe.journal import JournalSnapshot, PathJournal
 from shadowpoint.workspace import RepoPath
 
 

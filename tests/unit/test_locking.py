@@ -1,4 +1,4 @@
-"""Unit tests for `shadowpoint.locking`: cross-process exclusion, crashed holders, re-entrancy.
+"""Unit tests for `shadowpoint.store.locking`: cross-process exclusion, crashed holders, re-entrancy.
 
 Other processes are real subprocesses holding the lock through `WorkspaceLock` itself.
 """
@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from shadowpoint.errors import LockTimeoutError
-from shadowpoint.locking import WorkspaceLock
+from shadowpoint.store.locking import WorkspaceLock
 
 HOLDER = """
 import sys
 from pathlib import Path
-from shadowpoint.locking import WorkspaceLock
+from shadowpoint.store.locking import WorkspaceLock
 lock = WorkspaceLock(Path(sys.argv[1]), timeout_s=30)
 with lock.held():
     print("held", flush=True)

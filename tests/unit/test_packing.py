@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shadowpoint import packing, shadow_repo
-from shadowpoint.shadow_repo import ShadowRepo, task_ref
+from shadowpoint.store import packing, shadow_repo
+from shadowpoint.store.shadow_repo import ShadowRepo, task_ref
 from shadowpoint.workspace import RepoPath
 from tests.unit.test_shadow_repo import blob, build, git
 

@@ -1,4 +1,4 @@
-"""Unit tests for `shadowpoint.restore`: pure planning, and applying plans on real temp dirs."""
+"""Unit tests for `shadowpoint.restore.plan`: pure planning, and applying plans on real temp dirs."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from shadowpoint.errors import RestoreFailedError
-from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.restore import RestoreOp, RestorePlan, RestoreStats, apply_plan, plan_restore, raise_if_failed
-from shadowpoint.scanner import Scanner, StageOptions
-from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, ShadowRepo, TreeEntry
-from shadowpoint.stager import StagePlan
-from shadowpoint.stat_cache import StatCache
+from shadowpoint.restore.plan import RestoreOp, RestorePlan, RestoreStats, apply_plan, plan_restore, raise_if_failed
+from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.stage.scanner import Scanner, StageOptions
+from shadowpoint.stage.stager import StagePlan
+from shadowpoint.stage.stat_cache import StatCache
+from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_FILE, ShadowRepo, TreeEntry
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree
 

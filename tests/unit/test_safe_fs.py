@@ -1,4 +1,4 @@
-"""Unit tests for `shadowpoint.safe_fs`: real temp dirs, with an `outside/` canary next to the workspace."""
+"""Unit tests for `shadowpoint.restore.safe_fs`: real temp dirs, with an `outside/` canary next to the workspace."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from shadowpoint.errors import NoWorkspaceError, PathOutsideWorkspaceError, RestoreFailedError
-from shadowpoint.safe_fs import TEMP_PREFIX, FileRead, SafeWriter, cleanup_temp_files
+from shadowpoint.restore.safe_fs import TEMP_PREFIX, FileRead, SafeWriter, cleanup_temp_files
 from shadowpoint.workspace import RepoPath
 
 # ---- helpers ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Unit tests for `shadowpoint.scanner`: explicit paths vs rescan, racy-clean, skips and links.
+"""Unit tests for `shadowpoint.stage.scanner`: explicit paths vs rescan, racy-clean, skips and links.
 
 Real files in a temp workspace and a real shadow repo; snapshots are compared with the disk
 through `read_tree` (filtered by the same exclusion rules), never through the git CLI.
@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.scanner import Scanner, SkipReason, StageOptions, StageResult
-from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
-from shadowpoint.stager import StagePlan
-from shadowpoint.stat_cache import FileState, StatCache
+from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.stage.scanner import Scanner, SkipReason, StageOptions, StageResult
+from shadowpoint.stage.stager import StagePlan
+from shadowpoint.stage.stat_cache import FileState, StatCache
+from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree
 

@@ -1,4 +1,4 @@
-"""Unit tests for `shadowpoint.shadow_repo`: tree patching, commits, isolation, gc and repair.
+"""Unit tests for `shadowpoint.store.shadow_repo`: tree patching, commits, isolation, gc and repair.
 
 Real pygit2 repositories on temp dirs; the git CLI is used only as an independent witness.
 """
@@ -18,7 +18,7 @@ import pygit2
 import pytest
 
 from shadowpoint.errors import ShadowRepoMismatchError
-from shadowpoint.shadow_repo import (
+from shadowpoint.store.shadow_repo import (
     COMMITTER_EMAIL,
     COMMITTER_NAME,
     HEAD_REF,
@@ -265,7 +265,7 @@ ISOLATION_PROBE = r"""
 import json, sys
 from pathlib import Path
 import pygit2
-from shadowpoint.shadow_repo import ShadowRepo, TreeEntry, MODE_FILE
+from shadowpoint.store.shadow_repo import ShadowRepo, TreeEntry, MODE_FILE
 from shadowpoint.workspace import RepoPath
 base, workspace = Path(sys.argv[1]), Path(sys.argv[2])
 plain = pygit2.init_repository(str(base / "plain"), bare=True)  # before isolation: reads user config

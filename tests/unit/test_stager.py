@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from shadowpoint.stager import (
+from shadowpoint.stage.stager import (
     Decision,
     RootFacts,
     StagePlan,
@@ -101,6 +101,6 @@ def test_merge() -> None:
 
 
 def test_the_stager_needs_neither_pygit2_nor_watchdog() -> None:
-    code = "import sys, shadowpoint.stager; print(sorted(m for m in ('pygit2', 'watchdog') if m in sys.modules))"
+    code = "import sys, shadowpoint.stage.stager; print(sorted(m for m in ('pygit2', 'watchdog') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""Unit tests for `shadowpoint.stat_cache`: the racy-clean rule, the tracked set and persistence."""
+"""Unit tests for `shadowpoint.stage.stat_cache`: the racy-clean rule, the tracked set and persistence."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 import pickle
 from pathlib import Path
 
-from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, TreeEntry
-from shadowpoint.stat_cache import CACHE_VERSION, RACY_MARGIN_NS, FileState, StatCache
+from shadowpoint.stage.stat_cache import CACHE_VERSION, RACY_MARGIN_NS, FileState, StatCache
+from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_FILE, TreeEntry
 from shadowpoint.workspace import RepoPath
 
 E1 = TreeEntry("1" * 40, MODE_FILE)

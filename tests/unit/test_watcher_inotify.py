@@ -1,4 +1,4 @@
-"""watcher_inotify.py overrides private internals of watchdog: this file pins them down.
+"""observe/inotify.py overrides private internals of watchdog: this file pins them down.
 
 A watchdog upgrade that renames, re-signs or restructures any internal the overrides rely on fails
 here, by name, instead of as lost events, a flush barrier that never passes, or a dead inotify thread
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from shadowpoint import watcher_inotify
+from shadowpoint.observe import inotify as watcher_inotify
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify exists on Linux only")
 
@@ -78,7 +78,7 @@ def test_the_installed_watchdog_is_a_release_the_overrides_were_written_for() ->
 
     assert version in watcher_inotify.SUPPORTED_WATCHDOG, (
         f"watchdog {version} is installed; the inotify overrides were written for "
-        f"{sorted(watcher_inotify.SUPPORTED_WATCHDOG)}: review watcher_inotify.py against its changes")
+        f"{sorted(watcher_inotify.SUPPORTED_WATCHDOG)}: review observe/inotify.py against its changes")
     assert watcher_inotify.AVAILABLE, "on Linux with a supported watchdog the overrides must be in use"
 
 

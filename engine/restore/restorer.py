@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shadowpoint.checkpoints import CheckpointRecord, checkpoint_or_raise, now_iso
 from shadowpoint.errors import (
     AlreadyRestoredError,
     CheckpointsDisabledError,
@@ -31,7 +30,7 @@ from shadowpoint.errors import (
     UnknownCheckpointError,
     UnknownMessageError,
 )
-from shadowpoint.restore import (
+from shadowpoint.restore.plan import (
     RestorePlan,
     RestoreStats,
     apply_plan,
@@ -40,11 +39,12 @@ from shadowpoint.restore import (
     plan_restore,
     withhold,
 )
+from shadowpoint.restore.safe_fs import cleanup_temp_files
 from shadowpoint.roots import RootState
-from shadowpoint.safe_fs import cleanup_temp_files
-from shadowpoint.scanner import SkipReason
-from shadowpoint.shadow_repo import MODE_TREE, TreeEntry, restore_ref, task_ref
-from shadowpoint.stat_cache import FileState
+from shadowpoint.stage.scanner import SkipReason
+from shadowpoint.stage.stat_cache import FileState
+from shadowpoint.store.checkpoints import CheckpointRecord, checkpoint_or_raise, now_iso
+from shadowpoint.store.shadow_repo import MODE_TREE, TreeEntry, restore_ref, task_ref
 from shadowpoint.workspace import RepoPath
 
 if TYPE_CHECKING:

@@ -27,8 +27,6 @@ from typing import Any
 import pygit2
 import structlog
 
-from shadowpoint import packing
-from shadowpoint.atomic import atomic_writer, write_atomic
 from shadowpoint.errors import (
     FileNotStorableError,
     ObjectMissingError,
@@ -36,7 +34,9 @@ from shadowpoint.errors import (
     ShadowRepoMismatchError,
     StorageFailedError,
 )
-from shadowpoint.locking import flocked, is_flocked
+from shadowpoint.store import packing
+from shadowpoint.store.atomic import atomic_writer, write_atomic
+from shadowpoint.store.locking import flocked, is_flocked
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)

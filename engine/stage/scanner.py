@@ -20,8 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from shadowpoint import borrowed
-from shadowpoint.blob_workers import (
+from shadowpoint.stage.blob_workers import (
     BlobWorkerOptions,
     BlobWorkers,
     FailureKind,
@@ -30,12 +29,13 @@ from shadowpoint.blob_workers import (
     read_file,
     snapshot_file,
 )
-from shadowpoint.early_capture import EarlyCapture
-from shadowpoint.exclusions import ExclusionRules
-from shadowpoint.git_index import IndexProof
-from shadowpoint.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
-from shadowpoint.stager import StagePlan
-from shadowpoint.stat_cache import FileState, StatCache
+from shadowpoint.stage.early_capture import EarlyCapture
+from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.stage.git_index import IndexProof
+from shadowpoint.stage.stager import StagePlan
+from shadowpoint.stage.stat_cache import FileState, StatCache
+from shadowpoint.store import borrowed
+from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
 from shadowpoint.workspace import RepoPath, is_git_component
 
 log = structlog.get_logger(__name__)

@@ -29,9 +29,9 @@ from typing import Any
 
 import structlog
 
-from shadowpoint.atomic import write_atomic
 from shadowpoint.errors import StorageFailedError, TaskMetadataError, UnknownCheckpointError, UnknownTaskError
-from shadowpoint.shadow_repo import ref_component
+from shadowpoint.store.atomic import write_atomic
+from shadowpoint.store.shadow_repo import ref_component
 
 log = structlog.get_logger(__name__)
 

@@ -2,7 +2,7 @@
 
 pygit2 holds the GIL while it hashes, deflates and writes a blob, so only processes hash in
 parallel. The scanner's thread queues paths (never contents) and records the answers; each
-worker (`python -m shadowpoint.blob_workers`, the `serve` loop) reads a file with `read_file`
+worker (`python -m shadowpoint.stage.blob_workers`, the `serve` loop) reads a file with `read_file`
 and answers with the blob id and the file's fstat. One reader thread per worker parses its answers.
 """
 
@@ -28,7 +28,7 @@ from typing import IO
 import structlog
 
 from shadowpoint.errors import FileNotStorableError, RepoError, StorageFailedError
-from shadowpoint.shadow_repo import open_blob_writer
+from shadowpoint.store.shadow_repo import open_blob_writer
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
@@ -318,7 +318,7 @@ class BlobWorkers:
 
     def _start(self) -> None:
         self._started = True
-        argv = [sys.executable, "-P", "-m", "shadowpoint.blob_workers", str(self._git_dir), str(self._root),
+        argv = [sys.executable, "-P", "-m", "shadowpoint.stage.blob_workers", str(self._git_dir), str(self._root),
                 str(self._max_file_bytes), str(os.getpid())]
         for _ in range(self._options.workers):
             try:
@@ -532,7 +532,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m shadowpoint.blob_workers GIT_DIR ROOT MAX_FILE_BYTES PARENT_PID`: one worker."""
+    """`python -m shadowpoint.stage.blob_workers GIT_DIR ROOT MAX_FILE_BYTES PARENT_PID`: one worker."""
     args = sys.argv[1:] if argv is None else argv
     git_dir, root, max_bytes, parent_pid = Path(args[0]), Path(args[1]), int(args[2]), int(args[3])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the scanning process

@@ -20,7 +20,7 @@ from typing import Final
 import structlog
 
 from shadowpoint.config.exclusion_data import BUILTIN_EXCLUSIONS
-from shadowpoint.patterns import (
+from shadowpoint.stage.patterns import (
     NEGATED,
     PatternSet,
     lfs_patterns,

@@ -1,7 +1,7 @@
 """The restore's own file writer: writes, removes and reads workspace paths without following symlinks.
 
 Every path is walked component by component from an open root directory descriptor with
-`O_NOFOLLOW`, so nothing outside the workspace is ever written, deleted or read. `restore.py`
+`O_NOFOLLOW`, so nothing outside the workspace is ever written, deleted or read. `plan.py`
 calls it on the engine thread; a `SafeWriter` holds file descriptors and is not thread-safe.
 """
 

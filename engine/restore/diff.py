@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shadowpoint.shadow_repo import MODE_LINK, DeltaRecord, ShadowRepo
+from shadowpoint.store.shadow_repo import MODE_LINK, DeltaRecord, ShadowRepo
 from shadowpoint.workspace import RepoPath
 
 TITLE_SINCE = "Changes since snapshot"

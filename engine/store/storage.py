@@ -19,10 +19,10 @@ from typing import Any
 
 import structlog
 
-from shadowpoint.checkpoints import CheckpointStore, TaskRecord
 from shadowpoint.errors import ShadowpointError
-from shadowpoint.locking import WorkspaceLock, sole_user
-from shadowpoint.shadow_repo import HEAD_REF, ShadowRepo, delete_task_refs, disk_usage, task_tips
+from shadowpoint.store.checkpoints import CheckpointStore, TaskRecord
+from shadowpoint.store.locking import WorkspaceLock, sole_user
+from shadowpoint.store.shadow_repo import HEAD_REF, ShadowRepo, delete_task_refs, disk_usage, task_tips
 from shadowpoint.workspace import workspace_hash
 
 log = structlog.get_logger(__name__)

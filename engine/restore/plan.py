@@ -16,8 +16,8 @@ from typing import Any
 import structlog
 
 from shadowpoint.errors import RestoreFailedError, ShadowpointError
-from shadowpoint.safe_fs import SafeWriter
-from shadowpoint.shadow_repo import MODE_EXEC, MODE_LINK, ShadowRepo, TreeEntry
+from shadowpoint.restore.safe_fs import SafeWriter
+from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_LINK, ShadowRepo, TreeEntry
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)

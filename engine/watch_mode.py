@@ -22,8 +22,8 @@ import structlog
 
 from shadowpoint.engine import Engine
 from shadowpoint.events import RoundBegan, RoundEnded, TaskStarted, ToolBegan, ToolEnded
-from shadowpoint.exclusions import RULE_FILES, ExclusionRules
-from shadowpoint.journal import PathJournal
+from shadowpoint.observe.journal import PathJournal
+from shadowpoint.stage.exclusions import RULE_FILES, ExclusionRules
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)

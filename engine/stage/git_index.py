@@ -33,7 +33,7 @@ from pathlib import Path
 
 import structlog
 
-from shadowpoint.stat_cache import RACY_MARGIN_NS
+from shadowpoint.stage.stat_cache import RACY_MARGIN_NS
 
 log = structlog.get_logger(__name__)
 

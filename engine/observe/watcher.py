@@ -2,7 +2,7 @@
 
 The engine thread calls start/flush/swap/stop. Watchdog's threads (named `shadowpoint-watcher*:<root
 name>`) run the recording handler, which only normalises paths and adds them to the journal, and, on
-Linux, the inotify overrides of watcher_inotify.py, which call back into `_InotifyHooks` below to keep
+Linux, the inotify overrides of inotify.py, which call back into `_InotifyHooks` below to keep
 watches off skipped folders and report queue overflows and watch limits.
 """
 
@@ -39,8 +39,8 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
-from shadowpoint import watcher_inotify as inotify
-from shadowpoint.journal import JournalSnapshot, PathJournal
+from shadowpoint.observe import inotify
+from shadowpoint.observe.journal import JournalSnapshot, PathJournal
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
@@ -51,7 +51,7 @@ _STOP_JOIN_TIMEOUT_S = 10.0
 # A problem that a restart alone does not clear: the verification scan found a change the watcher
 # never reported; only a clean verification after a restart clears it (SPEC §4).
 MISSED_CHANGE = "missed_change"
-# Which observer watches a root: shadowpoint's inotify observer (watcher_inotify.py, Linux), or
+# Which observer watches a root: shadowpoint's inotify observer (inotify.py, Linux), or
 # watchdog's stock `Observer`, as on macOS and Windows (FSEvents, ReadDirectoryChangesW; on Linux
 # the stock inotify observer). The portable one has no flush barrier, so its rounds rescan.
 ObserverKind = Literal["inotify", "portable"]

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import structlog
 
-from shadowpoint.checkpoints import CheckpointRecord, TaskRecord
 from shadowpoint.errors import RepoError
 from shadowpoint.roots import RootState
-from shadowpoint.shadow_repo import ShadowRepo, task_ref
+from shadowpoint.store.checkpoints import CheckpointRecord, TaskRecord
+from shadowpoint.store.shadow_repo import ShadowRepo, task_ref
 
 log = structlog.get_logger(__name__)
 

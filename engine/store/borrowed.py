@@ -30,9 +30,9 @@ from pathlib import Path
 
 import structlog
 
-from shadowpoint.atomic import write_atomic
 from shadowpoint.errors import RepoError
-from shadowpoint.shadow_repo import BORROWED_LEDGER, ShadowRepo
+from shadowpoint.store.atomic import write_atomic
+from shadowpoint.store.shadow_repo import BORROWED_LEDGER, ShadowRepo
 
 log = structlog.get_logger(__name__)
 
