@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from shadowpoint.errors import RepoError, ShadowpointError
-from shadowpoint.observe.journal import PathJournal
+from shadowpoint.observe.journal import JournalSnapshot, PathJournal
 from shadowpoint.observe.watcher import WorkspaceWatcher
 from shadowpoint.options import EngineOptions
 from shadowpoint.stage import stager
@@ -269,9 +269,15 @@ class RootState:
         starts afresh) and what it recorded while the round was open; None without a watcher."""
         if self.watcher is None:
             return None
-        flushed = self.watcher.flush()
-        snap = self.watcher.swap()
-        return WatchView(flushed, snap.healthy, snap.paths, tuple(snap.reasons)), snap.during
+        view, snap = self._take_watch(self.watcher)
+        return view, snap.during
+
+    @staticmethod
+    def _take_watch(watcher: WorkspaceWatcher) -> tuple[WatchView, JournalSnapshot]:
+        """The watcher's flush barrier, then its record since the last round (taken)."""
+        flushed = watcher.flush()
+        snap = watcher.swap()
+        return WatchView(flushed, snap.healthy, snap.paths, tuple(snap.reasons)), snap
 
     def set_head(self, tree: str | None) -> None:
         """Point the head ref at the tracked set's tree (lock held).
@@ -294,13 +300,11 @@ class RootState:
         """
         watch = None
         if self.watcher is not None and self.scanned:
-            flushed = self.watcher.flush()
-            snap = self.watcher.swap()
+            watch, snap = self._take_watch(self.watcher)
             if keep:
                 self.watcher.journal.put_back(snap)
             elif snap.opened:
                 self.watcher.journal.open_round()  # a round is still open: what follows is its own
-            watch = WatchView(flushed, snap.healthy, snap.paths, tuple(snap.reasons))
         return stager.safety_plan(forced, watch, self.facts)
 
     def tracked_count(self) -> int:

@@ -110,12 +110,7 @@ class SharedUse:
         """Inside, True when no other process holds a share (one that starts meanwhile waits)."""
         assert self._fd is not None, "closed"
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            sole = True
-        except BlockingIOError:
-            sole = False
-        try:
-            yield sole
+            yield _try_exclusive(self._fd)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_SH)  # also after a failed conversion, which may drop it
 
@@ -134,14 +129,18 @@ def sole_user(path: Path) -> Iterator[bool]:
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            sole = True
-        except BlockingIOError:
-            sole = False
-        yield sole
+        yield _try_exclusive(fd)
     finally:
         os.close(fd)
+
+
+def _try_exclusive(fd: int) -> bool:
+    """Take (or convert to) an exclusive flock on `fd` if nobody else holds one; whether it did."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 @contextlib.contextmanager
