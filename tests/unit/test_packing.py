@@ -4,7 +4,7 @@ git itself (`fsck`, `verify-pack`) is the oracle for the files written."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -114,15 +114,23 @@ def test_a_baseline_tree_written_as_one_pack_equals_the_patched_tree(repo: Shado
         entries[path] = shadow_repo.TreeEntry(repo.write_blob(f"content {i % 50}".encode()), mode)
     entries[RepoPath("gone")] = None
     packs_before = _packs(repo)
-    packed = repo.write_tree_packed(entries)
+    packed = repo.write_tree_packed(_sorted_files(entries))
     assert len(_packs(repo) - packs_before) == 1
     patched = repo.patch_tree(None, entries)
     assert packed == patched
     assert repo.list_tree(packed) == {p: e for p, e in entries.items() if e is not None}
     assert git(repo, "fsck", "--no-dangling", "--strict").returncode == 0
-    with pytest.raises(ValueError):
-        repo.write_tree_packed({RepoPath("a"): entries[next(iter(entries))],
-                                RepoPath("a/b"): entries[next(iter(entries))]})
+    some = entries[next(iter(entries))]
+    for both in ({"a": some, "a/b": some}, {"a": some, "a-b": some, "a/b": some}, {"a/b/c": some, "a/b": some}):
+        with pytest.raises(ValueError):
+            repo.write_tree_packed(_sorted_files(both))
+    with pytest.raises(ValueError):  # not sorted
+        repo.write_tree_packed(reversed(_sorted_files(entries)))
+    assert repo.write_tree_packed([]) is None
+
+
+def _sorted_files(entries: Mapping[str, shadow_repo.TreeEntry | None]) -> list[tuple[str, int, bytes]]:
+    return sorted((p, e.mode, bytes.fromhex(e.oid)) for p, e in entries.items() if e is not None)
 
 
 def test_a_handle_reopens_once_another_collection_removed_its_packs(repo: ShadowRepo, workspace: Path) -> None:

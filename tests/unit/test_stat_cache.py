@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 from pathlib import Path
 
 from shadowpoint.stage.stat_cache import CACHE_VERSION, RACY_MARGIN_NS, FileState, StatCache
@@ -140,10 +141,54 @@ def test_save_load_round_trip_of_many_entries_written_in_slices(tmp_path: Path) 
     for i in range(10_001):
         name = odd[i % len(odd)] if i % 997 == 0 else f"dir{i % 37}/file{i}.py"
         entry = TreeEntry(f"{i:040x}", MODE_EXEC if i % 5 == 0 else MODE_FILE)
-        cache.set(RepoPath(f"{i}-{name}"), FileState(i, i * 3, i * 7, 0o100644, i + 11, i * 13, entry))
+        cache.set(RepoPath(f"{i}-{name}"), FileState.packed(i, i * 3, i * 7, 0o100644, i + 11, i * 13, entry.mode,
+                                                                 bytes.fromhex(entry.oid)))
     path = tmp_path / "statcache.bin"
     cache.save(path)
     loaded = StatCache.load(path, "b" * 40)
     assert loaded is not None
     assert loaded.tree == cache.tree
     assert loaded.entries == cache.entries
+
+
+def test_file_state_keeps_every_field_exactly(tmp_path: Path) -> None:
+    """The packed state reads back each stat field and the entry, at their extremes too (an
+    inode above 2**63, a size of -1 for unknown), also through a save and load."""
+    entry = TreeEntry("0123456789abcdef0123456789abcdef01234567", MODE_EXEC)
+    state = FileState.packed(-1, -5, 2**62, 0o120777, 2**64 - 3, 7, entry.mode, bytes.fromhex(entry.oid))
+    assert (state.size, state.mtime_ns, state.ctime_ns, state.st_mode, state.ino, state.checked_ns) == (
+        -1, -5, 2**62, 0o120777, 2**64 - 3, 7)
+    assert state.entry == entry and state.mode == MODE_EXEC and state.raw_oid == bytes.fromhex(entry.oid)
+    assert FileState.unknown(entry).entry == entry and FileState.unknown(entry).size == -1
+    cache = StatCache(tree="a" * 40, base_commit="b" * 40)
+    cache.set(RepoPath("big-inode"), state)
+    cache.save(tmp_path / "c.bin")
+    loaded = StatCache.load(tmp_path / "c.bin", "b" * 40)
+    assert loaded is not None and loaded.entries == {RepoPath("big-inode"): state}
+    # a time past 2262 is kept exactly in memory, and saved as unknown (hashed again after a load)
+    future = 10_413_792_000_123_456_789
+    late = FileState.packed(3, future, future + 1, 0o100644, 9, 7, entry.mode, bytes.fromhex(entry.oid))
+    assert (late.mtime_ns, late.ctime_ns) == (future, future + 1)
+    cache.set(RepoPath("late"), late)
+    cache.save(tmp_path / "c.bin")
+    loaded = StatCache.load(tmp_path / "c.bin", "b" * 40)
+    assert loaded is not None and loaded.entries[RepoPath("late")] == FileState.unknown(entry)
+    assert loaded.entries[RepoPath("big-inode")] == state
+
+
+def test_a_real_stat_is_clean_only_while_nothing_changed(tmp_path: Path) -> None:
+    """`is_clean` compares size, times, mode and inode of a real file, and the racy margin."""
+    f = tmp_path / "f.txt"
+    f.write_text("one")
+    old = time.time_ns() - 10 * RACY_MARGIN_NS
+    os.utime(f, ns=(old, old))
+    entry = TreeEntry("0" * 40, MODE_FILE)
+    state = FileState.of(os.lstat(f), entry, time.time_ns())
+    assert state.is_clean(os.lstat(f))
+    assert not FileState.of(os.lstat(f), entry, old + RACY_MARGIN_NS // 2).is_clean(os.lstat(f))  # racy
+    os.chmod(f, 0o755)
+    assert not state.is_clean(os.lstat(f))
+    os.chmod(f, 0o644)
+    f.write_text("three")
+    os.utime(f, ns=(old, old))
+    assert not state.is_clean(os.lstat(f))
