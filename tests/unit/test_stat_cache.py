@@ -192,3 +192,25 @@ def test_a_real_stat_is_clean_only_while_nothing_changed(tmp_path: Path) -> None
     f.write_text("three")
     os.utime(f, ns=(old, old))
     assert not state.is_clean(os.lstat(f))
+
+
+def test_under_stays_exact_through_additions_and_removals() -> None:
+    """`under` keeps its order through a round's additions and removals (sorted in one by one)
+    and past the number it sorts in that way (then it sorts anew): always what a filter says."""
+    import random
+
+    rng = random.Random(3)
+    entry = TreeEntry("0" * 40, MODE_FILE)
+    cache = StatCache()
+    names = [f"{rng.choice('abc')}/{rng.choice('xyz')}/{i}" for i in range(3000)]
+    for name in names[:1000]:
+        cache.set(RepoPath(name), FileState.unknown(entry))
+    for step in range(2500):
+        folder = RepoPath(rng.choice(["a", "b", "a/x", "c/z"]))
+        expected = sorted(p for p in cache.entries if p.startswith(folder + "/"))
+        assert cache.under(folder) == expected, step
+        name = RepoPath(rng.choice(names))
+        if name in cache.entries and rng.random() < 0.5:
+            cache.remove(name)
+        else:
+            cache.set(name, FileState.unknown(entry))
