@@ -3,7 +3,9 @@ git itself (`fsck`, `verify-pack`) is the oracle for the files written."""
 
 from __future__ import annotations
 
+import hashlib
 import random
+import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -156,3 +158,27 @@ def test_a_handle_reopens_once_another_collection_removed_its_packs(repo: Shadow
         assert git(repo, "cat-file", "-e", oid).returncode == 0
     finally:
         other.close()
+
+
+def test_a_pack_written_object_by_object_is_one_git_verifies(tmp_path: Path) -> None:
+    """`PackStream` writes each object as it comes (an object added twice once), fills the
+    count in at the end, and leaves a pack and index that `git verify-pack` accepts; one that
+    is closed unfinished is only a temp file in its folder."""
+    folder = tmp_path / "packs"
+    folder.mkdir()
+    made = {}
+    with packing.PackStream(folder) as pack:
+        for i in range(300):
+            data = f"object {i % 200}\n".encode() * (i % 7 + 1)
+            raw = hashlib.sha1(b"blob %d\0" % len(data) + data).digest()
+            pack.add(raw, 3, data)
+            made[raw.hex()] = data
+        idx = pack.finish()
+    assert sorted(packing.pack_objects(idx)) == sorted(made)
+    out = subprocess.run(["git", "verify-pack", "-v", str(idx)], capture_output=True, text=True, check=True).stdout
+    assert sum(1 for line in out.splitlines() if " blob " in line) == len(made)
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    with packing.PackStream(unfinished) as pack:
+        pack.add(b"\1" * 20, 3, b"x")
+    assert [p.name for p in unfinished.iterdir()] == ["tmp_pack_sp"]
