@@ -13,7 +13,7 @@ from shadowpoint.roots import RootState
 from shadowpoint.stage.early_capture import EarlyCapture
 from shadowpoint.stage.scanner import StageResult
 from shadowpoint.stage.stager import StagePlan
-from shadowpoint.store.shadow_repo import task_ref
+from shadowpoint.store.values import task_ref
 
 
 @dataclass(frozen=True, slots=True)

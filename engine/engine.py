@@ -66,7 +66,8 @@ from shadowpoint.store.checkpoints import (
     fork_record,
 )
 from shadowpoint.store.recovery import rebuild_record
-from shadowpoint.store.shadow_repo import delete_task_refs, task_ref
+from shadowpoint.store.shadow_repo import delete_task_refs
+from shadowpoint.store.values import task_ref
 from shadowpoint.verifier import VerifyStats, WatchVerifier, throttled
 from shadowpoint.workspace import PathResolver, RepoPath, Workspace, open_workspaces
 

@@ -28,7 +28,8 @@ from shadowpoint.stage.stager import RootFacts, StagePlan, WatchView, staging_pl
 from shadowpoint.stage.stat_cache import StatCache
 from shadowpoint.store import borrowed
 from shadowpoint.store.locking import WorkspaceLock
-from shadowpoint.store.shadow_repo import HEAD_REF, ShadowRepo
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import HEAD_REF
 from shadowpoint.workspace import RepoPath, Workspace
 
 log = structlog.get_logger(__name__)

@@ -30,7 +30,7 @@ from shadowpoint.stage.blob_workers import HashedFile, read_file, snapshot_file
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.stager import is_rules_file
 from shadowpoint.stage.stat_cache import FileState
-from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
+from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)

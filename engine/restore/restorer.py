@@ -44,7 +44,7 @@ from shadowpoint.roots import RootState
 from shadowpoint.stage.scanner import SkipReason
 from shadowpoint.stage.stat_cache import FileState
 from shadowpoint.store.checkpoints import CheckpointRecord, checkpoint_or_raise, now_iso
-from shadowpoint.store.shadow_repo import MODE_TREE, TreeEntry, restore_ref, task_ref
+from shadowpoint.store.values import MODE_TREE, TreeEntry, restore_ref, task_ref
 from shadowpoint.workspace import RepoPath
 
 if TYPE_CHECKING:

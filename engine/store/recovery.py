@@ -19,7 +19,8 @@ import structlog
 from shadowpoint.errors import RepoError
 from shadowpoint.roots import RootState
 from shadowpoint.store.checkpoints import CheckpointRecord, TaskRecord
-from shadowpoint.store.shadow_repo import ShadowRepo, task_ref
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import task_ref
 
 log = structlog.get_logger(__name__)
 

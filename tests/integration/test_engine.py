@@ -28,8 +28,8 @@ from shadowpoint.errors import (
 from shadowpoint.restore.plan import RestoreOp, RestorePlan
 from shadowpoint.restore.safe_fs import TEMP_PREFIX
 from shadowpoint.store.checkpoints import CheckpointRecord
-from shadowpoint.store.shadow_repo import MODE_FILE, TreeEntry, task_ref
 from shadowpoint.store.storage import remove_all_checkpoints
+from shadowpoint.store.values import MODE_FILE, TreeEntry, task_ref
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree, wait_for
 

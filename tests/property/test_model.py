@@ -36,7 +36,7 @@ from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.errors import AlreadyRestoredError, NothingToUndoError
 from shadowpoint.observe.watcher import ObserverKind
-from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK
+from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK
 from tests.conftest import Exe, Link, read_tree
 
 SOAK = max(1, int(os.environ.get("SHADOWPOINT_SOAK") or 1))  # read at import: the hermetic fixture clears it
