@@ -91,8 +91,8 @@ class WatchVerifier:
             return VerifyStats(Verdict.SKIPPED)
         journal = watcher.journal
         generation, swaps = watcher.generation, journal.swaps
-        with root.lock.held():
-            root.open()
+        with root.locked() as r:
+            r.open()  # the tracked set mirrors the head (another process may have moved it)
             stages = root.stages
             run = _Pass(dict(root.cache.entries))
         if not self._walk(run, pause):

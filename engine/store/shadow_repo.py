@@ -3,7 +3,7 @@
 Owns libgit2's process-wide isolation (no user/system/XDG git config, no filters, hooks
 or fsmonitor), blob/tree/commit writing (trees are patched from the previous tree, so a
 round costs O(changed paths)), refs, tree listing, diffs and object reachability. Callers
-serialise access per repository (`RootState.lock` in engine.py); no thread of its own.
+serialise access per repository (`RootState.locked` in roots.py); no thread of its own.
 """
 
 from __future__ import annotations

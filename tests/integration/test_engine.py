@@ -641,8 +641,8 @@ def test_crash_after_restore_keeps_restored_content(options: Any, ws: Path) -> N
     _three_rounds(eng, ws)
     eng.restore("t1", 0, "files")
     for root in eng.roots.values():  # crash: nothing is flushed, locks die with the process
-        assert root.repo is not None
-        root.repo.close()
+        with root.locked() as locked:
+            locked.repo.close()
     eng2 = Engine([ws], options)
     try:
         cp = edit_round(eng2, ws, 30, {"b.txt": "b3"})

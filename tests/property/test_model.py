@@ -217,8 +217,8 @@ class WorkspaceModel(RuleBasedStateMachine):
     def _check_checkpoint(self, ts: int, expected: dict[str, Entry]) -> None:
         root = self.engine.roots[self.engine.first_root]
         commit = next(c for c in self.engine.list_checkpoints("t")["checkpoints"] if c["ts"] == ts)["hash"]
-        with root.lock.held():
-            repo = root.open()
+        with root.locked() as locked:
+            repo = locked.repo
             listing = repo.list_tree(repo.commit_tree(commit))
             got: dict[str, Entry] = {}
             for path, entry in listing.items():
