@@ -35,7 +35,8 @@ from shadowpoint.stage.git_index import IndexProof
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import FileState, StatCache
 from shadowpoint.store import borrowed
-from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, ShadowRepo, TreeEntry
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
 from shadowpoint.workspace import RepoPath, is_git_component
 
 log = structlog.get_logger(__name__)

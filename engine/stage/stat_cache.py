@@ -22,7 +22,7 @@ from typing import BinaryIO, TypeVar
 import structlog
 
 from shadowpoint.store.atomic import atomic_writer
-from shadowpoint.store.shadow_repo import TreeEntry
+from shadowpoint.store.values import TreeEntry
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)

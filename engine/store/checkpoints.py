@@ -31,7 +31,7 @@ import structlog
 
 from shadowpoint.errors import StorageFailedError, TaskMetadataError, UnknownCheckpointError, UnknownTaskError
 from shadowpoint.store.atomic import write_atomic
-from shadowpoint.store.shadow_repo import ref_component
+from shadowpoint.store.values import ref_component
 
 log = structlog.get_logger(__name__)
 

@@ -3,7 +3,7 @@
 Owns libgit2's process-wide isolation (no user/system/XDG git config, no filters, hooks
 or fsmonitor), blob/tree/commit writing (trees are patched from the previous tree, so a
 round costs O(changed paths)), refs, tree listing, diffs and object reachability. Callers
-serialise access per repository (`RootState.lock` in engine.py); no thread of its own.
+serialise access per repository (`RootState.locked` in roots.py); no thread of its own.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +36,23 @@ from shadowpoint.errors import (
 from shadowpoint.store import packing
 from shadowpoint.store.atomic import atomic_writer, write_atomic
 from shadowpoint.store.locking import flocked, is_flocked
+from shadowpoint.store.values import (
+    COMMITTER_EMAIL,
+    COMMITTER_NAME,
+    MODE_GITLINK,
+    MODE_TREE,
+    TASK_TRAILER,
+    Changes,
+    DeltaRecord,
+    TreeEntry,
+    restore_ref_prefix,
+    safety_ref,
+    task_ref,
+)
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
 
-MODE_FILE = 0o100644
-MODE_EXEC = 0o100755
-MODE_LINK = 0o120000
-MODE_TREE = 0o040000
-MODE_GITLINK = 0o160000
-
-COMMITTER_NAME = "shadowpoint Checkpoint"
-COMMITTER_EMAIL = "checkpoint@shadowpoint.invalid"
-TASK_TRAILER = "Shadowpoint-Task"
-HEAD_REF = "refs/shadowpoint/head"
 GC_STAGING_PREFIX = "gc-"  # objects/gc-*: where a collection writes its new pack
 GC_BUSY_FILE = ".busy"  # flocked inside a staging folder by the collection using it
 GC_PACK_OBJECTS = 50_000  # objects per pack a collection writes (each installed when complete)
@@ -199,62 +201,6 @@ def write_loose_blob(git_dir: Path, data: bytes) -> str:
                 "file system or of the process (RLIMIT_FSIZE)") from exc
         raise StorageFailedError(_storage_message(git_dir, "write a blob", exc)) from exc
     return oid
-
-
-@dataclass(frozen=True, slots=True)
-class TreeEntry:
-    """One file of a snapshot: blob id (hex) and git file mode."""
-
-    oid: str
-    mode: int
-
-
-Changes = Mapping[RepoPath, TreeEntry | None]
-
-
-@dataclass(frozen=True, slots=True)
-class DeltaRecord:
-    """One changed path between two trees."""
-
-    status: str  # added | modified | deleted | renamed
-    path: RepoPath
-    old_path: RepoPath | None
-    old_oid: str | None
-    new_oid: str | None
-    old_mode: int | None
-    new_mode: int | None
-
-
-_SAFE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
-
-
-def ref_component(task_id: str) -> str:
-    """A ref-name-safe component for a task id (non-safe ids get a readable hashed form)."""
-    if _SAFE_REF.match(task_id) and not task_id.endswith(".lock") and ".." not in task_id:
-        return task_id
-    import hashlib
-
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", task_id)[:60].strip("._") or "task"
-    cleaned = re.sub(r"\.{2,}", "_", cleaned)  # ".." is invalid in a ref name ("a/../b" -> "a_.._b")
-    return f"{cleaned}-{hashlib.sha256(task_id.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
-
-
-def task_ref(task_id: str) -> str:
-    return f"refs/shadowpoint/tasks/{ref_component(task_id)}"
-
-
-def safety_ref(task_id: str) -> str:
-    return f"refs/shadowpoint/safety/{ref_component(task_id)}"
-
-
-def restore_ref(task_id: str, n: int) -> str:
-    """The ref keeping a task's file restore `n` (its after-state commit, whose parent is the
-    safety checkpoint taken before it): safety checkpoints live as long as their task."""
-    return f"{restore_ref_prefix(task_id)}{n}"
-
-
-def restore_ref_prefix(task_id: str) -> str:
-    return f"refs/shadowpoint/restores/{ref_component(task_id)}/"
 
 
 def delete_task_refs(repo: ShadowRepo, task_id: str) -> None:

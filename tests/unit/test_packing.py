@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from shadowpoint.store import packing, shadow_repo
-from shadowpoint.store.shadow_repo import ShadowRepo, task_ref
+from shadowpoint.store import packing, shadow_repo, values
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import task_ref
 from shadowpoint.workspace import RepoPath
 from tests.unit.test_shadow_repo import blob, build, git
 
@@ -106,14 +107,14 @@ def test_a_baseline_tree_written_as_one_pack_equals_the_patched_tree(repo: Shado
     folders sorted as "name/", modes, names that are not UTF-8), as one pack git verifies."""
     rng = random.Random(7)
     names = ["a", "a.b", "a-b", "a0", "b", "é", "x\udcff", "z z"]
-    entries: dict[RepoPath, shadow_repo.TreeEntry | None] = {}
+    entries: dict[RepoPath, values.TreeEntry | None] = {}
     for i in range(400):
         parts = [rng.choice(names) + (str(rng.randrange(3)) if d < 2 else "") for d in range(rng.randrange(1, 5))]
         path = RepoPath("/".join(parts) + f"/f{i}" if rng.random() < 0.8 else "/".join(parts))
         if any(p.startswith(path + "/") or path.startswith(p + "/") for p in entries):
             continue  # a path that is both a file and a folder
-        mode = rng.choice([shadow_repo.MODE_FILE, shadow_repo.MODE_EXEC, shadow_repo.MODE_LINK])
-        entries[path] = shadow_repo.TreeEntry(repo.write_blob(f"content {i % 50}".encode()), mode)
+        mode = rng.choice([values.MODE_FILE, values.MODE_EXEC, values.MODE_LINK])
+        entries[path] = values.TreeEntry(repo.write_blob(f"content {i % 50}".encode()), mode)
     entries[RepoPath("gone")] = None
     packs_before = _packs(repo)
     packed = repo.write_tree_packed(_sorted_files(entries))

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from shadowpoint.stage.stat_cache import CACHE_VERSION, RACY_MARGIN_NS, FileState, StatCache
-from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_FILE, TreeEntry
+from shadowpoint.store.values import MODE_EXEC, MODE_FILE, TreeEntry
 from shadowpoint.workspace import RepoPath
 
 E1 = TreeEntry("1" * 40, MODE_FILE)
