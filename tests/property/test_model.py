@@ -268,7 +268,9 @@ class WorkspaceModel(RuleBasedStateMachine):
         self.engine.undo_restore("t")
         undo = self.undo.pop()
         paths = set(undo)
-        self.tracked = self._rescan(self.tracked, paths)
+        # its safety checkpoint forces the edited paths too, as a restore's does (one staging
+        # for both): a file made since in an excluded place under an edited path is tracked
+        self.tracked = self._rescan(self.tracked, paths | self.edited)
         for path, entry in undo.items():
             self._put(path, entry)
             self._track(path, entry)
