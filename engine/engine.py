@@ -48,6 +48,7 @@ from shadowpoint.events import (
     ToolBegan,
     ToolEnded,
 )
+from shadowpoint.kinds import CheckpointKind, EditRestore, ErrorKind, RestoreMode, TaskState, ToolKind
 from shadowpoint.maintenance import Maintenance
 from shadowpoint.observe.rounds import RoundRecord, RoundRecorder, tool_kind
 from shadowpoint.options import EngineOptions
@@ -74,7 +75,7 @@ __all__ = ["Engine", "EngineOptions", "TaskRuntime"]
 
 
 # what a failed baseline reports as itself (any other error is reported as init_failed)
-_INIT_ERROR_KINDS = ("init_failed", "init_timeout", "lock_timeout", "storage_failed")
+_INIT_ERROR_KINDS = (ErrorKind.INIT_FAILED, ErrorKind.INIT_TIMEOUT, ErrorKind.LOCK_TIMEOUT, ErrorKind.STORAGE_FAILED)
 
 log = structlog.get_logger(__name__)
 
@@ -85,7 +86,7 @@ class TaskRuntime:
 
     record: TaskRecord
     lock: threading.RLock = field(default_factory=threading.RLock)
-    state: str = "initializing"  # initializing | ready | disabled | failed
+    state: TaskState = TaskState.INITIALIZING
     error: dict[str, str] | None = None
     baseline: Future[None] | None = None
     # per root: paths edit tools ask the building baseline for first (SPEC §3)
@@ -109,7 +110,7 @@ def round_changes(result: StageResult, during: frozenset[RepoPath] | None) -> li
 
 
 @contextlib.contextmanager
-def damaged_checkpoint(ts: Any, root: RootState) -> Iterator[None]:
+def damaged_checkpoint(ts: object, root: RootState) -> Iterator[None]:
     """A checkpoint whose objects the shadow repo lost: a clear error, not an internal one; the
     root checks its objects before its next stage (the loss may reach the current snapshot)."""
     try:
@@ -167,8 +168,8 @@ class Engine:
 
     # ================================================================== tasks
 
-    def _task(self, task_id: Any) -> TaskRuntime:
-        if not isinstance(task_id, str) or not task_id:
+    def _task(self, task_id: str) -> TaskRuntime:
+        if not isinstance(task_id, str) or not task_id:  # a library caller's
             raise UnknownTaskError(f"Unknown task {task_id!r}.")
         with self._tasks_lock:
             rt = self._tasks.get(task_id)
@@ -213,9 +214,9 @@ class Engine:
         with rt.lock:
             self.restorer.recover(rt)
             if record.disabled:
-                rt.state = "disabled"
+                rt.state = TaskState.DISABLED
             elif record.last_snapshot() is not None:
-                rt.state = "ready"
+                rt.state = TaskState.READY
                 rt.round_no = len(record.checkpoints)
                 # a resumed task records touched paths too (its first round rescans anyway:
                 # the watcher saw nothing of what happened while no shadowpoint ran)
@@ -236,7 +237,7 @@ class Engine:
                 rt = self._resume(task_id, record)
         if rt is not None:
             with rt.lock:
-                if rt.state == "initializing" and rt.baseline is None:
+                if rt.state is TaskState.INITIALIZING and rt.baseline is None:
                     first = rt.record.messages[0].ts if rt.record.messages else ts
                     self._begin_baseline(rt, first)
         else:
@@ -252,26 +253,27 @@ class Engine:
     def retry_task(self, task_id: str) -> dict[str, Any]:
         rt = self._task(task_id)
         with rt.lock:
-            if rt.state in ("failed", "disabled") or (rt.state == "initializing" and rt.baseline is None):
+            if rt.state in (TaskState.FAILED, TaskState.DISABLED) or (
+                    rt.state is TaskState.INITIALIZING and rt.baseline is None):
                 rt.record.disabled = False
                 rt.record.full_write = True  # not a logged change: the next write is task.json
                 ts = rt.record.messages[0].ts if rt.record.messages else 0
                 if rt.record.last_snapshot() is None:
                     self._begin_baseline(rt, ts)
                 else:
-                    rt.state, rt.error = "ready", None
+                    rt.state, rt.error = TaskState.READY, None
         return self.task_state(rt)
 
     def disable_task(self, task_id: str) -> None:
         rt = self._task(task_id)
         with rt.lock:
-            rt.state = "disabled"
+            rt.state = TaskState.DISABLED
             rt.record.disabled = True
             self._save(rt)
 
     @staticmethod
     def task_state(rt: TaskRuntime) -> dict[str, Any]:
-        state = "disabled" if rt.state in ("disabled", "failed") else rt.state
+        state = rt.state.wire
         out: dict[str, Any] = {"state": state}
         if rt.error:
             out["error"] = dict(rt.error)
@@ -291,7 +293,7 @@ class Engine:
     def _begin_baseline(self, rt: TaskRuntime, ts: int) -> None:
         rt.generation += 1
         gen = rt.generation
-        rt.state, rt.error = "initializing", None
+        rt.state, rt.error = TaskState.INITIALIZING, None
         fut: Future[None] = Future()
         rt.baseline = fut
         requested = threading.Event()
@@ -309,7 +311,7 @@ class Engine:
             if fut.done():
                 return
             with rt.lock:
-                if rt.generation != gen or rt.state != "initializing":
+                if rt.generation != gen or rt.state is not TaskState.INITIALIZING:
                     return
                 rt.generation += 1  # the build's result is dropped: no timeout paid on every round
                 self._fail(rt, InitTimeoutError(
@@ -348,8 +350,8 @@ class Engine:
         threading.Thread(target=build, name=f"shadowpoint-baseline:{task_id}", daemon=True).start()
 
     def _fail(self, rt: TaskRuntime, exc: ShadowpointError) -> None:
-        rt.state = "failed"
-        kind = exc.kind if exc.kind in _INIT_ERROR_KINDS else "init_failed"
+        rt.state = TaskState.FAILED
+        kind = exc.kind if exc.kind in _INIT_ERROR_KINDS else ErrorKind.INIT_FAILED
         rt.error = {"kind": kind, "message": str(exc)}
         self.notify("task/initFailed", {"taskId": rt.record.task_id, "kind": kind, "message": str(exc)})
         log.error("task.init_failed", task_id=rt.record.task_id, kind=kind, reason=str(exc))
@@ -380,9 +382,9 @@ class Engine:
         with rt.lock:
             if rt.generation != gen:
                 return
-            cp = CheckpointRecord(ts=ts, kind="baseline", hashes=hashes, warnings=warnings)
+            cp = CheckpointRecord(ts=ts, kind=CheckpointKind.BASELINE, hashes=hashes, warnings=warnings)
             rt.record.add_checkpoint(cp)
-            rt.state, rt.error = "ready", None
+            rt.state, rt.error = TaskState.READY, None
             self._save(rt)
         log.info("task.baseline_built", task_id=rt.record.task_id, hashed=hashed, borrowed=taken,
                  duration_ms=round((time.perf_counter() - start) * 1e3, 1))
@@ -420,7 +422,7 @@ class Engine:
     def _wait_ready(self, rt: TaskRuntime) -> bool:
         """Block until the baseline is built (the barrier). False if checkpoints are off."""
         fut = rt.baseline
-        if rt.state == "initializing" and fut is not None:
+        if rt.state is TaskState.INITIALIZING and fut is not None:
             with rt.lock:
                 rt.waiting_for_baseline += 1
             try:
@@ -428,13 +430,13 @@ class Engine:
             finally:
                 with rt.lock:
                     rt.waiting_for_baseline -= 1
-        return rt.state == "ready"
+        return rt.state is TaskState.READY
 
     def _wait_for_paths(self, rt: TaskRuntime, paths: list[tuple[str, str]]) -> None:
         """An edit tool about to change `paths`: wait until the baseline holds their current
         content, which a baseline still building captures first (SPEC §3), not for all of it."""
         fut = rt.baseline
-        if rt.state != "initializing" or fut is None or fut.done():
+        if rt.state is not TaskState.INITIALIZING or fut is None or fut.done():
             self._wait_ready(rt)
             return
         start = time.perf_counter()
@@ -470,7 +472,7 @@ class Engine:
                 root.watcher.journal.open_round()
         return recorder
 
-    def _resolve_paths(self, paths: Iterable[Any] | None) -> list[tuple[str, str]]:
+    def _resolve_paths(self, paths: Iterable[str] | None) -> list[tuple[str, str]]:
         out = []
         for raw in paths or ():
             ws, rel = self.resolver.resolve(raw)
@@ -485,22 +487,22 @@ class Engine:
         parts = rel.split("/")
         return any(root.rules.is_nested_repo(RepoPath("/".join(parts[:i]))) for i in range(1, len(parts) + 1))
 
-    def tool_began(self, task_id: str, tool: str, kind: str | None, paths: Iterable[Any] | None) -> None:
+    def tool_began(self, task_id: str, tool: str, kind: ToolKind | None, paths: Iterable[str] | None) -> None:
         rt = self._task(task_id)
         resolved_kind = tool_kind(tool, kind, self.options.read_only_tools)
-        resolved = self._resolve_paths(paths) if resolved_kind != "read" else []
-        if resolved_kind == "edit" and resolved:
+        resolved = self._resolve_paths(paths) if resolved_kind is not ToolKind.READ else []
+        if resolved_kind is ToolKind.EDIT and resolved:
             self._wait_for_paths(rt, resolved)  # its paths first; the rest of the baseline goes on
-        elif resolved_kind != "read":
+        elif resolved_kind is not ToolKind.READ:
             self._wait_ready(rt)  # a command (or an edit with no paths) may change anything
         with rt.lock:
             recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
             recorder.tool_began(tool, resolved_kind, resolved)
 
-    def tool_ended(self, task_id: str, tool: str, paths: Iterable[Any] | None, kind: str | None = None) -> None:
+    def tool_ended(self, task_id: str, tool: str, paths: Iterable[str] | None, kind: ToolKind | None = None) -> None:
         rt = self._task(task_id)
         resolved_kind = tool_kind(tool, kind, self.options.read_only_tools)
-        resolved = self._resolve_paths(paths) if resolved_kind != "read" else []
+        resolved = self._resolve_paths(paths) if resolved_kind is not ToolKind.READ else []
         with rt.lock:
             recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
             recorder.tool_ended(tool, resolved_kind, resolved)
@@ -531,7 +533,7 @@ class Engine:
             # taking in what changed meanwhile gave it the person's or another task's edits
             # (three tasks on one workspace: tests/faults/test_concurrency.py).
             unreported = rec.has_command or rec.has_unreported_edit
-            return self._checkpoint(rt, "round", ts, plans, round_paths=during if unreported else None)
+            return self._checkpoint(rt, CheckpointKind.ROUND, ts, plans, round_paths=during if unreported else None)
 
     def note_missed_events(self, task_id: str, reason: str) -> None:
         """Hook events of the task were lost (no sidecar listened): its next checkpoint rescans
@@ -571,7 +573,7 @@ class Engine:
         if not self._wait_ready(rt):
             raise CheckpointsDisabledError(f"Checkpoints are off for task {task_id}.")
         with rt.lock:
-            cp = self._checkpoint(rt, "completion", ts, self._plans(None), dedup_completion=True)
+            cp = self._checkpoint(rt, CheckpointKind.COMPLETION, ts, self._plans(None), dedup_completion=True)
             assert cp is not None
             return cp
 
@@ -579,7 +581,7 @@ class Engine:
         rt = self._task(task_id)
         with rt.lock:
             self._touch_message(rt, ts)
-            cp = CheckpointRecord(ts=ts, kind="compaction", hashes={})
+            cp = CheckpointRecord(ts=ts, kind=CheckpointKind.COMPACTION, hashes={})
             rt.record.add_checkpoint(cp)
             self._append(rt)
             return cp
@@ -596,7 +598,7 @@ class Engine:
             rt.record.add_message(ts, role, text)
             self._append(rt)
 
-    def _checkpoint(self, rt: TaskRuntime, kind: str, ts: int, plans: dict[str, StagePlan],
+    def _checkpoint(self, rt: TaskRuntime, kind: CheckpointKind, ts: int, plans: dict[str, StagePlan],
                     dedup_completion: bool = False,
                     round_paths: dict[str, frozenset[RepoPath]] | None = None) -> CheckpointRecord:
         """Stage every root and record the checkpoint. `round_paths` (a round's) are the paths
@@ -633,7 +635,7 @@ class Engine:
         if dedup_completion and reused_all:
             recent = rt.record.timeline_ts()[-3:]
             for cp in reversed(rt.record.checkpoints):
-                if cp.kind == "completion" and cp.ts in recent and cp.hashes == hashes:
+                if cp.kind is CheckpointKind.COMPLETION and cp.ts in recent and cp.hashes == hashes:
                     log.info("checkpoint.deduplicated", task_id=rt.record.task_id, ts=cp.ts)
                     return cp
         if rt.missed_events:
@@ -700,7 +702,7 @@ class Engine:
             return False
         with self._tasks_lock:
             tasks = list(self._tasks.values())
-        return not any(rt.recorder is not None or rt.state == "initializing" for rt in tasks)
+        return not any(rt.recorder is not None or rt.state is TaskState.INITIALIZING for rt in tasks)
 
     def verify_watchers(self) -> dict[str, VerifyStats]:
         """Run one verification pass of every root's watcher now, unthrottled (SPEC §4); the
@@ -723,13 +725,14 @@ class Engine:
     def checkpoint_wire(self, cp: CheckpointRecord | None) -> dict[str, Any] | None:
         return cp.to_wire(self.first_root) if cp is not None else None
 
-    def _snapshot_of(self, rt: TaskRuntime, ts: Any) -> CheckpointRecord:
+    def _snapshot_of(self, rt: TaskRuntime, ts: int | None) -> CheckpointRecord:
         cp = checkpoint_or_raise(rt.record, ts)
         if not cp.has_snapshot:
             raise NoFileSnapshotError(f"The checkpoint at ts={ts} has no file snapshot (Restore Task only).")
         return cp
 
-    def diff(self, task_id: str, from_ts: Any, to_ts: Any = None, from_safety: int | None = None) -> dict[str, Any]:
+    def diff(self, task_id: str, from_ts: int | None, to_ts: int | None = None,
+             from_safety: int | None = None) -> dict[str, Any]:
         """`checkpoint/diff`; `from_safety` compares the safety checkpoint of the task's restore
         number `from_safety` instead of a checkpoint (the CLI names those by hash prefix)."""
         rt = self._task(task_id)
@@ -753,12 +756,12 @@ class Engine:
                     changes.extend(file_changes(repo, old_tree, new_tree, self._displayer(root.ws)))
         return diff_to_wire(TITLE_SINCE if new is None else TITLE_NEW, changes)
 
-    def view_changes(self, task_id: str, ts: Any) -> dict[str, Any]:
+    def view_changes(self, task_id: str, ts: int) -> dict[str, Any]:
         rt = self._task(task_id)
         with rt.lock:
             cp = self._snapshot_of(rt, ts)
             earlier = [c for c in rt.record.checkpoints if c.ts < cp.ts and c.has_snapshot]
-            base = next((c for c in reversed(earlier) if c.kind == "completion"), None)
+            base = next((c for c in reversed(earlier) if c.kind is CheckpointKind.COMPLETION), None)
             if base is None:
                 base = earlier[0] if earlier else cp
         changes: list[FileChange] = []
@@ -782,13 +785,13 @@ class Engine:
 
     # ================================================================== restore
 
-    def restore(self, task_id: str, ts: Any, mode: str, paths: Iterable[Any] | None = None,
+    def restore(self, task_id: str, ts: int, mode: RestoreMode, paths: Iterable[str] | None = None,
                 dry_run: bool = False, keep_outside_edits: bool = False) -> dict[str, Any]:
         """Restore files, the task, or both to the checkpoint at `ts` (PROTOCOL.md `Restore`,
         with the 1.1 options `paths`, `dryRun` and `keepOutsideEdits`)."""
         return self.restorer.restore(task_id, ts, mode, paths, dry_run, keep_outside_edits)
 
-    def restore_safety(self, task_id: str, n: Any, paths: Iterable[Any] | None = None, dry_run: bool = False,
+    def restore_safety(self, task_id: str, n: int, paths: Iterable[str] | None = None, dry_run: bool = False,
                        keep_outside_edits: bool = False) -> dict[str, Any]:
         """Restore the task's files to the safety checkpoint taken before its restore number `n`."""
         return self.restorer.restore_safety(task_id, n, paths, dry_run, keep_outside_edits)
@@ -801,7 +804,7 @@ class Engine:
         """Walk the undo stack forward: the paths of the newest undone restore as it left them."""
         return self.restorer.redo_restore(task_id)
 
-    def fork_task(self, task_id: str, ts: Any, new_task_id: Any) -> CheckpointRecord:
+    def fork_task(self, task_id: str, ts: int, new_task_id: str) -> CheckpointRecord:
         """A new task sharing the source's snapshots up to `ts` (PROTOCOL 1.1 `task/fork`).
 
         Raises:
@@ -844,7 +847,7 @@ class Engine:
                         return True
         return False
 
-    def edit_message(self, task_id: str, ts: Any, text: Any, restore: str) -> dict[str, Any]:
+    def edit_message(self, task_id: str, ts: int, text: str, restore: EditRestore) -> dict[str, Any]:
         """Restore Chat / Restore All for an edited message."""
         return self.restorer.edit_message(task_id, ts, text, restore)
 

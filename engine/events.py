@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shadowpoint.kinds import Role, ToolKind
+
 
 @dataclass(frozen=True, slots=True)
 class TaskStarted:
@@ -27,7 +29,7 @@ class ToolBegan:
 
     task_id: str
     tool: str
-    kind: str | None = None
+    kind: ToolKind | None = None
     paths: tuple[str, ...] | None = None
 
 
@@ -37,7 +39,7 @@ class ToolEnded:
 
     task_id: str
     tool: str
-    kind: str | None = None
+    kind: ToolKind | None = None
     paths: tuple[str, ...] | None = None
     ok: bool = True
 
@@ -64,7 +66,7 @@ class ContextCompacted:
 class MessageAdded:
     task_id: str
     ts: int
-    role: str
+    role: Role
     text: str | None = None
 
 

@@ -30,6 +30,7 @@ from shadowpoint.events import (
     ToolBegan,
     ToolEnded,
 )
+from shadowpoint.kinds import RestoreMode, Role, ToolKind
 from shadowpoint.logs import configure_logging
 from shadowpoint.observe.rounds import tool_kind
 from shadowpoint.store.checkpoints import CheckpointRecord
@@ -111,7 +112,7 @@ class TaskHooks:
         """Queue `event` behind the task's earlier events; the future holds the engine's answer."""
         return self._executor.submit(self.engine.bus.publish, event)
 
-    def message(self, ts: int, role: str, text: str | None = None) -> None:
+    def message(self, ts: int, role: Role, text: str | None = None) -> None:
         """Record a message of the conversation (`user` or `assistant`)."""
         self.publish(MessageAdded(self.task_id, ts, role, text))
 
@@ -127,12 +128,12 @@ class TaskHooks:
             _chain(fut, handle.checkpoint)
 
     @contextlib.contextmanager
-    def tool(self, name: str, kind: str | None = None, paths: Sequence[str] = ()) -> Iterator[ToolCall]:
+    def tool(self, name: str, kind: ToolKind | None = None, paths: Sequence[str] = ()) -> Iterator[ToolCall]:
         """One tool call. Blocks before a tool that may modify the workspace until the baseline
         (and the previous round's staging) is done; paths of edit tools are force-added."""
         call = ToolCall(paths)
         began = self.publish(ToolBegan(self.task_id, name, kind, tuple(paths) or None))
-        mutating = tool_kind(name, kind, self.engine.options.read_only_tools) != "read"
+        mutating = tool_kind(name, kind, self.engine.options.read_only_tools) is not ToolKind.READ
         if mutating:
             began.result()  # the barrier; also surfaces a refused path before the tool runs
         ok = False
@@ -144,7 +145,7 @@ class TaskHooks:
             if mutating:
                 ended.result()
 
-    def wrap_tool(self, name: str, kind: str | None = None,
+    def wrap_tool(self, name: str, kind: ToolKind | None = None,
                   paths: Callable[..., Sequence[str]] | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Decorator form of `tool()`; `paths(*args, **kwargs)` names the files the call touches."""
 
@@ -175,7 +176,7 @@ class TaskHooks:
         result: dict[str, Any] = self._executor.submit(self.engine.diff, self.task_id, from_ts, to_ts).result()
         return result
 
-    def restore(self, ts: int, mode: str = "files", *, paths: Sequence[str] | None = None,
+    def restore(self, ts: int, mode: RestoreMode = RestoreMode.FILES, *, paths: Sequence[str] | None = None,
                 dry_run: bool = False, keep_outside_edits: bool = False) -> dict[str, Any]:
         """Restore files, the task, or both; returns the protocol's `Restore` object.
 

@@ -22,6 +22,7 @@ import structlog
 
 from shadowpoint.engine import Engine
 from shadowpoint.events import RoundBegan, RoundEnded, TaskStarted, ToolBegan, ToolEnded
+from shadowpoint.kinds import ToolKind
 from shadowpoint.observe.journal import PathJournal
 from shadowpoint.stage.exclusions import RULE_FILES, ExclusionRules
 from shadowpoint.workspace import RepoPath
@@ -215,8 +216,8 @@ class WatchLoop:
         def work() -> Any:
             bus = self.engine.bus
             bus.publish(RoundBegan(self.task_id))
-            bus.publish(ToolBegan(self.task_id, WATCH_TOOL, "command", None))
-            bus.publish(ToolEnded(self.task_id, WATCH_TOOL, "command", None, True))
+            bus.publish(ToolBegan(self.task_id, WATCH_TOOL, ToolKind.COMMAND, None))
+            bus.publish(ToolEnded(self.task_id, WATCH_TOOL, ToolKind.COMMAND, None, True))
             return self.engine.checkpoint_wire(bus.publish(RoundEnded(self.task_id, ts)))
 
         cp = self._run(work)

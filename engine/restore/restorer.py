@@ -30,6 +30,7 @@ from shadowpoint.errors import (
     UnknownCheckpointError,
     UnknownMessageError,
 )
+from shadowpoint.kinds import CheckpointKind, EditRestore, RestoreMode, TaskState
 from shadowpoint.restore.plan import (
     RestorePlan,
     RestoreStats,
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     from shadowpoint.engine import Engine, TaskRuntime
 
 log = structlog.get_logger(__name__)
+
+_RESTORE_MODES = frozenset(RestoreMode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,15 +92,16 @@ class Restorer:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def restore(self, task_id: str, ts: Any, mode: str, paths: Iterable[Any] | None = None,
+    def restore(self, task_id: str, ts: int, mode: RestoreMode, paths: Iterable[str] | None = None,
                 dry_run: bool = False, keep_outside_edits: bool = False) -> dict[str, Any]:
         rt = self.engine._task(task_id)
-        if mode not in ("files", "task", "both"):
+        if mode not in _RESTORE_MODES:  # the edges check too; a library caller may pass any string
             raise InvalidParamsError(f"mode must be files, task or both, not {mode!r}.")
+        mode = RestoreMode(mode)
         named = self._named_paths(paths)
         with rt.lock:
             cp = checkpoint_or_raise(rt.record, ts)
-            if mode == "files":
+            if mode is RestoreMode.FILES:
                 if not cp.has_snapshot:
                     raise NoFileSnapshotError(
                         f"The checkpoint at ts={ts} has no file snapshot: only Restore Task is possible.")
@@ -105,7 +109,7 @@ class Restorer:
                     raise AlreadyRestoredError(
                         f"The files are already restored to ts={ts}; save a new checkpoint first.")
             out: dict[str, Any] = {"files": None, "task": None}
-            if mode in ("files", "both"):
+            if mode in (RestoreMode.FILES, RestoreMode.BOTH):
                 request = RestoreRequest(paths=named, dry_run=dry_run, keep_outside_edits=keep_outside_edits)
                 try:
                     if not cp.has_snapshot:
@@ -114,16 +118,16 @@ class Restorer:
                     # a restore of chosen paths does not put the files at the checkpoint: no mark
                     out["files"] = self._restore_files(rt, cp, request, mark=cp if named is None else None)
                 except ShadowpointError as exc:
-                    if mode == "files":
+                    if mode is RestoreMode.FILES:
                         raise
                     out["error"] = error_wire(exc)
-            if mode in ("task", "both"):
+            if mode in (RestoreMode.TASK, RestoreMode.BOTH):
                 out["task"] = {"keepThrough": cp.ts if dry_run else self._cut(rt, cp.ts)}
-            if mode != "files" and not dry_run:
+            if mode is not RestoreMode.FILES and not dry_run:
                 self.engine._save(rt)  # a files restore saved its record (and mark) already
             return out
 
-    def _named_paths(self, paths: Iterable[Any] | None) -> dict[str, list[RepoPath]] | None:
+    def _named_paths(self, paths: Iterable[str] | None) -> dict[str, list[RepoPath]] | None:
         """`paths` of a request by root (path_outside_workspace for anything else)."""
         if paths is None:
             return None
@@ -465,15 +469,16 @@ class Restorer:
     # ------------------------------------------------------------------ safety checkpoints
 
     @staticmethod
-    def safety_record(rt: TaskRuntime, n: Any) -> CheckpointRecord:
+    def safety_record(rt: TaskRuntime, n: int) -> CheckpointRecord:
         """The safety checkpoint taken before the task's restore `n`, shaped as a checkpoint."""
         entry = rt.record.restore_entry(n) if isinstance(n, int) else None
         if entry is None:
             raise UnknownCheckpointError(f"Task {rt.record.task_id} has no restore {n!r} (no such safety checkpoint).")
         hashes = {name: info["safety"] for name, info in entry["roots"].items() if info.get("safety")}
-        return CheckpointRecord(ts=-1, kind="round", hashes=hashes, created_at=entry.get("createdAt") or now_iso())
+        return CheckpointRecord(ts=-1, kind=CheckpointKind.ROUND, hashes=hashes,
+                                created_at=entry.get("createdAt") or now_iso())
 
-    def restore_safety(self, task_id: str, n: Any, paths: Iterable[Any] | None, dry_run: bool,
+    def restore_safety(self, task_id: str, n: int, paths: Iterable[str] | None, dry_run: bool,
                        keep_outside_edits: bool) -> dict[str, Any]:
         """Restore the files to a safety checkpoint: the task's scope and the paths its restore
         touched (or only `paths`), as they were before that restore."""
@@ -542,7 +547,7 @@ class Restorer:
 
     # ------------------------------------------------------------------ messages
 
-    def edit_message(self, task_id: str, ts: Any, text: Any, restore: str) -> dict[str, Any]:
+    def edit_message(self, task_id: str, ts: int, text: str, restore: EditRestore) -> dict[str, Any]:
         rt = self.engine._task(task_id)
         with rt.lock:
             msg = rt.record.message(ts) if isinstance(ts, int) else None
@@ -553,8 +558,8 @@ class Restorer:
             earlier = [t for t in rt.record.timeline_ts() if t < ts]
             keep_through = earlier[-1] if earlier else ts - 1
             out: dict[str, Any] = {"files": None, "task": None, "text": text}
-            if restore == "all":
-                if rt.state != "ready":
+            if restore == EditRestore.ALL:
+                if rt.state is not TaskState.READY:
                     raise CheckpointsDisabledError(
                         f"Restore All is not available while task {task_id} shows a checkpoint error.")
                 candidates = [c for c in rt.record.checkpoints if c.ts <= ts and c.has_snapshot]

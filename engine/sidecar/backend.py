@@ -29,6 +29,7 @@ from shadowpoint.errors import (
     UnknownTaskError,
 )
 from shadowpoint.events import RoundBegan, RoundEnded, ToolBegan, ToolEnded
+from shadowpoint.kinds import RestoreMode, ToolKind
 from shadowpoint.sidecar.client import SidecarClient, connect_live
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.store.checkpoints import CheckpointStore, TaskRecord
@@ -322,8 +323,8 @@ class LocalBackend:
     def save(self, task_id: str, ts: int, message: str | None) -> dict[str, Any] | None:
         bus = self.engine.bus
         bus.publish(RoundBegan(task_id))
-        bus.publish(ToolBegan(task_id, SAVE_TOOL, "command", None))
-        bus.publish(ToolEnded(task_id, SAVE_TOOL, "command", None, True))
+        bus.publish(ToolBegan(task_id, SAVE_TOOL, ToolKind.COMMAND, None))
+        bus.publish(ToolEnded(task_id, SAVE_TOOL, ToolKind.COMMAND, None, True))
         cp = bus.publish(RoundEnded(task_id, ts))
         if message:
             self.add_message(task_id, ts, "assistant", message)
@@ -340,7 +341,7 @@ class LocalBackend:
 
     def restore(self, task_id: str, ts: int, mode: str, paths: list[str] | None = None, dry_run: bool = False,
                 keep_outside_edits: bool = False) -> dict[str, Any]:
-        return self.engine.restore(task_id, ts, mode, paths, dry_run, keep_outside_edits)
+        return self.engine.restore(task_id, ts, RestoreMode(mode), paths, dry_run, keep_outside_edits)
 
     def undo_restore(self, task_id: str) -> dict[str, Any]:
         return self.engine.undo_restore(task_id)

@@ -50,6 +50,7 @@ from shadowpoint.events import (
     ToolBegan,
     ToolEnded,
 )
+from shadowpoint.kinds import ToolKind
 
 log = structlog.get_logger(__name__)
 
@@ -109,11 +110,11 @@ def _bool(params: dict[str, Any], key: str) -> bool:
     return value
 
 
-def _kind(params: dict[str, Any]) -> str | None:
+def _kind(params: dict[str, Any]) -> ToolKind | None:
     kind = params.get("kind")
     if kind is not None and kind not in ("read", "edit", "command"):
         raise InvalidParamsError("`kind` must be read, edit or command.")
-    return kind
+    return ToolKind(kind) if kind is not None else None
 
 
 def engine_key(roots: Sequence[str], settings: Settings) -> str:
