@@ -44,6 +44,7 @@ from shadowpoint.events import (
     RoundBegan,
     RoundEnded,
     TaskCompleted,
+    TaskRetried,
     TaskStarted,
     ToolBegan,
     ToolEnded,
@@ -52,8 +53,9 @@ from shadowpoint.kinds import CheckpointKind, EditRestore, ErrorKind, RestoreMod
 from shadowpoint.maintenance import Maintenance
 from shadowpoint.observe.rounds import RoundRecord, RoundRecorder, tool_kind
 from shadowpoint.options import EngineOptions
-from shadowpoint.restore.diff import TITLE_NEW, TITLE_SINCE, FileChange, diff_to_wire, file_changes
+from shadowpoint.restore.diff import TITLE_NEW, TITLE_SINCE, FileChange, by_path, file_changes
 from shadowpoint.restore.restorer import Restorer
+from shadowpoint.results import Checkpoint, CheckpointList, Diff, KindError, Restore, TaskStatus
 from shadowpoint.roots import Notify, RootState
 from shadowpoint.stage import stager
 from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
@@ -87,7 +89,7 @@ class TaskRuntime:
     record: TaskRecord
     lock: threading.RLock = field(default_factory=threading.RLock)
     state: TaskState = TaskState.INITIALIZING
-    error: dict[str, str] | None = None
+    error: KindError | None = None  # why the baseline failed
     baseline: Future[None] | None = None
     # per root: paths edit tools ask the building baseline for first (SPEC §3)
     captures: dict[str, EarlyCapture] = field(default_factory=dict)
@@ -150,6 +152,7 @@ class Engine:
         """The checkpoint logic listens on the round-boundary bus; entry points publish."""
         bus = self.bus
         bus.subscribe(TaskStarted, lambda e: self.start_task(e.task_id, e.ts))
+        bus.subscribe(TaskRetried, lambda e: self.retry_task(e.task_id))
         bus.subscribe(RoundBegan, lambda e: self.begin_round(e.task_id))
         bus.subscribe(ToolBegan, lambda e: self.tool_began(e.task_id, e.tool, e.kind, e.paths))
         bus.subscribe(ToolEnded, lambda e: self.tool_ended(e.task_id, e.tool, e.paths, e.kind))
@@ -227,7 +230,7 @@ class Engine:
             # never a read or a delete of the task
         return rt
 
-    def start_task(self, task_id: str, ts: int = 0) -> dict[str, Any]:
+    def start_task(self, task_id: str, ts: int = 0) -> TaskStatus:
         """Start (or resume) a task; its baseline builds in the background."""
         with self._tasks_lock:
             rt = self._tasks.get(task_id)
@@ -250,7 +253,8 @@ class Engine:
                 self._begin_baseline(rt, ts)
         return self.task_state(rt)
 
-    def retry_task(self, task_id: str) -> dict[str, Any]:
+    def retry_task(self, task_id: str) -> TaskStatus:
+        """Try the baseline again after a failure (or turn a disabled task back on)."""
         rt = self._task(task_id)
         with rt.lock:
             if rt.state in (TaskState.FAILED, TaskState.DISABLED) or (
@@ -272,12 +276,8 @@ class Engine:
             self._save(rt)
 
     @staticmethod
-    def task_state(rt: TaskRuntime) -> dict[str, Any]:
-        state = rt.state.wire
-        out: dict[str, Any] = {"state": state}
-        if rt.error:
-            out["error"] = dict(rt.error)
-        return out
+    def task_state(rt: TaskRuntime) -> TaskStatus:
+        return TaskStatus(rt.state.wire, rt.error)
 
     def _save(self, rt: TaskRuntime) -> None:
         """Write the task's whole record (after a structural change: restores, cuts, forks)."""
@@ -352,7 +352,7 @@ class Engine:
     def _fail(self, rt: TaskRuntime, exc: ShadowpointError) -> None:
         rt.state = TaskState.FAILED
         kind = exc.kind if exc.kind in _INIT_ERROR_KINDS else ErrorKind.INIT_FAILED
-        rt.error = {"kind": kind, "message": str(exc)}
+        rt.error = KindError(kind, str(exc))
         self.notify("task/initFailed", {"taskId": rt.record.task_id, "kind": kind, "message": str(exc)})
         log.error("task.init_failed", task_id=rt.record.task_id, kind=kind, reason=str(exc))
 
@@ -507,8 +507,12 @@ class Engine:
             recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
             recorder.tool_ended(tool, resolved_kind, resolved)
 
-    def end_round(self, task_id: str, ts: int) -> CheckpointRecord | None:
+    def end_round(self, task_id: str, ts: int) -> Checkpoint | None:
         """Close the round; one checkpoint if it held a tool that may modify the workspace."""
+        cp = self._end_round(task_id, ts)
+        return self.checkpoint(cp) if cp is not None else None
+
+    def _end_round(self, task_id: str, ts: int) -> CheckpointRecord | None:
         rt = self._task(task_id)
         with rt.lock:
             rec = rt.recorder.finish() if rt.recorder is not None else None
@@ -566,7 +570,8 @@ class Engine:
             plans[name] = decision.plan
         return plans
 
-    def complete(self, task_id: str, ts: int) -> CheckpointRecord:
+    def complete(self, task_id: str, ts: int) -> Checkpoint:
+        """The completion checkpoint (deduplicated against a recent one that is the same)."""
         rt = self._task(task_id)
         with rt.lock:
             self._touch_message(rt, ts)
@@ -574,17 +579,17 @@ class Engine:
             raise CheckpointsDisabledError(f"Checkpoints are off for task {task_id}.")
         with rt.lock:
             cp = self._checkpoint(rt, CheckpointKind.COMPLETION, ts, self._plans(None), dedup_completion=True)
-            assert cp is not None
-            return cp
+            return self.checkpoint(cp)
 
-    def compacted(self, task_id: str, ts: int) -> CheckpointRecord:
+    def compacted(self, task_id: str, ts: int) -> Checkpoint:
+        """A compaction checkpoint: no file snapshot (Restore Task only)."""
         rt = self._task(task_id)
         with rt.lock:
             self._touch_message(rt, ts)
             cp = CheckpointRecord(ts=ts, kind=CheckpointKind.COMPACTION, hashes={})
             rt.record.add_checkpoint(cp)
             self._append(rt)
-            return cp
+            return self.checkpoint(cp)
 
     @staticmethod
     def _touch_message(rt: TaskRuntime, ts: int) -> None:
@@ -715,15 +720,15 @@ class Engine:
 
     # ================================================================== reading
 
-    def list_checkpoints(self, task_id: str) -> dict[str, Any]:
+    def list_checkpoints(self, task_id: str) -> CheckpointList:
+        """`checkpoint/list`: the task's checkpoints in message order, and its state."""
         rt = self._task(task_id)
         with rt.lock:
-            out = self.task_state(rt)
-            out["checkpoints"] = [c.to_wire(self.first_root) for c in rt.record.checkpoints]
-            return out
+            return CheckpointList(self.task_state(rt), tuple(self.checkpoint(c) for c in rt.record.checkpoints))
 
-    def checkpoint_wire(self, cp: CheckpointRecord | None) -> dict[str, Any] | None:
-        return cp.to_wire(self.first_root) if cp is not None else None
+    def checkpoint(self, cp: CheckpointRecord) -> Checkpoint:
+        """The answer for a checkpoint record: a frozen copy as it is now (its mark may change)."""
+        return cp.value(self.first_root)
 
     def _snapshot_of(self, rt: TaskRuntime, ts: int | None) -> CheckpointRecord:
         cp = checkpoint_or_raise(rt.record, ts)
@@ -732,7 +737,7 @@ class Engine:
         return cp
 
     def diff(self, task_id: str, from_ts: int | None, to_ts: int | None = None,
-             from_safety: int | None = None) -> dict[str, Any]:
+             from_safety: int | None = None) -> Diff:
         """`checkpoint/diff`; `from_safety` compares the safety checkpoint of the task's restore
         number `from_safety` instead of a checkpoint (the CLI names those by hash prefix)."""
         rt = self._task(task_id)
@@ -754,9 +759,10 @@ class Engine:
                     if new is not None:
                         new_tree = self._tree(root, new.hashes.get(name))
                     changes.extend(file_changes(repo, old_tree, new_tree, self._displayer(root.ws)))
-        return diff_to_wire(TITLE_SINCE if new is None else TITLE_NEW, changes)
+        return Diff(TITLE_SINCE if new is None else TITLE_NEW, by_path(changes))
 
-    def view_changes(self, task_id: str, ts: int) -> dict[str, Any]:
+    def view_changes(self, task_id: str, ts: int) -> Diff:
+        """`checkpoint/viewChanges`: the completion at `ts` against the previous one (or the start)."""
         rt = self._task(task_id)
         with rt.lock:
             cp = self._snapshot_of(rt, ts)
@@ -770,7 +776,7 @@ class Engine:
                 repo = root.open()
                 changes.extend(file_changes(repo, self._tree(root, base.hashes.get(name)),
                                             self._tree(root, cp.hashes.get(name)), self._displayer(root.ws)))
-        return diff_to_wire(TITLE_NEW, changes)
+        return Diff(TITLE_NEW, by_path(changes))
 
     def _displayer(self, ws: Workspace) -> Callable[[RepoPath], str]:
         return lambda path: self.resolver.display(ws, path)
@@ -786,25 +792,25 @@ class Engine:
     # ================================================================== restore
 
     def restore(self, task_id: str, ts: int, mode: RestoreMode, paths: Iterable[str] | None = None,
-                dry_run: bool = False, keep_outside_edits: bool = False) -> dict[str, Any]:
+                dry_run: bool = False, keep_outside_edits: bool = False) -> Restore:
         """Restore files, the task, or both to the checkpoint at `ts` (PROTOCOL.md `Restore`,
         with the 1.1 options `paths`, `dryRun` and `keepOutsideEdits`)."""
         return self.restorer.restore(task_id, ts, mode, paths, dry_run, keep_outside_edits)
 
     def restore_safety(self, task_id: str, n: int, paths: Iterable[str] | None = None, dry_run: bool = False,
-                       keep_outside_edits: bool = False) -> dict[str, Any]:
+                       keep_outside_edits: bool = False) -> Restore:
         """Restore the task's files to the safety checkpoint taken before its restore number `n`."""
         return self.restorer.restore_safety(task_id, n, paths, dry_run, keep_outside_edits)
 
-    def undo_restore(self, task_id: str) -> dict[str, Any]:
+    def undo_restore(self, task_id: str) -> Restore:
         """Walk the task's undo stack back: the paths of its newest restore as they were before it."""
         return self.restorer.undo_restore(task_id)
 
-    def redo_restore(self, task_id: str) -> dict[str, Any]:
+    def redo_restore(self, task_id: str) -> Restore:
         """Walk the undo stack forward: the paths of the newest undone restore as it left them."""
         return self.restorer.redo_restore(task_id)
 
-    def fork_task(self, task_id: str, ts: int, new_task_id: str) -> CheckpointRecord:
+    def fork_task(self, task_id: str, ts: int, new_task_id: str) -> Checkpoint:
         """A new task sharing the source's snapshots up to `ts` (PROTOCOL 1.1 `task/fork`).
 
         Raises:
@@ -832,7 +838,7 @@ class Engine:
             self._save(rt)
         self._resume(new_task_id, record)
         log.info("task.forked", task_id=task_id, new_task_id=new_task_id, ts=newest.ts)
-        return newest
+        return self.checkpoint(newest)
 
     def _is_known_task(self, task_id: str) -> bool:
         with self._tasks_lock:
@@ -847,7 +853,7 @@ class Engine:
                         return True
         return False
 
-    def edit_message(self, task_id: str, ts: int, text: str, restore: EditRestore) -> dict[str, Any]:
+    def edit_message(self, task_id: str, ts: int, text: str, restore: EditRestore) -> Restore:
         """Restore Chat / Restore All for an edited message."""
         return self.restorer.edit_message(task_id, ts, text, restore)
 

@@ -19,6 +19,13 @@ class TaskStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskRetried:
+    """`task/retry`: initialise again after a failure (or turn a disabled task back on)."""
+
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class RoundBegan:
     task_id: str
 
@@ -71,5 +78,6 @@ class MessageAdded:
 
 
 Event = (
-    TaskStarted | RoundBegan | ToolBegan | ToolEnded | RoundEnded | TaskCompleted | ContextCompacted | MessageAdded
+    TaskStarted | TaskRetried | RoundBegan | ToolBegan | ToolEnded | RoundEnded | TaskCompleted | ContextCompacted
+    | MessageAdded
 )

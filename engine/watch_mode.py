@@ -24,6 +24,7 @@ from shadowpoint.engine import Engine
 from shadowpoint.events import RoundBegan, RoundEnded, TaskStarted, ToolBegan, ToolEnded
 from shadowpoint.kinds import ToolKind
 from shadowpoint.observe.journal import PathJournal
+from shadowpoint.results import Checkpoint, CheckpointList, TaskStatus
 from shadowpoint.stage.exclusions import RULE_FILES, ExclusionRules
 from shadowpoint.workspace import RepoPath
 
@@ -96,7 +97,7 @@ def install_watchers(engine: Engine) -> dict[str, ActivityJournal]:
 class WatchEvent:
     """A checkpoint the loop made: the protocol's `Checkpoint` and how many paths were touched."""
 
-    checkpoint: dict[str, Any] | None
+    checkpoint: Checkpoint | None
     paths: int
     reason: str
 
@@ -136,15 +137,13 @@ class WatchLoop:
         """Start the watchers (before the baseline, so nothing slips between)."""
         self.journals = install_watchers(self.engine)
 
-    def start(self) -> dict[str, Any]:
+    def start(self) -> TaskStatus:
         """Start (or resume) the task; returns its state (`initializing` while the baseline builds)."""
-        result: dict[str, Any] = self._run(lambda: self.engine.bus.publish(TaskStarted(self.task_id, self._ts())))
-        return result
+        return self._run(lambda: self.engine.bus.publish(TaskStarted(self.task_id, self._ts())))
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> CheckpointList:
         """The task's checkpoint list and state (`checkpoint/list`)."""
-        result: dict[str, Any] = self.engine.list_checkpoints(self.task_id)
-        return result
+        return self.engine.list_checkpoints(self.task_id)
 
     # ------------------------------------------------------------------ loop
 
@@ -202,29 +201,29 @@ class WatchLoop:
         return count
 
     def _poll(self) -> WatchEvent | None:
-        cps = [c for c in self.state()["checkpoints"] if c["hash"] is not None]
+        cps = [c for c in self.state().checkpoints if c.hash is not None]
         if not cps:
             return None
-        diff = self._run(lambda: self.engine.diff(self.task_id, cps[-1]["ts"]))
-        if not diff["files"]:
+        diff = self._run(lambda: self.engine.diff(self.task_id, cps[-1].ts))
+        if not diff.files:
             return None
-        return self._round("poll", len(diff["files"]))
+        return self._round("poll", len(diff.files))
 
     def _round(self, reason: str, paths: int) -> WatchEvent:
         ts = self._ts()
 
-        def work() -> Any:
+        def work() -> Checkpoint | None:
             bus = self.engine.bus
             bus.publish(RoundBegan(self.task_id))
             bus.publish(ToolBegan(self.task_id, WATCH_TOOL, ToolKind.COMMAND, None))
             bus.publish(ToolEnded(self.task_id, WATCH_TOOL, ToolKind.COMMAND, None, True))
-            return self.engine.checkpoint_wire(bus.publish(RoundEnded(self.task_id, ts)))
+            return bus.publish(RoundEnded(self.task_id, ts))
 
         cp = self._run(work)
         self.checkpoints += 1
         event = WatchEvent(cp, paths, reason)
         log.info("watch.checkpointed", task_id=self.task_id, paths=paths, reason=reason,
-                 hash=cp.get("hash") if cp else None)
+                 hash=cp.hash if cp else None)
         self._on_checkpoint(event)
         return event
 

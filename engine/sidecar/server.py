@@ -36,21 +36,23 @@ from typing import Any, BinaryIO, Protocol, TypeVar
 import structlog
 
 from shadowpoint import __version__
+from shadowpoint.bus import RoundBus
 from shadowpoint.config import Settings, load_settings
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.errors import InvalidParamsError, NoWorkspaceError, ShadowpointError
 from shadowpoint.events import (
     ContextCompacted,
-    Event,
     MessageAdded,
     RoundBegan,
     RoundEnded,
     TaskCompleted,
+    TaskRetried,
     TaskStarted,
     ToolBegan,
     ToolEnded,
 )
 from shadowpoint.kinds import ToolKind
+from shadowpoint.results import Checkpoint, Wire
 
 log = structlog.get_logger(__name__)
 
@@ -458,42 +460,43 @@ class Server:
             "shutdown": self._shutdown,
             "sidecar/status": lambda p: self.host.status(),
             "sidecar/stop": self._stop,
-            "task/start": lambda p: self._publish(TaskStarted(_str(p, "taskId"), _int(p, "ts", default=0))),
-            "task/retry": lambda p: self._eng().retry_task(_str(p, "taskId")),
+            "task/start": lambda p: self._bus().publish(
+                TaskStarted(_str(p, "taskId"), _int(p, "ts", default=0))).to_wire(),
+            "task/retry": lambda p: self._bus().publish(TaskRetried(_str(p, "taskId"))).to_wire(),
             "task/disable": lambda p: self._eng().disable_task(_str(p, "taskId")),
-            "round/begin": lambda p: {"round": self._publish(RoundBegan(_str(p, "taskId")))},
-            "tool/begin": lambda p: self._publish(ToolBegan(
+            "round/begin": lambda p: {"round": self._bus().publish(RoundBegan(_str(p, "taskId")))},
+            "tool/begin": lambda p: self._bus().publish(ToolBegan(
                 _str(p, "taskId"), _str(p, "tool"), _kind(p), _paths(p))),
-            "tool/end": lambda p: self._publish(ToolEnded(
+            "tool/end": lambda p: self._bus().publish(ToolEnded(
                 _str(p, "taskId"), _str(p, "tool"), _kind(p), _paths(p), p.get("ok") is not False)),
-            "round/end": lambda p: {"checkpoint": self._eng().checkpoint_wire(
-                self._publish(RoundEnded(_str(p, "taskId"), _int(p, "ts"))))},
-            "task/complete": lambda p: {"checkpoint": self._eng().checkpoint_wire(
-                self._publish(TaskCompleted(_str(p, "taskId"), _int(p, "ts"))))},
-            "task/compacted": lambda p: {"checkpoint": self._eng().checkpoint_wire(
-                self._publish(ContextCompacted(_str(p, "taskId"), _int(p, "ts"))))},
+            "round/end": lambda p: _checkpoint(self._bus().publish(RoundEnded(_str(p, "taskId"), _int(p, "ts")))),
+            "task/complete": lambda p: _checkpoint(
+                self._bus().publish(TaskCompleted(_str(p, "taskId"), _int(p, "ts")))),
+            "task/compacted": lambda p: _checkpoint(
+                self._bus().publish(ContextCompacted(_str(p, "taskId"), _int(p, "ts")))),
             "message/add": self._message_add,
-            "checkpoint/list": lambda p: self._eng().list_checkpoints(_str(p, "taskId")),
-            "checkpoint/diff": lambda p: self._eng().diff(_str(p, "taskId"), _int(p, "from"), p.get("to")),
-            "checkpoint/viewChanges": lambda p: self._eng().view_changes(_str(p, "taskId"), _int(p, "ts")),
+            "checkpoint/list": lambda p: self._eng().list_checkpoints(_str(p, "taskId")).to_wire(),
+            "checkpoint/diff": lambda p: self._eng().diff(_str(p, "taskId"), _int(p, "from"), p.get("to")).to_wire(),
+            "checkpoint/viewChanges": lambda p: self._eng().view_changes(_str(p, "taskId"), _int(p, "ts")).to_wire(),
             "checkpoint/restore": lambda p: self._eng().restore(
                 _str(p, "taskId"), _int(p, "ts"), _str(p, "mode"), _paths(p), _bool(p, "dryRun"),
-                _bool(p, "keepOutsideEdits")),
-            "task/fork": lambda p: {"checkpoint": self._eng().checkpoint_wire(self._eng().fork_task(
-                _str(p, "taskId"), _int(p, "ts"), _str(p, "newTaskId")))},
-            "checkpoint/undoRestore": lambda p: self._eng().undo_restore(_str(p, "taskId")),
+                _bool(p, "keepOutsideEdits")).to_wire(),
+            "task/fork": lambda p: _checkpoint(self._eng().fork_task(
+                _str(p, "taskId"), _int(p, "ts"), _str(p, "newTaskId"))),
+            "checkpoint/undoRestore": lambda p: self._eng().undo_restore(_str(p, "taskId")).to_wire(),
             # not in PROTOCOL.md: the CLI's `redo` and safety checkpoints through a running sidecar
-            "checkpoint/redoRestore": lambda p: self._eng().redo_restore(_str(p, "taskId")),
+            "checkpoint/redoRestore": lambda p: self._eng().redo_restore(_str(p, "taskId")).to_wire(),
             "checkpoint/restoreSafety": lambda p: self._eng().restore_safety(
-                _str(p, "taskId"), _int(p, "n"), _paths(p), _bool(p, "dryRun"), _bool(p, "keepOutsideEdits")),
-            "checkpoint/diffSafety": lambda p: self._eng().diff(_str(p, "taskId"), None, None, _int(p, "n")),
+                _str(p, "taskId"), _int(p, "n"), _paths(p), _bool(p, "dryRun"),
+                _bool(p, "keepOutsideEdits")).to_wire(),
+            "checkpoint/diffSafety": lambda p: self._eng().diff(_str(p, "taskId"), None, None, _int(p, "n")).to_wire(),
             "message/edit": self._message_edit,
             "task/delete": lambda p: self._eng().delete_task(_str(p, "taskId")),
             "history/deleteAll": self._delete_all,
         }
 
-    def _publish(self, event: Event) -> Any:
-        return self._eng().bus.publish(event)
+    def _bus(self) -> RoundBus:
+        return self._eng().bus
 
     def _eng(self) -> Engine:
         if self.engine is None:
@@ -552,7 +555,7 @@ class Server:
         text = p.get("text")
         if text is not None and not isinstance(text, str):
             raise InvalidParamsError("`text` must be a string.")
-        self._publish(MessageAdded(_str(p, "taskId"), _int(p, "ts"), role, text))
+        self._bus().publish(MessageAdded(_str(p, "taskId"), _int(p, "ts"), role, text))
 
     def _message_edit(self, p: dict[str, Any]) -> dict[str, Any]:
         restore = _str(p, "restore")
@@ -561,7 +564,7 @@ class Server:
         text = p.get("text")
         if not isinstance(text, str):
             raise InvalidParamsError("`text` must be a string.")
-        return self._eng().edit_message(_str(p, "taskId"), _int(p, "ts"), text, restore)
+        return self._eng().edit_message(_str(p, "taskId"), _int(p, "ts"), text, restore).to_wire()
 
     def _delete_all(self, p: dict[str, Any]) -> None:
         keep = p.get("keepFavorites", [])
@@ -572,6 +575,11 @@ class Server:
         else:
             self.host.stop_workers()
         self._eng().delete_all(keep)
+
+
+def _checkpoint(cp: Checkpoint | None) -> Wire:
+    """The `{checkpoint}` answer of round/end, task/complete, task/compacted and task/fork."""
+    return {"checkpoint": cp.to_wire() if cp is not None else None}
 
 
 def _is_valid_id(value: Any) -> bool:

@@ -31,6 +31,7 @@ import structlog
 
 from shadowpoint.errors import StorageFailedError, TaskMetadataError, UnknownCheckpointError, UnknownTaskError
 from shadowpoint.kinds import CheckpointKind
+from shadowpoint.results import Checkpoint, SkipWarning
 from shadowpoint.store.atomic import write_atomic
 from shadowpoint.store.shadow_repo import ref_component
 
@@ -68,18 +69,18 @@ class CheckpointRecord:
     def has_snapshot(self) -> bool:
         return self.kind.has_snapshot and bool(self.hashes)
 
-    def to_wire(self, first_root: str) -> dict[str, Any]:
-        """The protocol's `Checkpoint` object."""
-        return {
-            "ts": self.ts,
-            "kind": self.kind,
-            "hash": self.hashes.get(first_root) if self.has_snapshot else None,
-            "hashes": dict(self.hashes) if self.has_snapshot else {},
-            "reused": self.reused,
-            "restored": self.restored,
-            "createdAt": self.created_at,
-            "warnings": list(self.warnings),
-        }
+    def value(self, first_root: str) -> Checkpoint:
+        """The record as the protocol's `Checkpoint`, frozen as it is now."""
+        return Checkpoint(
+            ts=self.ts,
+            kind=self.kind,
+            hash=self.hashes.get(first_root) if self.has_snapshot else None,
+            hashes=dict(self.hashes) if self.has_snapshot else {},
+            reused=self.reused,
+            restored=self.restored,
+            created_at=self.created_at,
+            warnings=tuple(SkipWarning(w["path"], w["reason"]) for w in self.warnings),
+        )
 
 
 @dataclass(slots=True)
