@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -31,6 +31,18 @@ from shadowpoint.workspace import RepoPath
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
+
+
+class Runner(Protocol):
+    """Runs `fn` for the task and answers its result (`Host.call`: on the task's worker)."""
+
+    def __call__(self, task_id: str, fn: Callable[[], T], /) -> T: ...
+
+
+def _inline(task_id: str, fn: Callable[[], T], /) -> T:
+    return fn()
+
+
 WATCH_TOOL = "shadowpoint-watch"
 _TICK_S = 0.1
 
@@ -106,7 +118,7 @@ class WatchLoop:
     """Checkpoints one task of a workspace after every quiet period."""
 
     def __init__(self, engine: Engine, task_id: str, debounce_s: float, *,
-                 runner: Callable[[str, Callable[[], Any]], Any] | None = None,
+                 runner: Runner | None = None,
                  on_checkpoint: Callable[[WatchEvent], None] | None = None,
                  poll_s: float | None = None) -> None:
         """Prepare the loop; `install()` then `start()` before `run()`.
@@ -123,7 +135,7 @@ class WatchLoop:
         self.task_id = task_id
         self.debounce_s = debounce_s
         self.poll_s = poll_s if poll_s is not None else max(10.0, 5 * debounce_s)
-        self._runner = runner or (lambda task_id, fn: fn())
+        self._runner: Runner = runner or _inline
         self._on_checkpoint = on_checkpoint or (lambda event: None)
         self.journals: dict[str, ActivityJournal] = {}
         self._rules = {name: ExclusionRules(root.ws.root, extra=root.extra) for name, root in engine.roots.items()}
@@ -228,8 +240,7 @@ class WatchLoop:
         return event
 
     def _run(self, fn: Callable[[], T]) -> T:
-        result: T = self._runner(self.task_id, fn)
-        return result
+        return self._runner(self.task_id, fn)
 
     def _ts(self) -> int:
         self._last_ts = max(time.time_ns() // 1_000_000, self._last_ts + 1)
