@@ -25,15 +25,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from shadowpoint.errors import StorageFailedError, TaskMetadataError, UnknownCheckpointError, UnknownTaskError
 from shadowpoint.kinds import CheckpointKind
-from shadowpoint.results import Checkpoint, SkipWarning
 from shadowpoint.store.atomic import write_atomic
 from shadowpoint.store.shadow_repo import ref_component
+
+if TYPE_CHECKING:
+    from shadowpoint.results import Checkpoint
 
 log = structlog.get_logger(__name__)
 
@@ -71,6 +73,10 @@ class CheckpointRecord:
 
     def value(self, first_root: str) -> Checkpoint:
         """The record as the protocol's `Checkpoint`, frozen as it is now."""
+        # imported here: `delete-task` (quick.py) reads task records without the results'
+        # dataclasses, about 10 ms of its start-up (python -X importtime)
+        from shadowpoint.results import Checkpoint, SkipWarning
+
         return Checkpoint(
             ts=self.ts,
             kind=self.kind,
