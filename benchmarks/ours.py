@@ -198,11 +198,11 @@ class OurEngine:
         return time.perf_counter() - self._started[task]
 
     def file_in_baseline(self, task: str, path: str) -> bytes | None:
-        repo = next(iter(self.eng.roots.values())).repo
-        assert repo is not None
         commit = self.baseline_hash(task)
-        entry = repo.lookup(repo.commit_tree(commit), path)  # type: ignore[arg-type]
-        return repo.read_blob(entry.oid) if entry is not None else None
+        with next(iter(self.eng.roots.values())).locked() as root:
+            repo = root.repo
+            entry = repo.lookup(repo.commit_tree(commit), path)  # type: ignore[arg-type]
+            return repo.read_blob(entry.oid) if entry is not None else None
 
     def diff(self, task: str, from_ts: int) -> tuple[float, dict[str, Any]]:
         self.background.settle()

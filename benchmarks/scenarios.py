@@ -138,8 +138,9 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
     ScenarioSpec("restore_task", "restore whole task (commands only)", "s", "git reset --hard", None,
                  "restore_task"),
     ScenarioSpec("disk_use", "shadow repo disk use after rounds", "MB", "git dir of the seed", None, "disk_use"),
-    ScenarioSpec("sidecar_rss", "sidecar peak RSS", "MB", "git add . peak RSS",
-                 Target("≤ 150 MB", max_value=150.0), "sidecar_rss"),
+    # VmHWM in MiB (kB / 1024); issue 14's target at 100k files
+    ScenarioSpec("sidecar_rss", "sidecar peak RSS", "MiB", "git add . peak RSS",
+                 Target("≤ 120 MiB", max_value=120.0), "sidecar_rss"),
     # before the watcher scenarios (they replace the main engine), after disk_use (400 rounds would
     # inflate it)
     ScenarioSpec("long_task", "400 1-file rounds on one task: rounds 381–400", "s", SEED_ROUND,

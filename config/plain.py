@@ -2,7 +2,7 @@
 read from the same sources as `Settings` (`SHADOWPOINT_*` variables, then the TOML file
 `config_file()` names, then the defaults) without importing pydantic (~150 ms, issue 13).
 
-Used by `shadowpoint.quick` at start-up, on the main thread. It proves, not guesses: every
+Used by `shadowpoint.cli.quick` at start-up, on the main thread. It proves, not guesses: every
 variable and TOML key naming a field of `Settings` (not only the ones it returns) is checked
 with a grammar narrower than pydantic's, and on anything it cannot prove valid or unambiguous
 it returns None: the caller then loads the full `Settings`, which accepts the value or reports

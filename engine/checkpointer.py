@@ -13,7 +13,7 @@ from shadowpoint.roots import RootState
 from shadowpoint.stage.early_capture import EarlyCapture
 from shadowpoint.stage.scanner import StageResult
 from shadowpoint.stage.stager import StagePlan
-from shadowpoint.store.shadow_repo import task_ref
+from shadowpoint.store.values import task_ref
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,14 +38,13 @@ def checkpoint_root(root: RootState, plan: StagePlan, task_id: str, message: str
         whatever staging or committing raised (LockTimeoutError, RepoError, StorageFailedError):
         nothing moved; the caller carries the plan to the next round.
     """
-    with root.lock.held():
+    with root.locked() as r:
         try:
-            result = root.stage(plan, capture, borrow=borrow)
+            result = r.stage(plan, capture, borrow=borrow)
         finally:
             if capture is not None:
                 capture.finish()
-        repo = root.repo
-        assert repo is not None
+        repo = r.repo
         # libgit2 refuses a commit whose parent is missing (a lost object): the chain then
         # restarts here rather than every later round failing
         parent_ok = parent is not None and repo.has_object(parent)
@@ -57,7 +56,7 @@ def checkpoint_root(root: RootState, plan: StagePlan, task_id: str, message: str
             if wanted is not None and not wanted():
                 return None
             repo.set_ref(task_ref(task_id), commit)
-        root.set_head(result.tree)
+        r.set_head(result.tree)
         if save_cache:
-            root.save_cache()
+            r.save_cache()
         return RootCheckpoint(commit, reused, result)

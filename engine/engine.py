@@ -2,9 +2,10 @@
 entry point (sidecar, library hooks, CLI) drives.
 
 Owns one `RootState` per root (shadow repo, exclusion rules, stat cache, watcher, lock)
-and one `TaskRuntime` per task (record, round recorder, baseline future). Methods are
-called on the task's engine thread (the sidecar's per-task worker, or the caller's
-thread for hooks); the baseline builds on its own thread.
+and one `TaskRuntime` per task (record, round recorder, baseline future), with its
+collaborators: `BaselineBuilder` (baselines), `Restorer` (restores, through a `RestoreHost`),
+`Maintenance` (retention, gc). Methods are called on the task's engine thread (the sidecar's
+per-task worker, or the caller's thread for hooks); the baseline builds on its own thread.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from typing import Any
 
 import structlog
 
+from shadowpoint.baseline import BaselineBuilder
 from shadowpoint.bus import RoundBus
 from shadowpoint.checkpointer import checkpoint_root
 from shadowpoint.config import protected_directories
 from shadowpoint.errors import (
     CheckpointsDisabledError,
     DamagedCheckpointError,
-    InitFailedError,
-    InitTimeoutError,
     InvalidParamsError,
     NoFileSnapshotError,
     PathOutsideWorkspaceError,
@@ -49,14 +49,14 @@ from shadowpoint.events import (
     ToolBegan,
     ToolEnded,
 )
-from shadowpoint.kinds import CheckpointKind, EditRestore, ErrorKind, RestoreMode, TaskState, ToolKind
+from shadowpoint.kinds import CheckpointKind, EditRestore, RestoreMode, TaskState, ToolKind
 from shadowpoint.maintenance import Maintenance
 from shadowpoint.observe.rounds import RoundRecord, RoundRecorder, tool_kind
 from shadowpoint.options import EngineOptions
 from shadowpoint.restore.diff import TITLE_NEW, TITLE_SINCE, FileChange, by_path, file_changes
-from shadowpoint.restore.restorer import Restorer
+from shadowpoint.restore.restorer import RestoreHost, Restorer
 from shadowpoint.results import Checkpoint, CheckpointList, Diff, KindError, Restore, TaskStatus
-from shadowpoint.roots import Notify, RootState
+from shadowpoint.roots import LockedRoot, Notify, RootState
 from shadowpoint.stage import stager
 from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
 from shadowpoint.stage.scanner import StageResult
@@ -69,15 +69,13 @@ from shadowpoint.store.checkpoints import (
     fork_record,
 )
 from shadowpoint.store.recovery import rebuild_record
-from shadowpoint.store.shadow_repo import delete_task_refs, task_ref
+from shadowpoint.store.shadow_repo import delete_task_refs
+from shadowpoint.store.values import task_ref
 from shadowpoint.verifier import VerifyStats, WatchVerifier, throttled
 from shadowpoint.workspace import PathResolver, RepoPath, Workspace, open_workspaces
 
 __all__ = ["Engine", "EngineOptions", "TaskRuntime"]
 
-
-# what a failed baseline reports as itself (any other error is reported as init_failed)
-_INIT_ERROR_KINDS = (ErrorKind.INIT_FAILED, ErrorKind.INIT_TIMEOUT, ErrorKind.LOCK_TIMEOUT, ErrorKind.STORAGE_FAILED)
 
 log = structlog.get_logger(__name__)
 
@@ -137,7 +135,6 @@ class Engine:
         self._tasks: dict[str, TaskRuntime] = {}
         self._tasks_lock = threading.Lock()
         self._closed = False
-        self.restorer = Restorer(self)
         self.bus = RoundBus()
         self.maintenance = Maintenance(self.roots, options, closed=lambda: self._closed)
         self._verifiers = {name: WatchVerifier(root) for name, root in self.roots.items()}
@@ -146,6 +143,12 @@ class Engine:
         self._verify_thread: threading.Thread | None = None
         # test seam: holds every baseline scan after some files (early_capture.ScanHold)
         self.baseline_hold: ScanHold | None = None
+        self._baselines = BaselineBuilder(
+            self.roots, lambda: self.options, notify=lambda method, params: self.notify(method, params),
+            hold=lambda: self.baseline_hold, save=self._save, warnings=self._warnings, built=self._baseline_built)
+        self.restorer = Restorer(RestoreHost(
+            roots=self.roots, resolver=self.resolver, store=self.store, first_root=self.first_root, task=self._task,
+            wait_ready=self._baselines.wait_ready, save=self._save, resolve_paths=self._resolve_paths))
         self._subscribe()
 
     def _subscribe(self) -> None:
@@ -242,7 +245,7 @@ class Engine:
             with rt.lock:
                 if rt.state is TaskState.INITIALIZING and rt.baseline is None:
                     first = rt.record.messages[0].ts if rt.record.messages else ts
-                    self._begin_baseline(rt, first)
+                    self._baselines.begin(rt, first)
         else:
             record = TaskRecord(task_id=task_id, roots={ws.name: str(ws.root) for ws in self.workspaces})
             rt = TaskRuntime(record)
@@ -250,7 +253,7 @@ class Engine:
                 self._tasks[task_id] = rt
             with rt.lock:
                 record.add_message(ts, "user", None)
-                self._begin_baseline(rt, ts)
+                self._baselines.begin(rt, ts)
         return self.task_state(rt)
 
     def retry_task(self, task_id: str) -> TaskStatus:
@@ -263,7 +266,7 @@ class Engine:
                 rt.record.full_write = True  # not a logged change: the next write is task.json
                 ts = rt.record.messages[0].ts if rt.record.messages else 0
                 if rt.record.last_snapshot() is None:
-                    self._begin_baseline(rt, ts)
+                    self._baselines.begin(rt, ts)
                 else:
                     rt.state, rt.error = TaskState.READY, None
         return self.task_state(rt)
@@ -288,166 +291,9 @@ class Engine:
         `TaskRecord`'s logged methods) as one line of the task's log: O(1) per round."""
         self.store.append(rt.record)
 
-    # ------------------------------------------------------------------ baseline
-
-    def _begin_baseline(self, rt: TaskRuntime, ts: int) -> None:
-        rt.generation += 1
-        gen = rt.generation
-        rt.state, rt.error = TaskState.INITIALIZING, None
-        fut: Future[None] = Future()
-        rt.baseline = fut
-        requested = threading.Event()
-        captures = {name: EarlyCapture(self.baseline_hold, requested) for name in self.roots}
-        rt.captures = captures
-        task_id = rt.record.task_id
-        started = time.monotonic()
-
-        def slow() -> None:
-            if not fut.done():
-                self.notify("task/initSlow", {"taskId": task_id, "seconds": round(time.monotonic() - started, 1)})
-                log.warning("task.init_slow", task_id=task_id, hint="the repository may be large")
-
-        def timeout() -> None:
-            if fut.done():
-                return
-            with rt.lock:
-                if rt.generation != gen or rt.state is not TaskState.INITIALIZING:
-                    return
-                rt.generation += 1  # the build's result is dropped: no timeout paid on every round
-                self._fail(rt, InitTimeoutError(
-                    f"Checkpoint initialisation took over {self.options.init_timeout_s:.0f} s; "
-                    "checkpoints are off for this task (task/retry tries again)."))
-            if not fut.done():
-                fut.set_result(None)
-
-        for delay, fn in ((self.options.init_warn_s, slow), (self.options.init_timeout_s, timeout)):
-            timer = threading.Timer(delay, fn)
-            timer.daemon = True
-            timer.name = f"shadowpoint-init-timer:{task_id}"
-            timer.start()
-            rt.timers.append(timer)
-
-        def build() -> None:
-            try:
-                self._build_baseline(rt, ts, gen, captures, requested)
-            except ShadowpointError as exc:
-                with rt.lock:
-                    if rt.generation == gen:
-                        self._fail(rt, exc if exc.kind in _INIT_ERROR_KINDS else InitFailedError(str(exc)))
-            except Exception as exc:  # a bug or an OS error: the task reports it, never silently off
-                log.exception("task.init_failed", task_id=task_id)
-                with rt.lock:
-                    if rt.generation == gen:
-                        self._fail(rt, InitFailedError(f"Checkpoint initialisation failed: {exc}"))
-            finally:
-                for capture in captures.values():
-                    capture.finish()
-                for t in rt.timers:
-                    t.cancel()
-                if not fut.done():
-                    fut.set_result(None)
-
-        threading.Thread(target=build, name=f"shadowpoint-baseline:{task_id}", daemon=True).start()
-
-    def _fail(self, rt: TaskRuntime, exc: ShadowpointError) -> None:
-        rt.state = TaskState.FAILED
-        kind = exc.kind if exc.kind in _INIT_ERROR_KINDS else ErrorKind.INIT_FAILED
-        rt.error = KindError(kind, str(exc))
-        self.notify("task/initFailed", {"taskId": rt.record.task_id, "kind": kind, "message": str(exc)})
-        log.error("task.init_failed", task_id=rt.record.task_id, kind=kind, reason=str(exc))
-
-    def _build_baseline(self, rt: TaskRuntime, ts: int, gen: int, captures: dict[str, EarlyCapture],
-                        requested: threading.Event) -> None:
-        start = time.perf_counter()
-        hashes: dict[str, str] = {}
-        warnings: list[dict[str, str]] = []
-        hashed = taken = 0
-        self._start_watchers(captures, requested)
-
-        def wanted() -> bool:
-            with rt.lock:
-                return rt.generation == gen  # not deleted or restarted meanwhile
-
-        for name, root in self.roots.items():
-            # on a git repository, ids the user's index proves unchanged are taken
-            made = checkpoint_root(root, StagePlan(rescan=True), rt.record.task_id, f"baseline checkpoint at {ts}",
-                                   None, capture=captures[name], borrow=True, wanted=wanted, save_cache=True)
-            if made is None:
-                return
-            commit, result = made.commit, made.result
-            hashes[name] = commit
-            warnings.extend(self._warnings(name, result))
-            hashed += result.stats.hashed
-            taken += result.stats.borrowed
-        with rt.lock:
-            if rt.generation != gen:
-                return
-            cp = CheckpointRecord(ts=ts, kind=CheckpointKind.BASELINE, hashes=hashes, warnings=warnings)
-            rt.record.add_checkpoint(cp)
-            rt.state, rt.error = TaskState.READY, None
-            self._save(rt)
-        log.info("task.baseline_built", task_id=rt.record.task_id, hashed=hashed, borrowed=taken,
-                 duration_ms=round((time.perf_counter() - start) * 1e3, 1))
+    def _baseline_built(self) -> None:
         self._start_verifier()
         self._retain()
-
-    def _start_watchers(self, captures: dict[str, EarlyCapture], requested: threading.Event) -> None:
-        """Start every root's watcher before the baseline's scan (so that nothing slips between),
-        serving meanwhile what edit tools ask for: placing one watch per folder takes seconds on
-        a big tree, and the first edit waits only for its paths (SPEC §3)."""
-        started = threading.Event()
-
-        def start_all() -> None:
-            try:
-                for root in self.roots.values():
-                    root.start_watcher(self.notify)
-            finally:
-                started.set()
-                requested.set()
-
-        starter = threading.Thread(target=start_all, name="shadowpoint-watcher-start", daemon=True)
-        starter.start()
-        try:
-            while not started.is_set():
-                requested.wait()
-                requested.clear()
-                for name, capture in captures.items():
-                    if capture.has_pending:
-                        root = self.roots[name]
-                        with root.lock.held():
-                            root.capture_early(capture)
-        finally:
-            starter.join()
-
-    def _wait_ready(self, rt: TaskRuntime) -> bool:
-        """Block until the baseline is built (the barrier). False if checkpoints are off."""
-        fut = rt.baseline
-        if rt.state is TaskState.INITIALIZING and fut is not None:
-            with rt.lock:
-                rt.waiting_for_baseline += 1
-            try:
-                fut.result()
-            finally:
-                with rt.lock:
-                    rt.waiting_for_baseline -= 1
-        return rt.state is TaskState.READY
-
-    def _wait_for_paths(self, rt: TaskRuntime, paths: list[tuple[str, str]]) -> None:
-        """An edit tool about to change `paths`: wait until the baseline holds their current
-        content, which a baseline still building captures first (SPEC §3), not for all of it."""
-        fut = rt.baseline
-        if rt.state is not TaskState.INITIALIZING or fut is None or fut.done():
-            self._wait_ready(rt)
-            return
-        start = time.perf_counter()
-        requests = [rt.captures[name].request(RepoPath(p) for r, p in paths if r == name)
-                    for name in sorted({r for r, _ in paths})]
-        for req in requests:
-            req.done.wait()
-        if any(req.needs_whole_scan for req in requests):
-            self._wait_ready(rt)
-        log.info("task.paths_captured", task_id=rt.record.task_id, paths=len(paths),
-                 wait_ms=round((time.perf_counter() - start) * 1e3, 2))
 
     def _warnings(self, root: str, result: StageResult) -> list[dict[str, str]]:
         return [{"path": self.resolver.display(self.roots[root].ws, s.path), "reason": s.reason_text}
@@ -492,9 +338,9 @@ class Engine:
         resolved_kind = tool_kind(tool, kind, self.options.read_only_tools)
         resolved = self._resolve_paths(paths) if resolved_kind is not ToolKind.READ else []
         if resolved_kind is ToolKind.EDIT and resolved:
-            self._wait_for_paths(rt, resolved)  # its paths first; the rest of the baseline goes on
+            self._baselines.wait_for_paths(rt, resolved)  # its paths first; the rest of the baseline goes on
         elif resolved_kind is not ToolKind.READ:
-            self._wait_ready(rt)  # a command (or an edit with no paths) may change anything
+            self._baselines.wait_ready(rt)  # a command (or an edit with no paths) may change anything
         with rt.lock:
             recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
             recorder.tool_began(tool, resolved_kind, resolved)
@@ -524,7 +370,7 @@ class Engine:
             for root_name, path in rec.edited:
                 rt.record.note_edited(root_name, path)
                 rt.record.note_scope(root_name, [path], ts)
-        if not self._wait_ready(rt):
+        if not self._baselines.wait_ready(rt):
             with rt.lock:
                 self._append(rt)
             return None
@@ -575,7 +421,7 @@ class Engine:
         rt = self._task(task_id)
         with rt.lock:
             self._touch_message(rt, ts)
-        if not self._wait_ready(rt):
+        if not self._baselines.wait_ready(rt):
             raise CheckpointsDisabledError(f"Checkpoints are off for task {task_id}.")
         with rt.lock:
             cp = self._checkpoint(rt, CheckpointKind.COMPLETION, ts, self._plans(None), dedup_completion=True)
@@ -673,8 +519,8 @@ class Engine:
                 if old and old != cp.hashes.get(name):
                     # best effort: a ref the full disk cannot move back names an orphan commit,
                     # which the next checkpoint's ref move replaces
-                    with contextlib.suppress(ShadowpointError), root.lock.held():
-                        root.open().set_ref(task_ref(rt.record.task_id), old)
+                    with contextlib.suppress(ShadowpointError), root.locked() as r:
+                        r.repo.set_ref(task_ref(rt.record.task_id), old)
                 root.carry(plans[name])
             raise
 
@@ -747,17 +593,17 @@ class Engine:
             new = self._snapshot_of(rt, to_ts) if to_ts is not None else None
         changes: list[FileChange] = []
         for name, root in self.roots.items():
-            with root.lock.held():
-                repo = root.open()
+            with root.locked() as r:
+                repo = r.repo
                 if new is None:
                     # the workspace as it is: what the watcher recorded since the last round
                     # (O(changes)), or a rescan when it has no healthy record
-                    new_tree = root.stage(root.safety_plan(self._edited(rt, name), keep=True)).tree
-                    root.set_head(new_tree)
+                    new_tree = r.stage(r.safety_plan(self._edited(rt, name), keep=True)).tree
+                    r.set_head(new_tree)
                 with damaged_checkpoint(from_ts if to_ts is None else f"{from_ts} or {to_ts}", root):
-                    old_tree = self._tree(root, old.hashes.get(name))
+                    old_tree = self._tree(r, old.hashes.get(name))
                     if new is not None:
-                        new_tree = self._tree(root, new.hashes.get(name))
+                        new_tree = self._tree(r, new.hashes.get(name))
                     changes.extend(file_changes(repo, old_tree, new_tree, self._displayer(root.ws)))
         return Diff(TITLE_SINCE if new is None else TITLE_NEW, by_path(changes))
 
@@ -772,18 +618,17 @@ class Engine:
                 base = earlier[0] if earlier else cp
         changes: list[FileChange] = []
         for name, root in self.roots.items():
-            with root.lock.held(), damaged_checkpoint(f"{base.ts} or {cp.ts}", root):
-                repo = root.open()
-                changes.extend(file_changes(repo, self._tree(root, base.hashes.get(name)),
-                                            self._tree(root, cp.hashes.get(name)), self._displayer(root.ws)))
+            with root.locked() as r, damaged_checkpoint(f"{base.ts} or {cp.ts}", root):
+                changes.extend(file_changes(r.repo, self._tree(r, base.hashes.get(name)),
+                                            self._tree(r, cp.hashes.get(name)), self._displayer(root.ws)))
         return Diff(TITLE_NEW, by_path(changes))
 
     def _displayer(self, ws: Workspace) -> Callable[[RepoPath], str]:
         return lambda path: self.resolver.display(ws, path)
 
     @staticmethod
-    def _tree(root: RootState, commit: str | None) -> str | None:
-        repo = root.open()
+    def _tree(root: LockedRoot, commit: str | None) -> str | None:
+        repo = root.repo
         return repo.commit_tree(commit) if commit else None
 
     def _edited(self, rt: TaskRuntime, root_name: str) -> frozenset[RepoPath]:
@@ -831,8 +676,8 @@ class Engine:
             for name, root in self.roots.items():
                 commit = snapshot.hashes.get(name) if snapshot else None
                 if commit:
-                    with root.lock.held():
-                        root.open().set_ref(task_ref(new_task_id), commit)
+                    with root.locked() as r:
+                        r.repo.set_ref(task_ref(new_task_id), commit)
             self.store.save(record)
             rt.record.forks.append({"taskId": new_task_id, "ts": newest.ts, "createdAt": record.created_at})
             self._save(rt)
@@ -848,8 +693,8 @@ class Engine:
             return True
         for root in self.roots.values():
             if root.ws.git_dir.is_dir():
-                with root.lock.held():
-                    if root.open().read_ref(task_ref(task_id)) is not None:
+                with root.locked() as r:
+                    if r.repo.read_ref(task_ref(task_id)) is not None:
                         return True
         return False
 
@@ -897,8 +742,8 @@ class Engine:
         for name, root in self.roots.items():
             if name not in record.roots or not root.ws.git_dir.is_dir():
                 continue
-            with root.lock.held():
-                delete_task_refs(root.open(), record.task_id)
+            with root.locked() as r:
+                delete_task_refs(r.repo, record.task_id)
 
     def collect_garbage(self, grace_s: float = 3600.0) -> dict[str, Any]:
         """Drop the objects no task reaches any more, in every root's shadow repo."""
@@ -924,6 +769,6 @@ class Engine:
                     rt.baseline.result(timeout=self.options.init_timeout_s)
         self.maintenance.join()
         for root in self.roots.values():
-            with contextlib.suppress(Exception), root.lock.held():
-                root.close()
+            with contextlib.suppress(Exception), root.locked() as r:
+                r.close()
         self.maintenance.close()

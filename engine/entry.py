@@ -3,7 +3,7 @@
 `shadowpoint serve` (the sidecar, on stdio) and `shadowpoint hook AGENT` (run on every tool
 call) start without click or rich, `shadowpoint delete-task ID --yes` without click, rich or
 pydantic (`quick`); every other command, and any of these in a form they do not take, goes to
-the click CLI (`cli.main`).
+the click CLI (`cli.app.main`).
 structlog and the settings are imported without rich and asyncio (`lean_imports`); `logs`
 renders a traceback with rich only on a terminal, importing it then.
 """
@@ -112,14 +112,14 @@ def _serve(options: dict[str, str | float]) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status (`cli.main`'s)."""
+    """Run the command line; returns the exit status (`cli.app.main`'s)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) == 2 and args[0] == "hook" and not args[1].startswith("-"):
         from shadowpoint.hookrun import main as hook_main
 
         return hook_main([args[1]])
     if args[:1] == ["delete-task"]:
-        from shadowpoint import quick
+        from shadowpoint.cli import quick
 
         command = quick.parse(args)
         if command is not None:
@@ -133,6 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         code = _serve(options)
         if code is not None:
             return code
-    from shadowpoint.cli import main as cli_main
+    from shadowpoint.cli.app import main as cli_main
 
     return cli_main(args)

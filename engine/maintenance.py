@@ -61,10 +61,10 @@ class Maintenance:
         for name, root in self.roots.items():
             if not root.ws.git_dir.is_dir():
                 continue
-            with root.lock.held():
-                kept, freed = root.open().collect_garbage(grace_s)
+            with root.locked() as r:
+                kept, freed = r.repo.collect_garbage(grace_s)
                 # the stat cache may name blobs of uncommitted scans (a diff): forget them
-                root.reset_cache(root.cache.base_commit)
+                r.reset_cache(r.cache.base_commit)
             out[name] = {"kept": kept, "freedBytes": freed}
         return out
 
@@ -96,8 +96,8 @@ class Maintenance:
                 self.collect_in_background()
                 return
             for root in self.roots.values():
-                with root.lock.held():
-                    root.forget_repo()
+                with root.locked() as r:
+                    r.forget_repo()
             shutil.rmtree(self.options.docs_dir / "checkpoints", ignore_errors=True)
         log.info("storage.checkpoints_removed", docs_dir=str(self.options.docs_dir))
 

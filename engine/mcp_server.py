@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
 from shadowpoint import __version__
+from shadowpoint.cli.render import stat_lines, unified_diff_lines
 from shadowpoint.config import Settings
 from shadowpoint.errors import ShadowpointError
-from shadowpoint.render import stat_lines, unified_diff_lines
 from shadowpoint.sidecar.backend import (
     Backend,
     by_position,

@@ -1,15 +1,18 @@
 """`RootState`: one workspace root's shadow repo, exclusion rules, stat cache, watcher and
-cross-process lock.
+cross-process lock; `LockedRoot`: the root with its lock held, the only way to its repository.
 
-Created by `Engine` for each root; every method that touches the repo or the cache runs
-with `lock.held()` on the calling task's engine thread or the baseline thread.
+Created by `Engine` for each root. Whatever touches the repository, the staging or the head
+goes through `with root.locked() as r:` (jj's locked working copy): `r.repo`, `r.stage`,
+`r.set_head`, ... exist only on the `LockedRoot` it yields, so that an access without the lock
+cannot be written. Runs on the calling task's engine thread or the baseline thread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,8 @@ from shadowpoint.stage.stager import RootFacts, StagePlan, WatchView, staging_pl
 from shadowpoint.stage.stat_cache import StatCache
 from shadowpoint.store import borrowed
 from shadowpoint.store.locking import WorkspaceLock
-from shadowpoint.store.shadow_repo import HEAD_REF, ShadowRepo
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import HEAD_REF
 from shadowpoint.workspace import RepoPath, Workspace
 
 log = structlog.get_logger(__name__)
@@ -36,14 +40,23 @@ log = structlog.get_logger(__name__)
 Notify = Callable[[str, dict[str, Any]], None]
 
 
+@dataclass(frozen=True, slots=True)
+class _Handles:
+    """The open repository of a root and the scanner writing into it."""
+
+    repo: ShadowRepo
+    scanner: Scanner
+
+
 class RootState:
-    """One workspace root: its shadow repo, rules, stat cache and lock."""
+    """One workspace root: its shadow repo, rules, stat cache and lock (repository access:
+    `locked`)."""
 
     def __init__(self, ws: Workspace, options: EngineOptions) -> None:
         self.ws = ws
         self.options = options
         self.lock = WorkspaceLock(ws.git_dir.parent / "shadowpoint.lock", options.lock_timeout_s)
-        self.repo: ShadowRepo | None = None
+        self._handles: _Handles | None = None  # reached through `locked()` only
         self.cache = StatCache()
         extra = list(options.extra_exclusions)
         with contextlib.suppress(ValueError):
@@ -51,7 +64,6 @@ class RootState:
             extra.append("/" + str(options.docs_dir.resolve().relative_to(ws.root)) + "/")
         self.extra = tuple(extra)
         self.rules = ExclusionRules(ws.root, extra=self.extra)
-        self.scanner: Scanner | None = None
         self.watcher: WorkspaceWatcher | None = None
         # Until this process has scanned the root once, the tracked set may miss changes made
         # while no shadowpoint ran (the watcher only sees what happens after its start).
@@ -109,42 +121,57 @@ class RootState:
     def cache_file(self) -> Path:
         return self.ws.git_dir / "shadowpoint" / "statcache.bin"
 
-    def open(self) -> ShadowRepo:
-        """Open (or create) the shadow repo and bring the stat cache in line with it. Lock held."""
-        if self.repo is None or not self.ws.git_dir.is_dir():
-            if self.repo is not None:
-                self.repo.close()
-            self.repo = ShadowRepo.open_or_init(self.ws.git_dir, self.ws.root)
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[LockedRoot]:
+        """Hold the workspace lock (against other processes and this process's other threads;
+        reentrant) and yield the root as seen under it.
+
+        Raises:
+            LockTimeoutError: another process held the lock longer than `lock_timeout_s`.
+        """
+        with self.lock.held():
+            locked = LockedRoot(self)
+            try:
+                yield locked
+            finally:
+                locked._released = True
+
+    def _open(self) -> _Handles:
+        """Open (or create) the shadow repo and bring the stat cache in line with it (LockedRoot)."""
+        handles = self._handles
+        if handles is None or not self.ws.git_dir.is_dir():
+            if handles is not None:
+                handles.repo.close()
+            repo = ShadowRepo.open_or_init(self.ws.git_dir, self.ws.root)
             workers = BlobWorkerOptions() if self.options.hash_workers is None else BlobWorkerOptions(
                 workers=self.options.hash_workers)
-            self.scanner = Scanner(self.ws.root, self.repo, self.rules,
-                                   StageOptions(max_file_bytes=self.options.max_file_bytes, workers=workers))
-            head = self.repo.read_ref(HEAD_REF)
+            stage_options = StageOptions(max_file_bytes=self.options.max_file_bytes, workers=workers)
+            handles = self._handles = _Handles(repo, Scanner(self.ws.root, repo, self.rules, stage_options))
+            head = repo.read_ref(HEAD_REF)
             loaded = StatCache.load(self.cache_file, head)
             self.cache = loaded if loaded is not None else StatCache()
             self.verified = False
             if loaded is None:
-                self._reset_or_forget(head)
+                self._reset_or_forget(repo, head)
             if borrowed.ledger_path(self.ws.git_dir).exists():
                 self.start_copy()  # a copy a crash (or a close) interrupted: resume it
         else:
-            self.repo.reopen_after_collection()  # another process's gc removed packs we hold
-            head = self.repo.read_ref(HEAD_REF)
+            handles.repo.reopen_after_collection()  # another process's gc removed packs we hold
+            head = handles.repo.read_ref(HEAD_REF)
             if head != self.cache.base_commit:
                 # another process (or a crash) moved the head: mirror its tree
-                self._reset_or_forget(head)
-        return self.repo
+                self._reset_or_forget(handles.repo, head)
+        return handles
 
-    def reset_cache(self, head: str | None) -> None:
-        assert self.repo is not None
-        tree = self.repo.tree_of_commit_or_none(head) if head else None
-        self.cache.reset_to(tree, self.repo.list_tree(tree), head)
+    def _reset_cache(self, repo: ShadowRepo, head: str | None) -> None:
+        tree = repo.tree_of_commit_or_none(head) if head else None
+        self.cache.reset_to(tree, repo.list_tree(tree), head)
 
-    def _reset_or_forget(self, head: str | None) -> None:
-        """`reset_cache`, or an empty tracked set when the head's tree is unreadable (damage):
+    def _reset_or_forget(self, repo: ShadowRepo, head: str | None) -> None:
+        """`_reset_cache`, or an empty tracked set when the head's tree is unreadable (damage):
         the next stage then rescans and writes every object again."""
         try:
-            self.reset_cache(head)
+            self._reset_cache(repo, head)
         except RepoError as exc:
             log.warning("shadow_repo.objects_missing", root=str(self.ws.root), reason=str(exc),
                         action="the tracked set is rebuilt from the workspace")
@@ -152,27 +179,25 @@ class RootState:
             self.scanned = False
             self.verified = False
 
-    def stage(self, plan: StagePlan, capture: EarlyCapture | None = None, borrow: bool = False) -> StageResult:
-        """Stage `plan` into the cache's tree (lock held); `capture`: a baseline's early paths;
-        `borrow`: a baseline may take ids from the user's git index (then call `start_copy`)."""
-        self.open()
-        assert self.scanner is not None
+    def _stage(self, handles: _Handles, plan: StagePlan, capture: EarlyCapture | None, borrow: bool) -> StageResult:
+        """`LockedRoot.stage`."""
+        repo, scanner = handles.repo, handles.scanner
         if not self.verified:
-            plan = self._verify(plan)
+            plan = self._verify(repo, plan)
         plan = staging_plan(plan, self.facts, self.watcher is not None,
                             self.excluded_tracked() if self._excluded_tracked else frozenset())
         self.stages += 1
         watching = self.watcher is not None and self.watcher.is_running
         try:
-            result = self.scanner.stage(plan, self.cache, capture, borrow=borrow)
+            result = scanner.stage(plan, self.cache, capture, borrow=borrow)
         except RepoError as exc:
             # Objects vanished under a running engine: repair the tracked set, try once more.
             log.warning("shadow_repo.objects_missing", root=str(self.ws.root), reason=str(exc))
             self.verified = False
-            plan = self._verify(StagePlan(forced=plan.forced, watched=plan.watched, rescan=True), damaged=True)
-            result = self._stage_or_reset(plan, capture)
+            plan = self._verify(repo, StagePlan(forced=plan.forced, watched=plan.watched, rescan=True), damaged=True)
+            result = self._stage_or_reset(handles, plan, capture)
         except BaseException:
-            self._reset_or_forget(self.cache.base_commit)
+            self._reset_or_forget(repo, self.cache.base_commit)
             raise
         self.scanned = True
         if result.stats.borrowed:
@@ -184,12 +209,6 @@ class RootState:
             self.watched_since_scan = watching
         self.note_tracked(plan.forced)
         return result
-
-    def capture_early(self, capture: EarlyCapture) -> None:
-        """Before the baseline's scan: record now the paths edit tools asked for (lock held)."""
-        self.open()
-        assert self.scanner is not None
-        self.scanner.capture(capture, self.cache)
 
     def note_tracked(self, paths: Iterable[RepoPath]) -> None:
         """Remember which of `paths` (and what lies under them) are tracked despite an exclusion."""
@@ -211,24 +230,21 @@ class RootState:
         self.verified = False
         self._reopen = True
 
-    def _stage_or_reset(self, plan: StagePlan, capture: EarlyCapture | None) -> StageResult:
-        assert self.scanner is not None
+    def _stage_or_reset(self, handles: _Handles, plan: StagePlan, capture: EarlyCapture | None) -> StageResult:
         try:
-            return self.scanner.stage(plan, self.cache, capture)
+            return handles.scanner.stage(plan, self.cache, capture)
         except BaseException:
-            self._reset_or_forget(self.cache.base_commit)
+            self._reset_or_forget(handles.repo, self.cache.base_commit)
             self.verified = False
             raise
 
-    def _verify(self, plan: StagePlan, damaged: bool = False) -> StagePlan:
+    def _verify(self, repo: ShadowRepo, plan: StagePlan, damaged: bool = False) -> StagePlan:
         """Check that the tree and blobs the stat cache reuses exist; repair the cache if not.
 
         Paths whose blob is gone leave the tracked set and are force-staged from the disk (the
         blob comes back when the file still holds it, which mends older checkpoints too); a
-        lost tree is rebuilt from the tracked entries. Returns the plan to stage. Lock held.
+        lost tree is rebuilt from the tracked entries. Returns the plan to stage.
         """
-        assert self.repo is not None
-        repo = self.repo
         if self._reopen or damaged:
             repo.reopen()
             self._reopen = False
@@ -279,40 +295,12 @@ class RootState:
         snap = watcher.swap()
         return WatchView(flushed, snap.healthy, snap.paths, tuple(snap.reasons)), snap
 
-    def set_head(self, tree: str | None) -> None:
-        """Point the head ref at the tracked set's tree (lock held).
-
-        The head names a tree, not a commit: it anchors every blob the stat cache may reuse
-        (so garbage collection keeps them) without keeping any task's history alive.
-        """
-        assert self.repo is not None
-        target = self.repo.tree_or_empty(tree)
-        if target != self.cache.base_commit:
-            self.repo.set_ref(HEAD_REF, target)
-            self.cache.base_commit = target
-
-    def safety_plan(self, forced: frozenset[RepoPath], *, keep: bool = False) -> StagePlan:
-        """What a safety checkpoint stages: with a healthy watcher only what it recorded since
-        the last round (O(changes)), else a rescan. Lock held.
-
-        `keep` leaves the recorded paths and health to the next round too (a compare with the
-        workspace: without it, a following command round found nothing recorded and rescanned).
-        """
-        watch = None
-        if self.watcher is not None and self.scanned:
-            watch, snap = self._take_watch(self.watcher)
-            if keep:
-                self.watcher.journal.put_back(snap)
-            elif snap.opened:
-                self.watcher.journal.open_round()  # a round is still open: what follows is its own
-        return stager.safety_plan(forced, watch, self.facts)
-
     def tracked_count(self) -> int:
         """Files in the tracked set so far (a baseline's progress)."""
         return len(self.cache.entries)
 
     def save_cache(self) -> None:
-        if self.repo is not None and self.ws.git_dir.is_dir():
+        if self._handles is not None and self.ws.git_dir.is_dir():
             self.cache.save(self.cache_file)
 
     # ------------------------------------------------------------------ borrowed blobs
@@ -357,7 +345,7 @@ class RootState:
             return not copier.is_alive()
         return True
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self._copy_stop.set()
         self.wait_copied()
         if self.watcher is not None:
@@ -365,17 +353,118 @@ class RootState:
                 self.watcher.stop()
             self.watcher = None
         self.save_cache()
-        if self.repo is not None:
-            self.repo.close()
-            self.repo = None
+        if self._handles is not None:
+            self._handles.repo.close()
+            self._handles = None
+
+    def _forget_repo(self) -> None:
+        if self._handles is not None:
+            self._handles.repo.close()
+        self._handles = None
+        self.scanned = False
+        self.watched_since_scan = False
+        self.cache = StatCache()
+
+
+class LockedRoot:
+    """A root whose workspace lock this thread holds (`RootState.locked`): its shadow
+    repository, its staging and its head. Valid only inside the `with` block that made it."""
+
+    __slots__ = ("_handles", "_released", "state")
+
+    def __init__(self, state: RootState) -> None:
+        self.state = state
+        self._handles: _Handles | None = None
+        self._released = False
+
+    @property
+    def ws(self) -> Workspace:
+        return self.state.ws
+
+    @property
+    def cache(self) -> StatCache:
+        return self.state.cache
+
+    def open(self) -> ShadowRepo:
+        """The shadow repo, opened (or created) on the first use under this hold and brought in
+        line with other processes' collections and head moves; the stat cache follows it."""
+        return self._opened().repo
+
+    @property
+    def repo(self) -> ShadowRepo:
+        """`open()`: the shadow repository."""
+        return self._opened().repo
+
+    def _opened(self) -> _Handles:
+        if self._released:
+            raise RuntimeError(f"the lock of {self.state.ws.root} was released: reach its repository "
+                               "inside `with root.locked() as r:`")
+        handles = self._handles
+        if handles is None or self.state._handles is not handles:
+            handles = self._handles = self.state._open()
+        return handles
+
+    def reset_cache(self, head: str | None) -> None:
+        """Make the tracked set mirror the tree of commit `head` (None: empty)."""
+        self.state._reset_cache(self.open(), head)
+
+    def stage(self, plan: StagePlan, capture: EarlyCapture | None = None, borrow: bool = False) -> StageResult:
+        """Stage `plan` into the cache's tree; `capture`: a baseline's early paths; `borrow`: a
+        baseline may take ids from the user's git index (the copy then starts by itself)."""
+        return self.state._stage(self._opened(), plan, capture, borrow)
+
+    def capture_early(self, capture: EarlyCapture) -> None:
+        """Before the baseline's scan: record now the paths edit tools asked for."""
+        self._opened().scanner.capture(capture, self.state.cache)
+
+    def set_head(self, tree: str | None) -> None:
+        """Point the head ref at the tracked set's tree.
+
+        The head names a tree, not a commit: it anchors every blob the stat cache may reuse
+        (so garbage collection keeps them) without keeping any task's history alive.
+        """
+        repo = self.open()
+        target = repo.tree_or_empty(tree)
+        if target != self.cache.base_commit:
+            repo.set_ref(HEAD_REF, target)
+            self.cache.base_commit = target
+
+    def safety_plan(self, forced: frozenset[RepoPath], *, keep: bool = False) -> StagePlan:
+        """What a safety checkpoint stages: with a healthy watcher only what it recorded since
+        the last round (O(changes)), else a rescan.
+
+        `keep` leaves the recorded paths and health to the next round too (a compare with the
+        workspace: without it, a following command round found nothing recorded and rescanned).
+        """
+        state = self.state
+        watch = None
+        if state.watcher is not None and state.scanned:
+            watch, snap = state._take_watch(state.watcher)
+            if keep:
+                state.watcher.journal.put_back(snap)
+            elif snap.opened:
+                state.watcher.journal.open_round()  # a round is still open: what follows is its own
+        return stager.safety_plan(forced, watch, state.facts)
+
+    def note_tracked(self, paths: Iterable[RepoPath]) -> None:
+        """`RootState.note_tracked`."""
+        self.state.note_tracked(paths)
+
+    def mark_damaged(self) -> None:
+        """`RootState.mark_damaged`."""
+        self.state.mark_damaged()
+
+    def save_cache(self) -> None:
+        """Write the stat cache beside the repository."""
+        self.state.save_cache()
+
+    def close(self) -> None:
+        """Stop the root's watcher and background copy, save the cache, close the repository."""
+        self.state._close()
+        self._handles = None
 
     def forget_repo(self) -> None:
         """The checkpoints folder was deleted: drop handles, start afresh next time."""
-        if self.repo is not None:
-            self.repo.close()
-        self.repo = None
-        self.scanned = False
-        self.watched_since_scan = False
-        self.scanner = None
-        self.cache = StatCache()
+        self.state._forget_repo()
+        self._handles = None
 

@@ -30,7 +30,7 @@ from shadowpoint.stage.blob_workers import HashedFile, read_file, snapshot_file
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.stager import is_rules_file
 from shadowpoint.stage.stat_cache import FileState
-from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
+from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
@@ -91,8 +91,8 @@ class WatchVerifier:
             return VerifyStats(Verdict.SKIPPED)
         journal = watcher.journal
         generation, swaps = watcher.generation, journal.swaps
-        with root.lock.held():
-            root.open()
+        with root.locked() as r:
+            r.open()  # the tracked set mirrors the head (another process may have moved it)
             stages = root.stages
             run = _Pass(dict(root.cache.entries))
         if not self._walk(run, pause):

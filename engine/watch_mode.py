@@ -7,16 +7,19 @@ takes the watcher's paths. While the watcher is unhealthy (OS watch limit, disab
 polls instead: a compare against the last checkpoint decides whether a round is due. The
 loop runs on the caller's (main) thread; watchdog threads only record into the journal;
 engine work runs through `runner` (the shared host's task worker under `watch`).
+`take_over_sidecar` and `serve_watched` hand the workspace's sidecar socket to the watch process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
 
@@ -27,6 +30,10 @@ from shadowpoint.observe.journal import PathJournal
 from shadowpoint.results import Checkpoint, CheckpointList, TaskStatus
 from shadowpoint.stage.exclusions import RULE_FILES, ExclusionRules
 from shadowpoint.workspace import RepoPath
+
+if TYPE_CHECKING:
+    from shadowpoint.config import Settings
+    from shadowpoint.sidecar.server import Host
 
 log = structlog.get_logger(__name__)
 
@@ -245,3 +252,58 @@ class WatchLoop:
     def _ts(self) -> int:
         self._last_ts = max(time.time_ns() // 1_000_000, self._last_ts + 1)
         return self._last_ts
+
+
+# ---------------------------------------------------------------------------- the sidecar hand-over
+
+
+def take_over_sidecar(root: Path, wait_s: float = 10.0) -> None:
+    """Ask the sidecar serving `root`, when one runs, to stop, and wait (up to `wait_s`) for its
+    socket to go: a hook-started sidecar hands the workspace over (its state is on disk).
+
+    Raises:
+        SidecarError: the sidecar refused (another `watch` serves the workspace).
+    """
+    from shadowpoint.sidecar.client import connect_live, socket_path
+
+    live = connect_live(root)
+    if live is None:
+        return
+    with live:
+        live.request("sidecar/stop")
+    deadline = time.monotonic() + wait_s
+    while socket_path(root).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def serve_watched(engine: Engine, root: Path, settings: Settings, warn: Callable[[str], None]) -> Iterator[Host]:
+    """A shared sidecar `Host` owning `engine`, serving the workspace's socket (and http hooks)
+    on a `shadowpoint-accept` thread, so that agent hooks and other commands share the watch's
+    engine; a socket that cannot be served is passed to `warn` and the watch goes on without
+    it. Stops serving and closes the host (with the engine) on exit."""
+    from shadowpoint.errors import SidecarRunningError
+    from shadowpoint.sidecar.client import socket_path
+    from shadowpoint.sidecar.server import Host
+    from shadowpoint.sidecar.socket_server import SocketServer
+
+    host = Host(settings, shared=True)
+    host.owner = "watch"
+    host.adopt(engine, settings)
+    server: SocketServer | None = None
+    try:
+        server = SocketServer(socket_path(root), host, idle_timeout_s=None, http_root=str(root))
+    except (SidecarRunningError, OSError) as exc:
+        warn(f"not serving the sidecar socket ({exc})")
+    accept = None
+    if server is not None:
+        accept = threading.Thread(target=server.serve_forever, name="shadowpoint-accept", daemon=True)
+        accept.start()
+    try:
+        yield host
+    finally:
+        if server is not None:
+            server.shutdown()
+        if accept is not None:
+            accept.join(5)
+        host.close()

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shadowpoint.results import Wire
-from shadowpoint.store.shadow_repo import MODE_LINK, DeltaRecord, ShadowRepo
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import MODE_LINK, DeltaRecord
 from shadowpoint.workspace import RepoPath
 
 TITLE_SINCE = "Changes since snapshot"

@@ -17,7 +17,8 @@ import structlog
 
 from shadowpoint.errors import RestoreFailedError, ShadowpointError
 from shadowpoint.restore.safe_fs import SafeWriter
-from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_LINK, ShadowRepo, TreeEntry
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import MODE_EXEC, MODE_LINK, TreeEntry
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)

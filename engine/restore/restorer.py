@@ -5,13 +5,14 @@ A file restore stages the workspace (its safety checkpoint), plans (`restore.pla
 then `restore.keep_outside_edits` when asked), and, unless it is a dry run, commits the safety
 checkpoint and the after-state under a ref of the task, writes a journal, applies through the
 safe writer and records the restore on the task's undo stack. Called by `Engine` on the task's
-engine thread, task lock held; takes each root's lock.
+engine thread, task lock held; takes each root's lock (`RootState.locked`). What it needs of the
+engine is named by `RestoreHost`, which the engine passes in.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,19 +43,45 @@ from shadowpoint.restore.plan import (
 )
 from shadowpoint.restore.safe_fs import cleanup_temp_files
 from shadowpoint.results import FilesRestored, KindError, Restore
-from shadowpoint.roots import RootState
+from shadowpoint.roots import LockedRoot, RootState
 from shadowpoint.stage.scanner import SkipReason
 from shadowpoint.stage.stat_cache import FileState
-from shadowpoint.store.checkpoints import CheckpointRecord, checkpoint_or_raise, now_iso
-from shadowpoint.store.shadow_repo import MODE_TREE, TreeEntry, restore_ref, task_ref
-from shadowpoint.workspace import RepoPath
+from shadowpoint.store.checkpoints import CheckpointRecord, CheckpointStore, checkpoint_or_raise, now_iso
+from shadowpoint.store.values import MODE_TREE, TreeEntry, restore_ref, task_ref
+from shadowpoint.workspace import PathResolver, RepoPath
 
 if TYPE_CHECKING:
-    from shadowpoint.engine import Engine, TaskRuntime
+    from shadowpoint.engine import TaskRuntime
 
 log = structlog.get_logger(__name__)
 
 _RESTORE_MODES = frozenset(RestoreMode)
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreHost:
+    """What a restore needs of the engine that owns it, and nothing more.
+
+    Attributes:
+        roots: the engine's roots by name (each root's lock and repository: `RootState.locked`).
+        resolver: shows workspace paths as the protocol names them, resolves requested ones.
+        store: the task records on disk (the restore journal).
+        first_root: the name of the first root (whose safety checkpoint a restore reports).
+        task: the runtime of a task id, loaded or resumed (UnknownTaskError).
+        wait_ready: blocks until the task's baseline is built; False if its checkpoints are off.
+        save: writes the task's whole record.
+        resolve_paths: requested paths as (root name, root-relative path) pairs
+            (PathOutsideWorkspaceError).
+    """
+
+    roots: Mapping[str, RootState]
+    resolver: PathResolver
+    store: CheckpointStore
+    first_root: str
+    task: Callable[[Any], TaskRuntime]
+    wait_ready: Callable[[TaskRuntime], bool]
+    save: Callable[[TaskRuntime], None]
+    resolve_paths: Callable[[Iterable[Any] | None], list[tuple[str, str]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +117,12 @@ class _RootPlan:
 class Restorer:
     """Restores for the tasks of one engine."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, host: RestoreHost) -> None:
+        self.host = host
 
     def restore(self, task_id: str, ts: int, mode: RestoreMode, paths: Iterable[str] | None = None,
                 dry_run: bool = False, keep_outside_edits: bool = False) -> Restore:
-        rt = self.engine._task(task_id)
+        rt = self.host.task(task_id)
         if mode not in _RESTORE_MODES:  # the edges check too; a library caller may pass any string
             raise InvalidParamsError(f"mode must be files, task or both, not {mode!r}.")
         mode = RestoreMode(mode)
@@ -117,7 +144,7 @@ class Restorer:
                 try:
                     if not cp.has_snapshot:
                         raise NoFileSnapshotError(f"The checkpoint at ts={ts} has no file snapshot.")
-                    self.engine._wait_ready(rt)
+                    self.host.wait_ready(rt)
                     # a restore of chosen paths does not put the files at the checkpoint: no mark
                     files = self._restore_files(rt, cp, request, mark=cp if named is None else None)
                 except ShadowpointError as exc:
@@ -127,15 +154,15 @@ class Restorer:
             if mode in (RestoreMode.TASK, RestoreMode.BOTH):
                 keep_through = cp.ts if dry_run else self._cut(rt, cp.ts)
             if mode is not RestoreMode.FILES and not dry_run:
-                self.engine._save(rt)  # a files restore saved its record (and mark) already
+                self.host.save(rt)  # a files restore saved its record (and mark) already
             return Restore(files, keep_through, error)
 
     def _named_paths(self, paths: Iterable[str] | None) -> dict[str, list[RepoPath]] | None:
         """`paths` of a request by root (path_outside_workspace for anything else)."""
         if paths is None:
             return None
-        out: dict[str, list[RepoPath]] = {name: [] for name in self.engine.roots}
-        for root_name, path in self.engine._resolve_paths(list(paths)):
+        out: dict[str, list[RepoPath]] = {name: [] for name in self.host.roots}
+        for root_name, path in self.host.resolve_paths(list(paths)):
             out[root_name].append(RepoPath(path))
         return out
 
@@ -144,11 +171,11 @@ class Restorer:
         rt.recorder = None
         last = rt.record.last_snapshot()
         if last is not None:
-            for name, root in self.engine.roots.items():
+            for name, root in self.host.roots.items():
                 commit = last.hashes.get(name)
                 if commit:
-                    with root.lock.held():
-                        root.open().set_ref(task_ref(rt.record.task_id), commit)
+                    with root.locked() as r:
+                        r.repo.set_ref(task_ref(rt.record.task_id), commit)
         return keep_through
 
     # ------------------------------------------------------------------ files
@@ -161,11 +188,10 @@ class Restorer:
         request = request or RestoreRequest()
         task_id = rt.record.task_id
         with contextlib.ExitStack() as stack:
-            for root in self.engine.roots.values():
-                stack.enter_context(root.lock.held())
-            plans = {name: p for name, root in self.engine.roots.items()
+            locked = {name: stack.enter_context(root.locked()) for name, root in self.host.roots.items()}
+            plans = {name: p for name, root in locked.items()
                      if (p := self._plan_root(rt, cp, request, name, root)) is not None}
-            conflicts = [self.engine.resolver.display(self.engine.roots[name].ws, path)
+            conflicts = [self.host.resolver.display(self.host.roots[name].ws, path)
                          for name, p in plans.items() for path in p.conflicts]
             if request.dry_run:
                 return self._dry_answer(plans, conflicts)
@@ -174,15 +200,15 @@ class Restorer:
                     f"The restore would overwrite edits made outside the task's rounds that it cannot merge "
                     f"({', '.join(conflicts[:5])}{' …' if len(conflicts) > 5 else ''}); nothing was changed. "
                     "Restore without keeping outside edits, or name other paths.", conflicts)
-            entry = self._commit_states(rt, cp, request, plans)
+            entry = self._commit_states(rt, cp, request, plans, locked)
             journal = {"plans": [p.plan.to_json() for p in plans.values()], "entry": entry}
-            self.engine.store.write_journal(task_id, journal)
+            self.host.store.write_journal(task_id, journal)
             restored: list[str] = []
             deleted: list[str] = []
             merged: list[str] = []
             errors = [why for p in plans.values() for why in p.held]
             for name, p in plans.items():
-                root = self.engine.roots[name]
+                root = locked[name]
                 stats = self._apply_restore(root, p.plan)
                 show = self._shower(root)
                 merged_here = set(p.merged)
@@ -195,18 +221,18 @@ class Restorer:
             self._record_entry(rt, entry)
             if mark is not None and not errors:
                 mark.restored = True  # a partly failed restore may be tried again
-            self.engine._save(rt)
-            self.engine.store.clear_journal(task_id)
+            self.host.save(rt)
+            self.host.store.clear_journal(task_id)
         log.info("restore.applied", task_id=task_id, ts=cp.ts, op=request.op, restored=len(restored),
                  deleted=len(deleted), merged=len(merged), failed=len(errors))
         if errors:
             raise RestoreFailedError(f"Some files could not be restored: {'; '.join(errors[:5])}")
-        safety = (entry["roots"].get(self.engine.first_root, {}).get("safety")
+        safety = (entry["roots"].get(self.host.first_root, {}).get("safety")
                   or next((r["safety"] for r in entry["roots"].values()), None))
         return FilesRestored(tuple(restored), tuple(deleted), tuple(merged), safety)
 
-    def _shower(self, root: RootState) -> Callable[[RepoPath], str]:
-        return lambda path: self.engine.resolver.display(root.ws, path)
+    def _shower(self, root: RootState | LockedRoot) -> Callable[[RepoPath], str]:
+        return lambda path: self.host.resolver.display(root.ws, path)
 
     def _dry_answer(self, plans: dict[str, _RootPlan], conflicts: list[str]) -> FilesRestored:
         """The `Restore.files` the same restore would answer (apply_plan's order), writing nothing."""
@@ -214,7 +240,7 @@ class Restorer:
         deleted: list[str] = []
         merged: list[str] = []
         for name, p in plans.items():
-            show = self._shower(self.engine.roots[name])
+            show = self._shower(self.host.roots[name])
             merged_here = set(p.merged)
             deletes = sorted((op for op in p.plan.ops if op.entry is None), key=lambda o: o.path.count("/"),
                              reverse=True)
@@ -225,9 +251,9 @@ class Restorer:
         return FilesRestored(tuple(restored), tuple(deleted), tuple(merged), None, tuple(conflicts))
 
     def _plan_root(self, rt: TaskRuntime, cp: CheckpointRecord, request: RestoreRequest, name: str,
-                   root: RootState) -> _RootPlan | None:
-        """Stage the workspace (the safety state) and plan this root's part. Lock held."""
-        repo = root.open()
+                   root: LockedRoot) -> _RootPlan | None:
+        """Stage the workspace (the safety state) and plan this root's part."""
+        repo = root.repo
         record = rt.record
         named = request.paths.get(name, []) if request.paths is not None else None
         forced = set(RepoPath(p) for p in record.edited.get(name, ()))
@@ -279,7 +305,7 @@ class Restorer:
         plan, held = withhold(plan, unsaved)
         why = {s.path: s.reason.value for s in current.stats.skipped}
         out = _RootPlan(plan, current.tree, held=[
-            f"{self.engine.resolver.display(root.ws, p)}: left as it is, since the safety checkpoint could not "
+            f"{self.host.resolver.display(root.ws, p)}: left as it is, since the safety checkpoint could not "
             f"save what is there ({why.get(p, 'a file in its way')}); move it aside and restore again" for p in held])
         if base is not None:
             here_now = {op.path: e for op in plan.ops if (e := root.cache.entry(op.path)) is not None}
@@ -296,15 +322,15 @@ class Restorer:
         return out
 
     @staticmethod
-    def _tree_or_none(root: RootState, commit: str | None) -> str | None:
-        return root.open().commit_tree(commit) if commit else None
+    def _tree_or_none(root: LockedRoot, commit: str | None) -> str | None:
+        return root.repo.commit_tree(commit) if commit else None
 
     @staticmethod
-    def _only_known(plan: RestorePlan, target: dict[RepoPath, TreeEntry], root: RootState,
+    def _only_known(plan: RestorePlan, target: dict[RepoPath, TreeEntry], root: LockedRoot,
                     newest_tree: str | None) -> RestorePlan:
         """Drop deletions of named paths that neither the checkpoint nor the newest snapshot
         holds (untracked, ignored, excluded: PROTOCOL 1.1 `paths`), unless a write needs the place."""
-        repo = root.open()
+        repo = root.repo
         writes = [op.path for op in plan.ops if op.entry is not None]
         keep = []
         for op in plan.ops:
@@ -314,7 +340,7 @@ class Restorer:
             keep.append(op)
         return RestorePlan(plan.root, tuple(keep))
 
-    def _base_entries(self, rt: TaskRuntime, root: RootState, name: str,
+    def _base_entries(self, rt: TaskRuntime, root: LockedRoot, name: str,
                       plan: RestorePlan) -> dict[RepoPath, TreeEntry | None]:
         """The task's base (its newest snapshot, or the workspace as its newest restore left it)
         for the planned paths."""
@@ -323,11 +349,11 @@ class Restorer:
             newest = rt.record.last_snapshot()
             commit = newest.hashes.get(name) if newest else None
         tree = self._tree_or_none(root, commit)
-        repo = root.open()
+        repo = root.repo
         return {op.path: repo.lookup(tree, op.path) for op in plan.ops}
 
     def _commit_states(self, rt: TaskRuntime, cp: CheckpointRecord, request: RestoreRequest,
-                       plans: dict[str, _RootPlan]) -> dict[str, Any]:
+                       plans: dict[str, _RootPlan], locked: Mapping[str, LockedRoot]) -> dict[str, Any]:
         """Commit each root's safety checkpoint and the state the restore leaves, under a ref of
         the task (before anything is written: an interrupted restore stays undoable)."""
         record = rt.record
@@ -335,7 +361,7 @@ class Restorer:
         prev = record.last_snapshot()
         roots: dict[str, Any] = {}
         for name, p in plans.items():
-            repo = self.engine.roots[name].open()
+            repo = locked[name].repo
             parent = prev.hashes.get(name) if prev else None
             safety = repo.commit(p.safety_tree, [parent] if parent and repo.has_object(parent) else [],
                                  f"safety checkpoint before {request.op} {n}", record.task_id)
@@ -376,11 +402,11 @@ class Restorer:
                                                   for name, r in entry["roots"].items()}}
 
     @staticmethod
-    def _restore_inputs(root: RootState, target_tree: str | None, scope: list[RepoPath] | None
+    def _restore_inputs(root: LockedRoot, target_tree: str | None, scope: list[RepoPath] | None
                         ) -> tuple[dict[RepoPath, TreeEntry], dict[RepoPath, TreeEntry]]:
         """The target's and the current snapshot's entries that the restore may touch, found
-        in O(scope) or O(changes), never by listing the whole workspace (lock held)."""
-        repo = root.open()
+        in O(scope) or O(changes), never by listing the whole workspace."""
+        repo = root.repo
         cache = root.cache
         target: dict[RepoPath, TreeEntry] = {}
         here: dict[RepoPath, TreeEntry] = {}
@@ -409,25 +435,25 @@ class Restorer:
                     here[below] = entry
         return target, here
 
-    def _skipped_in(self, cp: CheckpointRecord, root: RootState) -> set[RepoPath]:
+    def _skipped_in(self, cp: CheckpointRecord, root: LockedRoot) -> set[RepoPath]:
         """The paths of `root` that checkpoint `cp` left out although they existed (its warnings)."""
         shown = {w.get("path") for w in cp.warnings if w.get("reason") != SkipReason.VANISHED.value}
-        if not self.engine.resolver.multi:
+        if not self.host.resolver.multi:
             return {RepoPath(p) for p in shown if p}
         prefix = root.ws.name + "/"
         return {RepoPath(p[len(prefix):]) for p in shown if p and p.startswith(prefix)}
 
-    def _apply_restore(self, root: RootState, plan: RestorePlan) -> RestoreStats:
+    def _apply_restore(self, root: LockedRoot, plan: RestorePlan) -> RestoreStats:
         """Write the plan's files, then make the head name what the workspace now holds
-        (for other processes and restarts). Lock held."""
-        repo = root.open()
+        (for other processes and restarts)."""
+        repo = root.repo
         stats = apply_plan(root.ws.root, repo, plan)
         self._mirror_restore(root, plan)
         root.set_head(root.cache.tree)
         return stats
 
     @staticmethod
-    def _mirror_restore(root: RootState, plan: RestorePlan) -> None:
+    def _mirror_restore(root: LockedRoot, plan: RestorePlan) -> None:
         """The tracked set now holds what the restore wrote (stat unknown: re-verified on rescan)."""
         changes: dict[RepoPath, TreeEntry | None] = {}
         for op in plan.ops:
@@ -437,24 +463,23 @@ class Restorer:
             else:
                 root.cache.set(op.path, FileState.unknown(op.entry))
         if changes:
-            assert root.repo is not None
             root.cache.tree = root.repo.patch_tree(root.cache.tree, changes)
             root.note_tracked(changes)
 
     def recover(self, rt: TaskRuntime) -> None:
         """Complete a restore that a crash interrupted (roll forward from the journal)."""
-        journal = self.engine.store.read_journal(rt.record.task_id)
+        journal = self.host.store.read_journal(rt.record.task_id)
         if not journal:
             return
         log.warning("restore.recovering", task_id=rt.record.task_id)
         for data in journal.get("plans", []):
             plan = RestorePlan.from_json(data)
-            root = self.engine.roots.get(plan.root)
+            root = self.host.roots.get(plan.root)
             if root is None:
                 continue
-            with root.lock.held():
+            with root.locked() as r:
                 cleanup_temp_files(root.ws.root, [op.path for op in plan.ops])
-                self._apply_restore(root, plan)
+                self._apply_restore(r, plan)
         entry = journal.get("entry")
         if entry is None and isinstance(journal.get("safety"), dict):
             # a journal of 1.0 (no after-state): undoable, not redoable
@@ -466,8 +491,8 @@ class Restorer:
             self._record_entry(rt, entry)
             if not all(r.get("after") for r in entry["roots"].values()):
                 rt.record.base = None
-        self.engine._save(rt)  # before the journal goes: a kill between keeps the undo record
-        self.engine.store.clear_journal(rt.record.task_id)
+        self.host.save(rt)  # before the journal goes: a kill between keeps the undo record
+        self.host.store.clear_journal(rt.record.task_id)
 
     # ------------------------------------------------------------------ safety checkpoints
 
@@ -485,7 +510,7 @@ class Restorer:
                        keep_outside_edits: bool) -> Restore:
         """Restore the files to a safety checkpoint: the task's scope and the paths its restore
         touched (or only `paths`), as they were before that restore."""
-        rt = self.engine._task(task_id)
+        rt = self.host.task(task_id)
         named = self._named_paths(paths)
         with rt.lock:
             safety = self.safety_record(rt, n)
@@ -493,11 +518,11 @@ class Restorer:
             targets: dict[str, str | None] = {}
             scope: dict[str, list[RepoPath]] = {}
             for name, commit in safety.hashes.items():
-                root = self.engine.roots.get(name)
+                root = self.host.roots.get(name)
                 if root is None:
                     continue
-                with root.lock.held():
-                    targets[name] = root.open().commit_tree(commit)
+                with root.locked() as r:
+                    targets[name] = r.repo.commit_tree(commit)
                 touched = entry.get("roots", {}).get(name, {}).get("paths", [])
                 scope[name] = named[name] if named is not None else [
                     RepoPath(p) for p in sorted(set(rt.record.scope_paths(name)) | set(touched))]
@@ -517,7 +542,7 @@ class Restorer:
         return self._step(task_id, "redo")
 
     def _step(self, task_id: str, op: str) -> Restore:
-        rt = self.engine._task(task_id)
+        rt = self.host.task(task_id)
         with rt.lock:
             stack = rt.record.undo_stack if op == "undo" else rt.record.redo_stack
             entry = rt.record.restore_entry(stack[-1]) if stack else None
@@ -527,12 +552,12 @@ class Restorer:
             scope: dict[str, list[RepoPath]] = {}
             targets: dict[str, str | None] = {}
             for name, info in entry["roots"].items():
-                root = self.engine.roots.get(name)
+                root = self.host.roots.get(name)
                 if root is None or not info.get(side):
                     continue
-                with root.lock.held():
+                with root.locked() as r:
                     try:
-                        targets[name] = root.open().commit_tree(info[side])
+                        targets[name] = r.repo.commit_tree(info[side])
                     except RepoError as exc:
                         raise RestoreFailedError(
                             f"Restore {entry['n']} of task {task_id} cannot be {op}ne: its commit is lost from "
@@ -551,7 +576,7 @@ class Restorer:
     # ------------------------------------------------------------------ messages
 
     def edit_message(self, task_id: str, ts: int, text: str, restore: EditRestore) -> Restore:
-        rt = self.engine._task(task_id)
+        rt = self.host.task(task_id)
         with rt.lock:
             msg = rt.record.message(ts) if isinstance(ts, int) else None
             if msg is None:
@@ -576,7 +601,7 @@ class Restorer:
                 except ShadowpointError as exc:
                     error = error_value(exc)
             cut = self._cut(rt, keep_through)
-            self.engine._save(rt)
+            self.host.save(rt)
             return Restore(files, cut, error, text)
 
 

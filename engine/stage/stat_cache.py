@@ -9,6 +9,7 @@ repo so a restarted sidecar does not re-hash the workspace.
 from __future__ import annotations
 
 import array
+import bisect
 import json
 import os
 import struct
@@ -21,7 +22,7 @@ from typing import BinaryIO, TypeVar
 import structlog
 
 from shadowpoint.store.atomic import atomic_writer
-from shadowpoint.store.shadow_repo import TreeEntry
+from shadowpoint.store.values import TreeEntry
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
@@ -33,38 +34,115 @@ RACY_MARGIN_NS = 1_000_000_000
 
 CACHE_VERSION = 3
 
+# additions and removals `StatCache` sorts in one by one before it sorts anew when asked
+_SORTED_EDITS_MAX = 512
 
-@dataclass(frozen=True, slots=True)
-class FileState:
-    """Stat data of one tracked path when it was last hashed, and what it hashed to."""
 
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-    st_mode: int
-    ino: int
-    checked_ns: int
-    entry: TreeEntry
+# One tracked file's state packed into 76 bytes: size, mtime and ctime (each as seconds and
+# nanoseconds, so that any time the kernel reports fits, past 2262 too), st_mode, inode,
+# checked_ns, then the git mode and the raw blob id. As a dataclass holding an entry, a hex id
+# and five big ints it took ~360 bytes per file: 30 MiB of a 100k-file sidecar's peak.
+_STATE = struct.Struct("<qqIqIIQqI20s")
+_STAT_PART = struct.Struct("<qqIqIIQq")
+_ENTRY_MODE = struct.Struct("<I")
+_MODE_AT = _STAT_PART.size
+_OID_AT = _MODE_AT + _ENTRY_MODE.size
+_NS = 1_000_000_000
+_INT64 = range(-2**63, 2**63)
+
+
+class FileState(bytes):
+    """Stat data of one tracked path when it was last hashed, and what it hashed to.
+
+    Immutable and compact (a `bytes` of fixed layout, no per-field objects); the fields are
+    read on demand.
+    """
+
+    __slots__ = ()
 
     def is_clean(self, st: os.stat_result) -> bool:
         """True if `st` proves the file still holds `entry` (racy-clean rule)."""
+        size, mtime_ns, ctime_ns, st_mode, ino, checked_ns = self.stat_fields()
         return (
-            st.st_size == self.size
-            and st.st_mtime_ns == self.mtime_ns
-            and st.st_ctime_ns == self.ctime_ns
-            and st.st_mode == self.st_mode
-            and st.st_ino == self.ino
-            and st.st_mtime_ns < self.checked_ns - RACY_MARGIN_NS
+            st.st_size == size
+            and st.st_mtime_ns == mtime_ns
+            and st.st_ctime_ns == ctime_ns
+            and st.st_mode == st_mode
+            and st.st_ino == ino
+            and mtime_ns < checked_ns - RACY_MARGIN_NS
         )
 
     @classmethod
+    def packed(cls, size: int, mtime_ns: int, ctime_ns: int, st_mode: int, ino: int, checked_ns: int,
+               mode: int, raw_oid: bytes) -> FileState:
+        m_s, m_ns = divmod(mtime_ns, _NS)
+        c_s, c_ns = divmod(ctime_ns, _NS)
+        return cls(_STATE.pack(size, m_s, m_ns, c_s, c_ns, st_mode, ino, checked_ns, mode, raw_oid))
+
+    @classmethod
     def of(cls, st: os.stat_result, entry: TreeEntry, checked_ns: int) -> FileState:
-        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, _shared(st.st_mode), st.st_ino, checked_ns, entry)
+        return cls.packed(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino, checked_ns,
+                          entry.mode, bytes.fromhex(entry.oid))
 
     @classmethod
     def unknown(cls, entry: TreeEntry) -> FileState:
         """A tracked path whose stat is not known: never clean until hashed again."""
-        return cls(-1, 0, 0, 0, 0, 0, entry)
+        return cls.packed(-1, 0, 0, 0, 0, 0, entry.mode, bytes.fromhex(entry.oid))
+
+    def stat_fields(self) -> tuple[int, int, int, int, int, int]:
+        """size, mtime_ns, ctime_ns, st_mode, ino, checked_ns."""
+        size, m_s, m_ns, c_s, c_ns, st_mode, ino, checked_ns = _STAT_PART.unpack_from(self)
+        return size, m_s * _NS + m_ns, c_s * _NS + c_ns, st_mode, ino, checked_ns
+
+    def saved_fields(self) -> tuple[int, int, int, int, int, int, int]:
+        """The columns of the saved cache (int64 each: the stat fields, then the git mode); a
+        time past what int64 nanoseconds hold is saved as an unknown stat (hashed again)."""
+        fields = self.stat_fields()
+        if fields[1] not in _INT64 or fields[2] not in _INT64:
+            return -1, 0, 0, 0, 0, 0, self.mode
+        return (*fields, self.mode)
+
+    @property
+    def size(self) -> int:
+        return self.stat_fields()[0]
+
+    @property
+    def mtime_ns(self) -> int:
+        return self.stat_fields()[1]
+
+    @property
+    def ctime_ns(self) -> int:
+        return self.stat_fields()[2]
+
+    @property
+    def st_mode(self) -> int:
+        return self.stat_fields()[3]
+
+    @property
+    def ino(self) -> int:
+        return self.stat_fields()[4]
+
+    @property
+    def checked_ns(self) -> int:
+        return self.stat_fields()[5]
+
+    @property
+    def mode(self) -> int:
+        """The git file mode of the blob."""
+        return int(_ENTRY_MODE.unpack_from(self, _MODE_AT)[0])
+
+    @property
+    def raw_oid(self) -> bytes:
+        return self[_OID_AT:]
+
+    @property
+    def entry(self) -> TreeEntry:
+        return TreeEntry(self[_OID_AT:].hex(), self.mode)
+
+    def __repr__(self) -> str:
+        size, mtime_ns, ctime_ns, st_mode, ino, checked_ns = self.stat_fields()
+        return (f"FileState(size={size}, mtime_ns={mtime_ns}, ctime_ns={ctime_ns}, st_mode={st_mode:o}, "
+                f"ino={ino}, checked_ns={checked_ns}, entry={self.entry!r})")
 
 
 @dataclass(slots=True)
@@ -74,27 +152,40 @@ class StatCache:
     tree: str | None = None
     base_commit: str | None = None
     entries: dict[RepoPath, FileState] = field(default_factory=dict)
+    # the tracked paths in order, for `under`: kept up to date through a round's few additions
+    # and removals (re-sorting 100k paths after each round that made a file cost ~40 ms); a
+    # staging that changes many paths drops it, and the next `under` sorts once
     _sorted: list[RepoPath] | None = None
+    _edits: int = 0
 
     def entry(self, path: RepoPath) -> TreeEntry | None:
         st = self.entries.get(path)
         return st.entry if st else None
 
     def set(self, path: RepoPath, state: FileState) -> None:
-        if path not in self.entries:
-            self._sorted = None
+        if path not in self.entries and self._sorted is not None:
+            if self._edited():
+                bisect.insort(self._sorted, path)
         self.entries[path] = state
 
     def remove(self, path: RepoPath) -> None:
-        if self.entries.pop(path, None) is not None:
+        if self.entries.pop(path, None) is not None and self._sorted is not None:
+            if self._edited():
+                del self._sorted[bisect.bisect_left(self._sorted, path)]
+
+    def _edited(self) -> bool:
+        """Count one edit of the order; False (and the order dropped) past the cheap number."""
+        self._edits += 1
+        if self._edits > _SORTED_EDITS_MAX:
             self._sorted = None
+            return False
+        return True
 
     def under(self, directory: RepoPath) -> list[RepoPath]:
         """Tracked paths strictly below `directory` (bisect over a lazily sorted key list)."""
-        import bisect
-
         if self._sorted is None:
             self._sorted = sorted(self.entries)
+            self._edits = 0
         prefix = directory + "/"
         i = bisect.bisect_left(self._sorted, prefix)
         out = []
@@ -134,11 +225,10 @@ class StatCache:
                 # paths and ids are streamed in slices: joined whole, their bytes copies added
                 # ~15 MB to the peak memory of a 100k-file baseline (saved right after it)
                 _write_chunked(fh, (b"\0".join(os.fsencode(p) for p in part) for part in _slices(paths)), b"\0")
-                for name in _INT_FIELDS:
-                    _write_section(fh, array.array("q", (getattr(st, name) for st in states)).tobytes())
-                _write_section(fh, array.array("q", (int(st.entry.mode) for st in states)).tobytes())
-                _write_chunked(fh, (bytes.fromhex("".join(st.entry.oid for st in part)) for part in _slices(states)))
-        except (OSError, ValueError) as exc:
+                for column, code in enumerate(_COLUMN_TYPES):  # the stat fields, then the git mode
+                    _write_section(fh, array.array(code, (st.saved_fields()[column] for st in states)).tobytes())
+                _write_chunked(fh, (b"".join(st.raw_oid for st in part) for part in _slices(states)))
+        except (OSError, ValueError, OverflowError) as exc:
             log.warning("stat_cache.save_failed", path=str(path), reason=str(exc))
 
     @classmethod
@@ -153,8 +243,8 @@ class StatCache:
                 count = int(header["count"])
                 raw_paths = _read_section(fh)
                 paths = [RepoPath(os.fsdecode(p)) for p in raw_paths.split(b"\0")] if count else []
-                columns = [_int_array(_read_section(fh), count) for _ in _INT_FIELDS]
-                modes = _int_array(_read_section(fh), count)
+                size, mtime, ctime, st_mode, ino, checked, modes = (
+                    _int_array(_read_section(fh), count, code) for code in _COLUMN_TYPES)
                 oids = _read_section(fh)
                 if len(paths) != count or len(oids) != 20 * count:
                     raise ValueError("section sizes disagree")
@@ -164,25 +254,18 @@ class StatCache:
             log.warning("stat_cache.unreadable", path=str(path), reason=repr(exc), action="re-hashing the workspace")
             return None
         entries: dict[RepoPath, FileState] = {}
-        size, mtime, ctime, st_mode, ino, checked = columns
         for i, p in enumerate(paths):
-            entry = TreeEntry(oids[20 * i: 20 * i + 20].hex(), modes[i])
-            entries[p] = FileState(size[i], mtime[i], ctime[i], _shared(st_mode[i]), ino[i], checked[i], entry)
+            entries[p] = FileState.packed(size[i], mtime[i], ctime[i], st_mode[i], ino[i], checked[i], modes[i],
+                                          oids[20 * i: 20 * i + 20])
         log.debug("stat_cache.loaded", entries=len(entries), duration_ms=(time.perf_counter() - start) * 1e3)
         return cls(tree=header.get("tree"), base_commit=header.get("base"), entries=entries)
 
 
 _T = TypeVar("_T")
 
-_MODES: dict[int, int] = {}
-
-
-def _shared(mode: int) -> int:
-    """The one int object kept for this st_mode: a tree has a handful of distinct modes, and an
-    int per file cost 28 bytes x 100k files of the sidecar's peak memory."""
-    return _MODES.setdefault(mode, mode)
-
-_INT_FIELDS = ("size", "mtime_ns", "ctime_ns", "st_mode", "ino", "checked_ns")
+# array type codes of the saved columns: size, mtime_ns, ctime_ns, st_mode, ino, checked_ns and
+# the git mode; the inode unsigned (older files wrote it signed: the same bytes below 2**63)
+_COLUMN_TYPES = "qqqqQqq"
 
 
 def _write_section(fh: BinaryIO, data: bytes) -> None:
@@ -221,8 +304,8 @@ def _read_section(fh: BinaryIO) -> bytes:
     return data
 
 
-def _int_array(data: bytes, count: int) -> array.array[int]:
-    arr = array.array("q")
+def _int_array(data: bytes, count: int, code: str = "q") -> array.array[int]:
+    arr = array.array(code)
     arr.frombytes(data)
     if len(arr) != count:
         raise ValueError("truncated stat cache column")

@@ -32,7 +32,7 @@ import structlog
 from shadowpoint.errors import StorageFailedError, TaskMetadataError, UnknownCheckpointError, UnknownTaskError
 from shadowpoint.kinds import CheckpointKind
 from shadowpoint.store.atomic import write_atomic
-from shadowpoint.store.shadow_repo import ref_component
+from shadowpoint.store.values import ref_component
 
 if TYPE_CHECKING:
     from shadowpoint.results import Checkpoint

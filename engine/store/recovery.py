@@ -20,7 +20,8 @@ from shadowpoint.errors import RepoError
 from shadowpoint.kinds import CheckpointKind
 from shadowpoint.roots import RootState
 from shadowpoint.store.checkpoints import CheckpointRecord, TaskRecord
-from shadowpoint.store.shadow_repo import ShadowRepo, task_ref
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import task_ref
 
 log = structlog.get_logger(__name__)
 
@@ -48,8 +49,8 @@ def rebuild_record(task_id: str, roots: Mapping[str, RootState], root_paths: dic
             continue
         found = _read_without_lock(root.ws.git_dir, task_id)
         if found is _UNREADABLE:
-            with root.lock.held():  # a damaged repo: opening it for real repairs it first
-                found = _timeline(root.open(), task_id)
+            with root.locked() as r:  # a damaged repo: opening it for real repairs it first
+                found = _timeline(r.repo, task_id)
         if isinstance(found, tuple) and found[0]:
             timelines[name] = found[0]
             edited[name] = sorted(found[1])

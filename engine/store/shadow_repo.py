@@ -3,7 +3,7 @@
 Owns libgit2's process-wide isolation (no user/system/XDG git config, no filters, hooks
 or fsmonitor), blob/tree/commit writing (trees are patched from the previous tree, so a
 round costs O(changed paths)), refs, tree listing, diffs and object reachability. Callers
-serialise access per repository (`RootState.lock` in engine.py); no thread of its own.
+serialise access per repository (`RootState.locked` in roots.py); no thread of its own.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +36,23 @@ from shadowpoint.errors import (
 from shadowpoint.store import packing
 from shadowpoint.store.atomic import atomic_writer, write_atomic
 from shadowpoint.store.locking import flocked, is_flocked
+from shadowpoint.store.values import (
+    COMMITTER_EMAIL,
+    COMMITTER_NAME,
+    MODE_GITLINK,
+    MODE_TREE,
+    TASK_TRAILER,
+    Changes,
+    DeltaRecord,
+    TreeEntry,
+    restore_ref_prefix,
+    safety_ref,
+    task_ref,
+)
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
 
-MODE_FILE = 0o100644
-MODE_EXEC = 0o100755
-MODE_LINK = 0o120000
-MODE_TREE = 0o040000
-MODE_GITLINK = 0o160000
-
-COMMITTER_NAME = "shadowpoint Checkpoint"
-COMMITTER_EMAIL = "checkpoint@shadowpoint.invalid"
-TASK_TRAILER = "Shadowpoint-Task"
-HEAD_REF = "refs/shadowpoint/head"
 GC_STAGING_PREFIX = "gc-"  # objects/gc-*: where a collection writes its new pack
 GC_BUSY_FILE = ".busy"  # flocked inside a staging folder by the collection using it
 GC_PACK_OBJECTS = 50_000  # objects per pack a collection writes (each installed when complete)
@@ -201,62 +203,6 @@ def write_loose_blob(git_dir: Path, data: bytes) -> str:
     return oid
 
 
-@dataclass(frozen=True, slots=True)
-class TreeEntry:
-    """One file of a snapshot: blob id (hex) and git file mode."""
-
-    oid: str
-    mode: int
-
-
-Changes = Mapping[RepoPath, TreeEntry | None]
-
-
-@dataclass(frozen=True, slots=True)
-class DeltaRecord:
-    """One changed path between two trees."""
-
-    status: str  # added | modified | deleted | renamed
-    path: RepoPath
-    old_path: RepoPath | None
-    old_oid: str | None
-    new_oid: str | None
-    old_mode: int | None
-    new_mode: int | None
-
-
-_SAFE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
-
-
-def ref_component(task_id: str) -> str:
-    """A ref-name-safe component for a task id (non-safe ids get a readable hashed form)."""
-    if _SAFE_REF.match(task_id) and not task_id.endswith(".lock") and ".." not in task_id:
-        return task_id
-    import hashlib
-
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", task_id)[:60].strip("._") or "task"
-    cleaned = re.sub(r"\.{2,}", "_", cleaned)  # ".." is invalid in a ref name ("a/../b" -> "a_.._b")
-    return f"{cleaned}-{hashlib.sha256(task_id.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
-
-
-def task_ref(task_id: str) -> str:
-    return f"refs/shadowpoint/tasks/{ref_component(task_id)}"
-
-
-def safety_ref(task_id: str) -> str:
-    return f"refs/shadowpoint/safety/{ref_component(task_id)}"
-
-
-def restore_ref(task_id: str, n: int) -> str:
-    """The ref keeping a task's file restore `n` (its after-state commit, whose parent is the
-    safety checkpoint taken before it): safety checkpoints live as long as their task."""
-    return f"{restore_ref_prefix(task_id)}{n}"
-
-
-def restore_ref_prefix(task_id: str) -> str:
-    return f"refs/shadowpoint/restores/{ref_component(task_id)}/"
-
-
 def delete_task_refs(repo: ShadowRepo, task_id: str) -> None:
     """Remove every ref of a task: its checkpoints, its restores and their safety checkpoints."""
     repo.delete_ref(task_ref(task_id))
@@ -342,6 +288,63 @@ class _ReadOnlyObjects(pygit2.OdbBackend):
 
     def __iter__(self) -> Iterator[Any]:
         return iter(())
+
+
+class _NotATree(Exception):
+    """Paths that no tree can hold (unsorted, or a path both a file and a folder)."""
+
+
+def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[bytes, int, bytes], None]
+                     ) -> bytes | None:
+    """Make the trees holding `files` (path, git mode, raw blob id; sorted by path), handing
+    each to `add(raw id, type, data)` as it is made; the root tree's raw id (None: empty).
+
+    One pass with a stack of the open folders: a folder's tree is made as soon as the paths
+    leave it (sorted paths keep every folder's together), so no map of the whole listing is
+    held (that map and its split names were ~18 MiB of a 100k-file baseline's peak).
+    """
+    tree_type = int(pygit2.enums.ObjectType.TREE)
+    # the open folders, root first: (folder path, its items as (git sort key, entry bytes), names)
+    stack: list[tuple[str, list[tuple[bytes, bytes]], set[bytes]]] = [("", [], set())]
+
+    def tree_of(items: list[tuple[bytes, bytes]]) -> bytes:
+        items.sort()
+        data = b"".join(body for _, body in items)
+        raw = hashlib.sha1(b"tree %d\0" % len(data) + data).digest()
+        add(raw, tree_type, data)
+        return raw
+
+    def enter(name: bytes, mode: bytes, raw: bytes, *, is_dir: bool = False) -> None:
+        _, items, names = stack[-1]
+        if name in names:
+            raise _NotATree(f"{name!r}: both a file and a folder")
+        names.add(name)
+        # git sorts a folder's name as if it ended with "/"
+        items.append((name + b"/" if is_dir else name, b"%s %s\0%s" % (mode, name, raw)))
+
+    def close() -> None:
+        folder, items, _ = stack.pop()
+        enter(os.fsencode(folder.rpartition("/")[2]), b"40000", tree_of(items), is_dir=True)
+
+    previous = None
+    for path, mode, raw in files:
+        if previous is not None and path <= previous:
+            raise _NotATree(f"{path}: paths not sorted")
+        previous = path
+        parent, _, name = path.rpartition("/")
+        while stack[-1][0] and parent != stack[-1][0] and not parent.startswith(stack[-1][0] + "/"):
+            close()
+        current = stack[-1][0]
+        if parent != current:
+            for part in parent[len(current) + 1 if current else 0:].split("/"):
+                current = f"{current}/{part}" if current else part
+                if os.fsencode(part) in stack[-1][2]:
+                    raise _NotATree(f"{current}: both a file and a folder")
+                stack.append((current, [], set()))
+        enter(os.fsencode(name), b"%o" % mode, raw)
+    while len(stack) > 1:
+        close()
+    return tree_of(stack[0][1]) if stack[0][1] else None
 
 
 class ShadowRepo:
@@ -676,62 +679,33 @@ class ShadowRepo:
             oid = self._patch(base, nested)
             return str(oid) if oid is not None else None
 
-    def write_tree_packed(self, entries: Mapping[RepoPath, TreeEntry | None]) -> str | None:
-        """The tree holding exactly `entries` (None values left out), built from nothing: every
-        tree computed here and written as one pack, not one loose object per folder (a fresh
-        baseline of 100k files writes ~17k trees). Returns the root tree's id (None: empty).
+    def write_tree_packed(self, files: Iterable[tuple[str, int, bytes]]) -> str | None:
+        """The tree holding exactly `files` (path, git mode, raw blob id; sorted by path), built
+        from nothing: every tree written into one pack as it is made, not one loose object per
+        folder (a fresh baseline of 100k files writes ~17k trees). Returns the root tree's id
+        (None: empty).
 
         Raises:
-            ValueError: a path is both a file and a folder (the caller patches instead).
+            ValueError: the paths are not sorted, or a path is both a file and a folder (the
+                caller patches instead).
             StorageFailedError: the docs root refused the write.
         """
-        root: dict[str, Any] = {}
-        for path, entry in entries.items():
-            if entry is None:
-                continue
-            node = root
-            parts = path.split("/")
-            for part in parts[:-1]:
-                child = node.setdefault(part, {})
-                if not isinstance(child, dict):
-                    raise ValueError(f"{path}: a parent is a file")
-                node = child
-            if parts[-1] in node:
-                raise ValueError(f"{path}: both a file and a folder")
-            node[parts[-1]] = entry
-        objects: dict[str, tuple[str, int, bytes]] = {}
-
-        def build(node: dict[str, Any]) -> bytes | None:
-            items: list[tuple[bytes, bytes]] = []
-            for name, value in node.items():
-                raw_name = os.fsencode(name)
-                if isinstance(value, dict):
-                    sub = build(value)
-                    if sub is not None:
-                        # git sorts a folder's name as if it ended with "/"
-                        items.append((raw_name + b"/", b"40000 %s\0%s" % (raw_name, sub)))
-                else:
-                    items.append((raw_name, b"%o %s\0%s" % (value.mode, raw_name, bytes.fromhex(value.oid))))
-            if not items:
-                return None
-            items.sort()
-            data = b"".join(body for _, body in items)
-            raw = hashlib.sha1(b"tree %d\0" % len(data) + data).digest()
-            objects.setdefault(raw.hex(), (raw.hex(), int(pygit2.enums.ObjectType.TREE), data))
-            return raw
-
-        top = build(root)
-        if top is None:
-            return None
         staging = self.git_dir / "objects" / f"tmp_treepack_{os.getpid()}_{threading.get_ident()}"
-        with written(self.git_dir, "write a tree"):
-            staging.mkdir(exist_ok=True)
-            try:
-                packing.write_pack_objects(list(objects.values()), staging)
-                self._install_packs(staging, self.git_dir / "objects" / "pack")
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-        return top.hex()
+        try:
+            with written(self.git_dir, "write a tree"):
+                staging.mkdir(exist_ok=True)
+                try:
+                    with packing.PackStream(staging) as pack:
+                        root = _trees_of_sorted(files, pack.add)
+                        if root is None:
+                            return None
+                        pack.finish()
+                    self._install_packs(staging, self.git_dir / "objects" / "pack")
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+        except _NotATree as exc:
+            raise ValueError(str(exc)) from None
+        return root.hex()
 
     def _patch(self, tree: Any, changes: dict[str, Any]) -> Any:
         # pygit2's TreeBuilder takes names as strict UTF-8 only: a file name holding bytes that

@@ -22,7 +22,8 @@ import structlog
 from shadowpoint.errors import ShadowpointError
 from shadowpoint.store.checkpoints import CheckpointStore, TaskRecord
 from shadowpoint.store.locking import WorkspaceLock, sole_user
-from shadowpoint.store.shadow_repo import HEAD_REF, ShadowRepo, delete_task_refs, disk_usage, task_tips
+from shadowpoint.store.shadow_repo import ShadowRepo, delete_task_refs, disk_usage, task_tips
+from shadowpoint.store.values import HEAD_REF
 from shadowpoint.workspace import workspace_hash
 
 log = structlog.get_logger(__name__)

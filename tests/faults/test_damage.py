@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from shadowpoint.engine import Engine
 from shadowpoint.errors import ShadowpointError
 from shadowpoint.store.checkpoints import CheckpointStore
-from shadowpoint.store.shadow_repo import task_ref
+from shadowpoint.store.values import task_ref
 from tests.conftest import make_tree, read_tree
 from tests.faults.support import (
     PROTOCOL_KINDS,

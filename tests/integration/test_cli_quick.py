@@ -1,4 +1,4 @@
-"""`delete-task` without click (`shadowpoint.quick`) against the click command: the installed
+"""`delete-task` without click (`shadowpoint.cli.quick`) against the click command: the installed
 `shadowpoint` program and `shadowpoint.cli.main`, each in a real process, on the same shadow
 repo (copied back between the two) give the same output, exit code and effect (refs, task
 records, the background collection); the forms and cases the fast path does not take reach
@@ -216,7 +216,7 @@ def test_the_fast_path_imports_no_click_rich_or_pydantic(two_tasks: Path, ws: Pa
                              {**hooks_env, "SP_TEST_MODULES": str(listing)})
         assert code == 0, err
         loaded = json.loads(listing.read_text())
-        assert "shadowpoint.quick" in loaded and "pygit2" in loaded
+        assert "shadowpoint.cli.quick" in loaded and "pygit2" in loaded
         assert not [m for m in loaded if m.split(".")[0] in HEAVY], [m for m in loaded if m.split(".")[0] in HEAVY]
     # and the same command through click loads them: the check above can tell
     restore_docs(two_tasks)

@@ -32,11 +32,11 @@ def _held_engine(workspace: Path, make_engine: Any, files: int = SMALL) -> tuple
 
 
 def _tree_of(eng: Engine, ts: int) -> dict[str, Any]:
-    root = eng.roots["proj"]
     cp = eng._task("t").record.checkpoint(ts)
-    assert cp is not None and root.repo is not None
-    listing = root.repo.list_tree(root.repo.commit_tree(cp.hashes["proj"]))
-    return {p: root.repo.read_blob(e.oid) for p, e in listing.items()}
+    assert cp is not None
+    with eng.roots["proj"].locked() as root:
+        listing = root.repo.list_tree(root.repo.commit_tree(cp.hashes["proj"]))
+        return {p: root.repo.read_blob(e.oid) for p, e in listing.items()}
 
 
 def test_an_edit_during_the_baseline_is_captured_first_with_its_old_bytes(workspace: Path, make_engine: Any) -> None:

@@ -28,8 +28,8 @@ from shadowpoint.errors import (
 from shadowpoint.restore.plan import RestoreOp, RestorePlan
 from shadowpoint.restore.safe_fs import TEMP_PREFIX
 from shadowpoint.store.checkpoints import CheckpointRecord
-from shadowpoint.store.shadow_repo import MODE_FILE, TreeEntry, task_ref
 from shadowpoint.store.storage import remove_all_checkpoints
+from shadowpoint.store.values import MODE_FILE, TreeEntry, task_ref
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree, wait_for
 
@@ -641,8 +641,8 @@ def test_crash_after_restore_keeps_restored_content(options: Any, ws: Path) -> N
     _three_rounds(eng, ws)
     eng.restore("t1", 0, "files")
     for root in eng.roots.values():  # crash: nothing is flushed, locks die with the process
-        assert root.repo is not None
-        root.repo.close()
+        with root.locked() as locked:
+            locked.repo.close()
     eng2 = Engine([ws], options)
     try:
         cp = edit_round(eng2, ws, 30, {"b.txt": "b3"})

@@ -326,7 +326,8 @@ def test_engine_baseline_borrows_then_copies_in_the_background(tmp_path: Path, m
     from tests.integration.test_engine import wait_ready
 
     assert wait_ready(eng, "t1") == "ready"
-    assert state.repo is not None and state.repo.borrowing
+    with state.locked() as locked:
+        assert locked.repo.borrowing
     assert borrowed.ledger_path(state.ws.git_dir).exists()
     git(root, "gc", "-q", "--prune=now")
     gate.set()
@@ -374,8 +375,8 @@ def test_interrupted_copy_resumes_on_next_open(tmp_path: Path, make_engine: Any)
     assert borrowed.ledger_path(git_dir).exists()
     eng2: Engine = make_engine(root)
     (state2,) = eng2.roots.values()
-    with state2.lock.held():
-        state2.open()  # finds the ledger and copies
+    with state2.locked() as locked:
+        locked.open()  # finds the ledger and copies
     assert state2.wait_copied(60)
     assert state2.last_copy is not None and state2.last_copy.finished
     assert not borrowed.ledger_path(git_dir).exists()

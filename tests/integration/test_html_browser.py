@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from shadowpoint.html_diff import diff_page
+from shadowpoint.cli.html_diff import diff_page
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -118,8 +118,9 @@ def test_watcher_and_rescan_agree_on_a_random_sequence(tmp_path: Path, make_engi
             action = _random_action(random.Random(seed), root, step)
             cp = _command_round(eng, task, 10 + step, action)
             assert cp is not None
-        wt = watched.roots["proj"].repo.list_tree(watched.roots["proj"].cache.tree)  # type: ignore[union-attr]
-        st = scanned.roots["proj"].repo.list_tree(scanned.roots["proj"].cache.tree)  # type: ignore[union-attr]
+        with watched.roots["proj"].locked() as w, scanned.roots["proj"].locked() as s:
+            wt = w.repo.list_tree(w.cache.tree)
+            st = s.repo.list_tree(s.cache.tree)
         assert wt == st, f"step {step}: watcher and rescan disagree: {set(wt) ^ set(st)}"
         assert watched.diff("by-watcher", 10 + step).to_wire()["files"] == []
 

@@ -62,11 +62,10 @@ def _write_behind_the_watchers_back(outside: Path, data: bytes) -> None:
 
 
 def _file_at(eng: Engine, ts: int, path: str) -> bytes | None:
-    root = eng.roots["proj"]
-    assert root.repo is not None
     cp = eng._task("t").record.checkpoint(ts)
-    entry = root.repo.lookup(root.repo.commit_tree(cp.hashes["proj"]), path)  # type: ignore[arg-type]
-    return root.repo.read_blob(entry.oid) if entry else None
+    with eng.roots["proj"].locked() as root:
+        entry = root.repo.lookup(root.repo.commit_tree(cp.hashes["proj"]), path)  # type: ignore[arg-type]
+        return root.repo.read_blob(entry.oid) if entry else None
 
 
 @inotify_only  # trust needs the flush barrier; the portable observer's rounds rescan (test_watch_rounds.py)

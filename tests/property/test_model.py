@@ -36,7 +36,7 @@ from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.errors import AlreadyRestoredError, NothingToUndoError
 from shadowpoint.observe.watcher import ObserverKind
-from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_FILE, MODE_LINK
+from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK
 from tests.conftest import Exe, Link, read_tree
 
 SOAK = max(1, int(os.environ.get("SHADOWPOINT_SOAK") or 1))  # read at import: the hermetic fixture clears it
@@ -216,9 +216,9 @@ class WorkspaceModel(RuleBasedStateMachine):
 
     def _check_checkpoint(self, ts: int, expected: dict[str, Entry]) -> None:
         root = self.engine.roots[self.engine.first_root]
-        commit = next(c for c in self.engine.list_checkpoints("t").to_wire()["checkpoints"] if c["ts"] == ts)["hash"]
-        with root.lock.held():
-            repo = root.open()
+        commit = next(c for c in self.engine.list_checkpoints("t").checkpoints if c.ts == ts).hash
+        with root.locked() as locked:
+            repo = locked.repo
             listing = repo.list_tree(repo.commit_tree(commit))
             got: dict[str, Entry] = {}
             for path, entry in listing.items():

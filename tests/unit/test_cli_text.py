@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shadowpoint.cli import CliError, people_words, split_refs_and_paths
+from shadowpoint.cli import CliError, people_words
+from shadowpoint.cli.history import split_refs_and_paths
 
 
 def test_engine_messages_in_peoples_words() -> None:

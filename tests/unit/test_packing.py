@@ -3,14 +3,17 @@ git itself (`fsck`, `verify-pack`) is the oracle for the files written."""
 
 from __future__ import annotations
 
+import hashlib
 import random
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
-from shadowpoint.store import packing, shadow_repo
-from shadowpoint.store.shadow_repo import ShadowRepo, task_ref
+from shadowpoint.store import packing, shadow_repo, values
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import task_ref
 from shadowpoint.workspace import RepoPath
 from tests.unit.test_shadow_repo import blob, build, git
 
@@ -104,25 +107,33 @@ def test_a_baseline_tree_written_as_one_pack_equals_the_patched_tree(repo: Shado
     folders sorted as "name/", modes, names that are not UTF-8), as one pack git verifies."""
     rng = random.Random(7)
     names = ["a", "a.b", "a-b", "a0", "b", "é", "x\udcff", "z z"]
-    entries: dict[RepoPath, shadow_repo.TreeEntry | None] = {}
+    entries: dict[RepoPath, values.TreeEntry | None] = {}
     for i in range(400):
         parts = [rng.choice(names) + (str(rng.randrange(3)) if d < 2 else "") for d in range(rng.randrange(1, 5))]
         path = RepoPath("/".join(parts) + f"/f{i}" if rng.random() < 0.8 else "/".join(parts))
         if any(p.startswith(path + "/") or path.startswith(p + "/") for p in entries):
             continue  # a path that is both a file and a folder
-        mode = rng.choice([shadow_repo.MODE_FILE, shadow_repo.MODE_EXEC, shadow_repo.MODE_LINK])
-        entries[path] = shadow_repo.TreeEntry(repo.write_blob(f"content {i % 50}".encode()), mode)
+        mode = rng.choice([values.MODE_FILE, values.MODE_EXEC, values.MODE_LINK])
+        entries[path] = values.TreeEntry(repo.write_blob(f"content {i % 50}".encode()), mode)
     entries[RepoPath("gone")] = None
     packs_before = _packs(repo)
-    packed = repo.write_tree_packed(entries)
+    packed = repo.write_tree_packed(_sorted_files(entries))
     assert len(_packs(repo) - packs_before) == 1
     patched = repo.patch_tree(None, entries)
     assert packed == patched
     assert repo.list_tree(packed) == {p: e for p, e in entries.items() if e is not None}
     assert git(repo, "fsck", "--no-dangling", "--strict").returncode == 0
-    with pytest.raises(ValueError):
-        repo.write_tree_packed({RepoPath("a"): entries[next(iter(entries))],
-                                RepoPath("a/b"): entries[next(iter(entries))]})
+    some = entries[next(iter(entries))]
+    for both in ({"a": some, "a/b": some}, {"a": some, "a-b": some, "a/b": some}, {"a/b/c": some, "a/b": some}):
+        with pytest.raises(ValueError):
+            repo.write_tree_packed(_sorted_files(both))
+    with pytest.raises(ValueError):  # not sorted
+        repo.write_tree_packed(reversed(_sorted_files(entries)))
+    assert repo.write_tree_packed([]) is None
+
+
+def _sorted_files(entries: Mapping[str, shadow_repo.TreeEntry | None]) -> list[tuple[str, int, bytes]]:
+    return sorted((p, e.mode, bytes.fromhex(e.oid)) for p, e in entries.items() if e is not None)
 
 
 def test_a_handle_reopens_once_another_collection_removed_its_packs(repo: ShadowRepo, workspace: Path) -> None:
@@ -148,3 +159,27 @@ def test_a_handle_reopens_once_another_collection_removed_its_packs(repo: Shadow
         assert git(repo, "cat-file", "-e", oid).returncode == 0
     finally:
         other.close()
+
+
+def test_a_pack_written_object_by_object_is_one_git_verifies(tmp_path: Path) -> None:
+    """`PackStream` writes each object as it comes (an object added twice once), fills the
+    count in at the end, and leaves a pack and index that `git verify-pack` accepts; one that
+    is closed unfinished is only a temp file in its folder."""
+    folder = tmp_path / "packs"
+    folder.mkdir()
+    made = {}
+    with packing.PackStream(folder) as pack:
+        for i in range(300):
+            data = f"object {i % 200}\n".encode() * (i % 7 + 1)
+            raw = hashlib.sha1(b"blob %d\0" % len(data) + data).digest()
+            pack.add(raw, 3, data)
+            made[raw.hex()] = data
+        idx = pack.finish()
+    assert sorted(packing.pack_objects(idx)) == sorted(made)
+    out = subprocess.run(["git", "verify-pack", "-v", str(idx)], capture_output=True, text=True, check=True).stdout
+    assert sum(1 for line in out.splitlines() if " blob " in line) == len(made)
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    with packing.PackStream(unfinished) as pack:
+        pack.add(b"\1" * 20, 3, b"x")
+    assert [p.name for p in unfinished.iterdir()] == ["tmp_pack_sp"]

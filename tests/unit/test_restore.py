@@ -18,7 +18,8 @@ from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.scanner import Scanner, StageOptions
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import StatCache
-from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_FILE, ShadowRepo, TreeEntry
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import MODE_EXEC, MODE_FILE, TreeEntry
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree
 

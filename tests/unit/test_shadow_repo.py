@@ -18,14 +18,14 @@ import pygit2
 import pytest
 
 from shadowpoint.errors import ShadowRepoMismatchError
-from shadowpoint.store.shadow_repo import (
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import (
     COMMITTER_EMAIL,
     COMMITTER_NAME,
     HEAD_REF,
     MODE_EXEC,
     MODE_FILE,
     MODE_LINK,
-    ShadowRepo,
     TreeEntry,
     ref_component,
     task_ref,
@@ -265,7 +265,8 @@ ISOLATION_PROBE = r"""
 import json, sys
 from pathlib import Path
 import pygit2
-from shadowpoint.store.shadow_repo import ShadowRepo, TreeEntry, MODE_FILE
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import TreeEntry, MODE_FILE
 from shadowpoint.workspace import RepoPath
 base, workspace = Path(sys.argv[1]), Path(sys.argv[2])
 plain = pygit2.init_repository(str(base / "plain"), bare=True)  # before isolation: reads user config

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 from pathlib import Path
 
 from shadowpoint.stage.stat_cache import CACHE_VERSION, RACY_MARGIN_NS, FileState, StatCache
-from shadowpoint.store.shadow_repo import MODE_EXEC, MODE_FILE, TreeEntry
+from shadowpoint.store.values import MODE_EXEC, MODE_FILE, TreeEntry
 from shadowpoint.workspace import RepoPath
 
 E1 = TreeEntry("1" * 40, MODE_FILE)
@@ -140,10 +141,86 @@ def test_save_load_round_trip_of_many_entries_written_in_slices(tmp_path: Path) 
     for i in range(10_001):
         name = odd[i % len(odd)] if i % 997 == 0 else f"dir{i % 37}/file{i}.py"
         entry = TreeEntry(f"{i:040x}", MODE_EXEC if i % 5 == 0 else MODE_FILE)
-        cache.set(RepoPath(f"{i}-{name}"), FileState(i, i * 3, i * 7, 0o100644, i + 11, i * 13, entry))
+        cache.set(RepoPath(f"{i}-{name}"), FileState.packed(i, i * 3, i * 7, 0o100644, i + 11, i * 13, entry.mode,
+                                                                 bytes.fromhex(entry.oid)))
     path = tmp_path / "statcache.bin"
     cache.save(path)
     loaded = StatCache.load(path, "b" * 40)
     assert loaded is not None
     assert loaded.tree == cache.tree
     assert loaded.entries == cache.entries
+
+
+def test_file_state_keeps_every_field_exactly(tmp_path: Path) -> None:
+    """The packed state reads back each stat field and the entry, at their extremes too (an
+    inode above 2**63, a size of -1 for unknown), also through a save and load."""
+    entry = TreeEntry("0123456789abcdef0123456789abcdef01234567", MODE_EXEC)
+    state = FileState.packed(-1, -5, 2**62, 0o120777, 2**64 - 3, 7, entry.mode, bytes.fromhex(entry.oid))
+    assert (state.size, state.mtime_ns, state.ctime_ns, state.st_mode, state.ino, state.checked_ns) == (
+        -1, -5, 2**62, 0o120777, 2**64 - 3, 7)
+    assert state.entry == entry and state.mode == MODE_EXEC and state.raw_oid == bytes.fromhex(entry.oid)
+    assert FileState.unknown(entry).entry == entry and FileState.unknown(entry).size == -1
+    cache = StatCache(tree="a" * 40, base_commit="b" * 40)
+    cache.set(RepoPath("big-inode"), state)
+    cache.save(tmp_path / "c.bin")
+    loaded = StatCache.load(tmp_path / "c.bin", "b" * 40)
+    assert loaded is not None and loaded.entries == {RepoPath("big-inode"): state}
+    # a time past 2262 is kept exactly in memory, and saved as unknown (hashed again after a load)
+    future = 10_413_792_000_123_456_789
+    late = FileState.packed(3, future, future + 1, 0o100644, 9, 7, entry.mode, bytes.fromhex(entry.oid))
+    assert (late.mtime_ns, late.ctime_ns) == (future, future + 1)
+    cache.set(RepoPath("late"), late)
+    cache.save(tmp_path / "c.bin")
+    loaded = StatCache.load(tmp_path / "c.bin", "b" * 40)
+    assert loaded is not None and loaded.entries[RepoPath("late")] == FileState.unknown(entry)
+    assert loaded.entries[RepoPath("big-inode")] == state
+
+
+def test_a_real_stat_is_clean_only_while_nothing_changed(tmp_path: Path) -> None:
+    """`is_clean` compares size, times, mode and inode of a real file, and the racy margin."""
+    f = tmp_path / "f.txt"
+    f.write_text("one")
+    old = time.time_ns() - 10 * RACY_MARGIN_NS
+    os.utime(f, ns=(old, old))
+    entry = TreeEntry("0" * 40, MODE_FILE)
+    state = FileState.of(os.lstat(f), entry, time.time_ns())
+    assert state.is_clean(os.lstat(f))
+    assert not FileState.of(os.lstat(f), entry, old + RACY_MARGIN_NS // 2).is_clean(os.lstat(f))  # racy
+    os.chmod(f, 0o755)
+    assert not state.is_clean(os.lstat(f))
+    os.chmod(f, 0o644)
+    f.write_text("three")
+    os.utime(f, ns=(old, old))
+    assert not state.is_clean(os.lstat(f))
+
+
+def test_under_stays_exact_through_additions_and_removals() -> None:
+    """`under` keeps its order through a round's additions and removals (sorted in one by one)
+    and past the number it sorts in that way (then it sorts anew): always what a filter says."""
+    import random
+
+    rng = random.Random(3)
+    entry = TreeEntry("0" * 40, MODE_FILE)
+    cache = StatCache()
+    names = [f"{rng.choice('abc')}/{rng.choice('xyz')}/{i}" for i in range(3000)]
+    for name in names[:1000]:
+        cache.set(RepoPath(name), FileState.unknown(entry))
+    for step in range(2500):
+        folder = RepoPath(rng.choice(["a", "b", "a/x", "c/z"]))
+        expected = sorted(p for p in cache.entries if p.startswith(folder + "/"))
+        assert cache.under(folder) == expected, step
+        name = RepoPath(rng.choice(names))
+        if name in cache.entries and rng.random() < 0.5:
+            cache.remove(name)
+        else:
+            cache.set(name, FileState.unknown(entry))
+
+
+def test_a_file_state_is_one_small_object() -> None:
+    """The sidecar keeps one state per tracked file (874k at 1M files): one object of 76 bytes
+    of data (125 with its headers), with no field objects of its own (the dataclass with an
+    entry, a hex id and five big ints took ~360 bytes)."""
+    import sys
+
+    state = FileState.packed(10**6, 2**61, 2**61 + 5, 0o100644, 2**40, 2**61 + 9, MODE_FILE, b"\1" * 20)
+    assert len(state) == 76 and sys.getsizeof(state) <= 128

@@ -7,7 +7,7 @@ whenever the case is not the plain one: no `--yes` (the CLI asks or refuses), a 
 serving the workspace (the CLI deletes through it), a setting `shadowpoint.config.plain`
 cannot prove (the CLI loads `Settings`, which reports it). The deletion and its report are
 shared with the click command (`delete_task_here`, `deleted_json`, `deleted_text`), and
-errors are answered by `cli_report` as the CLI answers them. Runs on the main thread.
+errors are answered by `cli.report` as the CLI answers them. Runs on the main thread.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shadowpoint.cli_report import fail, print_json, report_exception, stdout_console
+from shadowpoint.cli.report import fail, print_json, report_exception, stdout_console
 
 if TYPE_CHECKING:
     from shadowpoint.store.checkpoints import TaskRecord

@@ -23,8 +23,8 @@ from pygments.lexers import TextLexer, get_lexer_for_filename
 from pygments.token import STANDARD_TYPES, _TokenType
 from pygments.util import ClassNotFound
 
-from shadowpoint.html_page import IndexRow, anchor_for, index_table, page, pygments_css
-from shadowpoint.render import line_counts
+from shadowpoint.cli.html_page import IndexRow, anchor_for, index_table, page, pygments_css
+from shadowpoint.cli.render import line_counts
 
 CONTEXT = 3  # unchanged lines shown around a change
 FOLD_MIN = 8  # shorter unchanged stretches are shown whole

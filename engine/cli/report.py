@@ -1,8 +1,8 @@
 """How the command line answers, without click or rich: the exit code of each error kind, the
 one-line error report (and its JSON under `--json`), JSON output, and stdout as plain text.
 
-Shared by the click CLI (`cli.py`) and the commands that start without it (`quick.py`), so
-both answer alike. Runs on the main thread. The exit-code table is in cli.py's docstring.
+Shared by the click commands (`app` and the command modules) and those that start without
+click (`quick`), so both answer alike. Runs on the main thread. The exit-code table is in `shadowpoint.cli`'s docstring.
 """
 
 from __future__ import annotations
