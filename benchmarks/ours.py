@@ -19,7 +19,7 @@ from typing import Any
 
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
-from shadowpoint.store.checkpoints import CheckpointRecord
+from shadowpoint.results import Checkpoint
 
 EDIT_TOOL = "write_to_file"
 COMMAND_TOOL = "execute_command"
@@ -120,25 +120,24 @@ class OurEngine:
 
     def wait_ready(self, task: str) -> None:
         while True:
-            listing = self.eng.list_checkpoints(task)
-            state = listing["state"]
-            if state == "ready":
+            status = self.eng.list_checkpoints(task).status
+            if status.state == "ready":
                 return
-            if state != "initializing":
-                raise NotReadyError(f"task {task}: {state} {listing.get('error')}")
+            if status.state != "initializing":
+                raise NotReadyError(f"task {task}: {status.state} {status.error}")
             time.sleep(POLL_S)
 
     def baseline_hash(self, task: str) -> str:
-        for cp in self.eng.list_checkpoints(task)["checkpoints"]:
-            if cp["kind"] == "baseline":
-                return str(cp["hash"])
+        for cp in self.eng.list_checkpoints(task).checkpoints:
+            if cp.kind == "baseline":
+                return str(cp.hash)
         raise NotReadyError(f"task {task} has no baseline checkpoint")
 
     def last_checkpoint(self, task: str) -> dict[str, Any]:
-        cps = [cp for cp in self.eng.list_checkpoints(task)["checkpoints"] if cp["hash"]]
+        cps = [cp for cp in self.eng.list_checkpoints(task).to_wire()["checkpoints"] if cp["hash"]]
         return dict(cps[-1])
 
-    def edit_round(self, task: str, paths: Sequence[str], write: Callable[[], None]) -> tuple[float, CheckpointRecord]:
+    def edit_round(self, task: str, paths: Sequence[str], write: Callable[[], None]) -> tuple[float, Checkpoint]:
         """A round with one edit tool that wrote `paths`; engine time only (the write excluded)."""
         self.background.settle()
         with self._profiled():
@@ -156,7 +155,7 @@ class OurEngine:
             raise NotReadyError(f"task {task}: an edit round made no checkpoint")
         return (t1 - t0) + (t3 - t2), cp
 
-    def command_round(self, task: str, write: Callable[[], None] | None) -> tuple[float, CheckpointRecord]:
+    def command_round(self, task: str, write: Callable[[], None] | None) -> tuple[float, Checkpoint]:
         """A round that ran one shell command (which may have changed files through `write`)."""
         self.background.settle()
         with self._profiled():
@@ -188,7 +187,7 @@ class OurEngine:
             self.eng.tool_began(task, EDIT_TOOL, "edit", [path])
             seconds = time.perf_counter() - start
         self._started[task] = start
-        building = self.eng.list_checkpoints(task)["state"] == "initializing"
+        building = self.eng.list_checkpoints(task).status.state == "initializing"
         return seconds, building
 
     def finish_first_edit(self, task: str, path: str) -> float:
@@ -209,14 +208,14 @@ class OurEngine:
         self.background.settle()
         with self._profiled():
             start = time.perf_counter()
-            out = self.eng.diff(task, from_ts)
+            out = self.eng.diff(task, from_ts).to_wire()
             return time.perf_counter() - start, out
 
     def restore_files(self, task: str, ts: int, keep_outside_edits: bool = False) -> tuple[float, dict[str, Any]]:
         self.background.settle()
         with self._profiled():
             start = time.perf_counter()
-            out = self.eng.restore(task, ts, "files", keep_outside_edits=keep_outside_edits)
+            out = self.eng.restore(task, ts, "files", keep_outside_edits=keep_outside_edits).to_wire()
             return time.perf_counter() - start, out
 
     def has_watcher(self) -> bool:

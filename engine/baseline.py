@@ -20,7 +20,9 @@ import structlog
 
 from shadowpoint.checkpointer import checkpoint_root
 from shadowpoint.errors import InitFailedError, InitTimeoutError, ShadowpointError
+from shadowpoint.kinds import CheckpointKind, ErrorKind, TaskState
 from shadowpoint.options import EngineOptions
+from shadowpoint.results import KindError
 from shadowpoint.roots import Notify, RootState
 from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
 from shadowpoint.stage.scanner import StageResult
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 # what a failed baseline reports as itself (any other error is reported as init_failed)
-INIT_ERROR_KINDS = ("init_failed", "init_timeout", "lock_timeout", "storage_failed")
+INIT_ERROR_KINDS = (ErrorKind.INIT_FAILED, ErrorKind.INIT_TIMEOUT, ErrorKind.LOCK_TIMEOUT, ErrorKind.STORAGE_FAILED)
 
 
 class BaselineBuilder:
@@ -66,7 +68,7 @@ class BaselineBuilder:
         build already running is dropped."""
         rt.generation += 1
         gen = rt.generation
-        rt.state, rt.error = "initializing", None
+        rt.state, rt.error = TaskState.INITIALIZING, None
         fut: Future[None] = Future()
         rt.baseline = fut
         requested = threading.Event()
@@ -112,7 +114,7 @@ class BaselineBuilder:
             if fut.done():
                 return
             with rt.lock:
-                if rt.generation != gen or rt.state != "initializing":
+                if rt.generation != gen or rt.state is not TaskState.INITIALIZING:
                     return
                 rt.generation += 1  # the build's result is dropped: no timeout paid on every round
                 self._fail(rt, InitTimeoutError(
@@ -129,9 +131,9 @@ class BaselineBuilder:
             rt.timers.append(timer)
 
     def _fail(self, rt: TaskRuntime, exc: ShadowpointError) -> None:
-        rt.state = "failed"
-        kind = exc.kind if exc.kind in INIT_ERROR_KINDS else "init_failed"
-        rt.error = {"kind": kind, "message": str(exc)}
+        rt.state = TaskState.FAILED
+        kind = exc.kind if exc.kind in INIT_ERROR_KINDS else ErrorKind.INIT_FAILED
+        rt.error = KindError(kind, str(exc))
         self._notify("task/initFailed", {"taskId": rt.record.task_id, "kind": kind, "message": str(exc)})
         log.error("task.init_failed", task_id=rt.record.task_id, kind=kind, reason=str(exc))
 
@@ -161,9 +163,9 @@ class BaselineBuilder:
         with rt.lock:
             if rt.generation != gen:
                 return
-            cp = CheckpointRecord(ts=ts, kind="baseline", hashes=hashes, warnings=warnings)
+            cp = CheckpointRecord(ts=ts, kind=CheckpointKind.BASELINE, hashes=hashes, warnings=warnings)
             rt.record.add_checkpoint(cp)
-            rt.state, rt.error = "ready", None
+            rt.state, rt.error = TaskState.READY, None
             self._save(rt)
         log.info("task.baseline_built", task_id=rt.record.task_id, hashed=hashed, borrowed=taken,
                  duration_ms=round((time.perf_counter() - start) * 1e3, 1))
@@ -199,7 +201,7 @@ class BaselineBuilder:
     def wait_ready(self, rt: TaskRuntime) -> bool:
         """Block until the baseline is built (the barrier). False if checkpoints are off."""
         fut = rt.baseline
-        if rt.state == "initializing" and fut is not None:
+        if rt.state is TaskState.INITIALIZING and fut is not None:
             with rt.lock:
                 rt.waiting_for_baseline += 1
             try:
@@ -207,13 +209,13 @@ class BaselineBuilder:
             finally:
                 with rt.lock:
                     rt.waiting_for_baseline -= 1
-        return rt.state == "ready"
+        return rt.state is TaskState.READY
 
     def wait_for_paths(self, rt: TaskRuntime, paths: list[tuple[str, str]]) -> None:
         """An edit tool about to change `paths`: wait until the baseline holds their current
         content, which a baseline still building captures first (SPEC §3), not for all of it."""
         fut = rt.baseline
-        if rt.state != "initializing" or fut is None or fut.done():
+        if rt.state is not TaskState.INITIALIZING or fut is None or fut.done():
             self.wait_ready(rt)
             return
         start = time.perf_counter()

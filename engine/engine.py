@@ -44,15 +44,18 @@ from shadowpoint.events import (
     RoundBegan,
     RoundEnded,
     TaskCompleted,
+    TaskRetried,
     TaskStarted,
     ToolBegan,
     ToolEnded,
 )
+from shadowpoint.kinds import CheckpointKind, EditRestore, RestoreMode, TaskState, ToolKind
 from shadowpoint.maintenance import Maintenance
 from shadowpoint.observe.rounds import RoundRecord, RoundRecorder, tool_kind
 from shadowpoint.options import EngineOptions
-from shadowpoint.restore.diff import TITLE_NEW, TITLE_SINCE, FileChange, diff_to_wire, file_changes
+from shadowpoint.restore.diff import TITLE_NEW, TITLE_SINCE, FileChange, by_path, file_changes
 from shadowpoint.restore.restorer import RestoreHost, Restorer
+from shadowpoint.results import Checkpoint, CheckpointList, Diff, KindError, Restore, TaskStatus
 from shadowpoint.roots import LockedRoot, Notify, RootState
 from shadowpoint.stage import stager
 from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
@@ -83,8 +86,8 @@ class TaskRuntime:
 
     record: TaskRecord
     lock: threading.RLock = field(default_factory=threading.RLock)
-    state: str = "initializing"  # initializing | ready | disabled | failed
-    error: dict[str, str] | None = None
+    state: TaskState = TaskState.INITIALIZING
+    error: KindError | None = None  # why the baseline failed
     baseline: Future[None] | None = None
     # per root: paths edit tools ask the building baseline for first (SPEC §3)
     captures: dict[str, EarlyCapture] = field(default_factory=dict)
@@ -107,7 +110,7 @@ def round_changes(result: StageResult, during: frozenset[RepoPath] | None) -> li
 
 
 @contextlib.contextmanager
-def damaged_checkpoint(ts: Any, root: RootState) -> Iterator[None]:
+def damaged_checkpoint(ts: object, root: RootState) -> Iterator[None]:
     """A checkpoint whose objects the shadow repo lost: a clear error, not an internal one; the
     root checks its objects before its next stage (the loss may reach the current snapshot)."""
     try:
@@ -152,6 +155,7 @@ class Engine:
         """The checkpoint logic listens on the round-boundary bus; entry points publish."""
         bus = self.bus
         bus.subscribe(TaskStarted, lambda e: self.start_task(e.task_id, e.ts))
+        bus.subscribe(TaskRetried, lambda e: self.retry_task(e.task_id))
         bus.subscribe(RoundBegan, lambda e: self.begin_round(e.task_id))
         bus.subscribe(ToolBegan, lambda e: self.tool_began(e.task_id, e.tool, e.kind, e.paths))
         bus.subscribe(ToolEnded, lambda e: self.tool_ended(e.task_id, e.tool, e.paths, e.kind))
@@ -170,8 +174,8 @@ class Engine:
 
     # ================================================================== tasks
 
-    def _task(self, task_id: Any) -> TaskRuntime:
-        if not isinstance(task_id, str) or not task_id:
+    def _task(self, task_id: str) -> TaskRuntime:
+        if not isinstance(task_id, str) or not task_id:  # a library caller's
             raise UnknownTaskError(f"Unknown task {task_id!r}.")
         with self._tasks_lock:
             rt = self._tasks.get(task_id)
@@ -216,9 +220,9 @@ class Engine:
         with rt.lock:
             self.restorer.recover(rt)
             if record.disabled:
-                rt.state = "disabled"
+                rt.state = TaskState.DISABLED
             elif record.last_snapshot() is not None:
-                rt.state = "ready"
+                rt.state = TaskState.READY
                 rt.round_no = len(record.checkpoints)
                 # a resumed task records touched paths too (its first round rescans anyway:
                 # the watcher saw nothing of what happened while no shadowpoint ran)
@@ -229,7 +233,7 @@ class Engine:
             # never a read or a delete of the task
         return rt
 
-    def start_task(self, task_id: str, ts: int = 0) -> dict[str, Any]:
+    def start_task(self, task_id: str, ts: int = 0) -> TaskStatus:
         """Start (or resume) a task; its baseline builds in the background."""
         with self._tasks_lock:
             rt = self._tasks.get(task_id)
@@ -239,7 +243,7 @@ class Engine:
                 rt = self._resume(task_id, record)
         if rt is not None:
             with rt.lock:
-                if rt.state == "initializing" and rt.baseline is None:
+                if rt.state is TaskState.INITIALIZING and rt.baseline is None:
                     first = rt.record.messages[0].ts if rt.record.messages else ts
                     self._baselines.begin(rt, first)
         else:
@@ -252,33 +256,31 @@ class Engine:
                 self._baselines.begin(rt, ts)
         return self.task_state(rt)
 
-    def retry_task(self, task_id: str) -> dict[str, Any]:
+    def retry_task(self, task_id: str) -> TaskStatus:
+        """Try the baseline again after a failure (or turn a disabled task back on)."""
         rt = self._task(task_id)
         with rt.lock:
-            if rt.state in ("failed", "disabled") or (rt.state == "initializing" and rt.baseline is None):
+            if rt.state in (TaskState.FAILED, TaskState.DISABLED) or (
+                    rt.state is TaskState.INITIALIZING and rt.baseline is None):
                 rt.record.disabled = False
                 rt.record.full_write = True  # not a logged change: the next write is task.json
                 ts = rt.record.messages[0].ts if rt.record.messages else 0
                 if rt.record.last_snapshot() is None:
                     self._baselines.begin(rt, ts)
                 else:
-                    rt.state, rt.error = "ready", None
+                    rt.state, rt.error = TaskState.READY, None
         return self.task_state(rt)
 
     def disable_task(self, task_id: str) -> None:
         rt = self._task(task_id)
         with rt.lock:
-            rt.state = "disabled"
+            rt.state = TaskState.DISABLED
             rt.record.disabled = True
             self._save(rt)
 
     @staticmethod
-    def task_state(rt: TaskRuntime) -> dict[str, Any]:
-        state = "disabled" if rt.state in ("disabled", "failed") else rt.state
-        out: dict[str, Any] = {"state": state}
-        if rt.error:
-            out["error"] = dict(rt.error)
-        return out
+    def task_state(rt: TaskRuntime) -> TaskStatus:
+        return TaskStatus(rt.state.wire, rt.error)
 
     def _save(self, rt: TaskRuntime) -> None:
         """Write the task's whole record (after a structural change: restores, cuts, forks)."""
@@ -316,7 +318,7 @@ class Engine:
                 root.watcher.journal.open_round()
         return recorder
 
-    def _resolve_paths(self, paths: Iterable[Any] | None) -> list[tuple[str, str]]:
+    def _resolve_paths(self, paths: Iterable[str] | None) -> list[tuple[str, str]]:
         out = []
         for raw in paths or ():
             ws, rel = self.resolver.resolve(raw)
@@ -331,28 +333,32 @@ class Engine:
         parts = rel.split("/")
         return any(root.rules.is_nested_repo(RepoPath("/".join(parts[:i]))) for i in range(1, len(parts) + 1))
 
-    def tool_began(self, task_id: str, tool: str, kind: str | None, paths: Iterable[Any] | None) -> None:
+    def tool_began(self, task_id: str, tool: str, kind: ToolKind | None, paths: Iterable[str] | None) -> None:
         rt = self._task(task_id)
         resolved_kind = tool_kind(tool, kind, self.options.read_only_tools)
-        resolved = self._resolve_paths(paths) if resolved_kind != "read" else []
-        if resolved_kind == "edit" and resolved:
+        resolved = self._resolve_paths(paths) if resolved_kind is not ToolKind.READ else []
+        if resolved_kind is ToolKind.EDIT and resolved:
             self._baselines.wait_for_paths(rt, resolved)  # its paths first; the rest of the baseline goes on
-        elif resolved_kind != "read":
+        elif resolved_kind is not ToolKind.READ:
             self._baselines.wait_ready(rt)  # a command (or an edit with no paths) may change anything
         with rt.lock:
             recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
             recorder.tool_began(tool, resolved_kind, resolved)
 
-    def tool_ended(self, task_id: str, tool: str, paths: Iterable[Any] | None, kind: str | None = None) -> None:
+    def tool_ended(self, task_id: str, tool: str, paths: Iterable[str] | None, kind: ToolKind | None = None) -> None:
         rt = self._task(task_id)
         resolved_kind = tool_kind(tool, kind, self.options.read_only_tools)
-        resolved = self._resolve_paths(paths) if resolved_kind != "read" else []
+        resolved = self._resolve_paths(paths) if resolved_kind is not ToolKind.READ else []
         with rt.lock:
             recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
             recorder.tool_ended(tool, resolved_kind, resolved)
 
-    def end_round(self, task_id: str, ts: int) -> CheckpointRecord | None:
+    def end_round(self, task_id: str, ts: int) -> Checkpoint | None:
         """Close the round; one checkpoint if it held a tool that may modify the workspace."""
+        cp = self._end_round(task_id, ts)
+        return self.checkpoint(cp) if cp is not None else None
+
+    def _end_round(self, task_id: str, ts: int) -> CheckpointRecord | None:
         rt = self._task(task_id)
         with rt.lock:
             rec = rt.recorder.finish() if rt.recorder is not None else None
@@ -377,7 +383,7 @@ class Engine:
             # taking in what changed meanwhile gave it the person's or another task's edits
             # (three tasks on one workspace: tests/faults/test_concurrency.py).
             unreported = rec.has_command or rec.has_unreported_edit
-            return self._checkpoint(rt, "round", ts, plans, round_paths=during if unreported else None)
+            return self._checkpoint(rt, CheckpointKind.ROUND, ts, plans, round_paths=during if unreported else None)
 
     def note_missed_events(self, task_id: str, reason: str) -> None:
         """Hook events of the task were lost (no sidecar listened): its next checkpoint rescans
@@ -410,25 +416,26 @@ class Engine:
             plans[name] = decision.plan
         return plans
 
-    def complete(self, task_id: str, ts: int) -> CheckpointRecord:
+    def complete(self, task_id: str, ts: int) -> Checkpoint:
+        """The completion checkpoint (deduplicated against a recent one that is the same)."""
         rt = self._task(task_id)
         with rt.lock:
             self._touch_message(rt, ts)
         if not self._baselines.wait_ready(rt):
             raise CheckpointsDisabledError(f"Checkpoints are off for task {task_id}.")
         with rt.lock:
-            cp = self._checkpoint(rt, "completion", ts, self._plans(None), dedup_completion=True)
-            assert cp is not None
-            return cp
+            cp = self._checkpoint(rt, CheckpointKind.COMPLETION, ts, self._plans(None), dedup_completion=True)
+            return self.checkpoint(cp)
 
-    def compacted(self, task_id: str, ts: int) -> CheckpointRecord:
+    def compacted(self, task_id: str, ts: int) -> Checkpoint:
+        """A compaction checkpoint: no file snapshot (Restore Task only)."""
         rt = self._task(task_id)
         with rt.lock:
             self._touch_message(rt, ts)
-            cp = CheckpointRecord(ts=ts, kind="compaction", hashes={})
+            cp = CheckpointRecord(ts=ts, kind=CheckpointKind.COMPACTION, hashes={})
             rt.record.add_checkpoint(cp)
             self._append(rt)
-            return cp
+            return self.checkpoint(cp)
 
     @staticmethod
     def _touch_message(rt: TaskRuntime, ts: int) -> None:
@@ -442,7 +449,7 @@ class Engine:
             rt.record.add_message(ts, role, text)
             self._append(rt)
 
-    def _checkpoint(self, rt: TaskRuntime, kind: str, ts: int, plans: dict[str, StagePlan],
+    def _checkpoint(self, rt: TaskRuntime, kind: CheckpointKind, ts: int, plans: dict[str, StagePlan],
                     dedup_completion: bool = False,
                     round_paths: dict[str, frozenset[RepoPath]] | None = None) -> CheckpointRecord:
         """Stage every root and record the checkpoint. `round_paths` (a round's) are the paths
@@ -479,7 +486,7 @@ class Engine:
         if dedup_completion and reused_all:
             recent = rt.record.timeline_ts()[-3:]
             for cp in reversed(rt.record.checkpoints):
-                if cp.kind == "completion" and cp.ts in recent and cp.hashes == hashes:
+                if cp.kind is CheckpointKind.COMPLETION and cp.ts in recent and cp.hashes == hashes:
                     log.info("checkpoint.deduplicated", task_id=rt.record.task_id, ts=cp.ts)
                     return cp
         if rt.missed_events:
@@ -546,7 +553,7 @@ class Engine:
             return False
         with self._tasks_lock:
             tasks = list(self._tasks.values())
-        return not any(rt.recorder is not None or rt.state == "initializing" for rt in tasks)
+        return not any(rt.recorder is not None or rt.state is TaskState.INITIALIZING for rt in tasks)
 
     def verify_watchers(self) -> dict[str, VerifyStats]:
         """Run one verification pass of every root's watcher now, unthrottled (SPEC §4); the
@@ -559,23 +566,24 @@ class Engine:
 
     # ================================================================== reading
 
-    def list_checkpoints(self, task_id: str) -> dict[str, Any]:
+    def list_checkpoints(self, task_id: str) -> CheckpointList:
+        """`checkpoint/list`: the task's checkpoints in message order, and its state."""
         rt = self._task(task_id)
         with rt.lock:
-            out = self.task_state(rt)
-            out["checkpoints"] = [c.to_wire(self.first_root) for c in rt.record.checkpoints]
-            return out
+            return CheckpointList(self.task_state(rt), tuple(self.checkpoint(c) for c in rt.record.checkpoints))
 
-    def checkpoint_wire(self, cp: CheckpointRecord | None) -> dict[str, Any] | None:
-        return cp.to_wire(self.first_root) if cp is not None else None
+    def checkpoint(self, cp: CheckpointRecord) -> Checkpoint:
+        """The answer for a checkpoint record: a frozen copy as it is now (its mark may change)."""
+        return cp.value(self.first_root)
 
-    def _snapshot_of(self, rt: TaskRuntime, ts: Any) -> CheckpointRecord:
+    def _snapshot_of(self, rt: TaskRuntime, ts: int | None) -> CheckpointRecord:
         cp = checkpoint_or_raise(rt.record, ts)
         if not cp.has_snapshot:
             raise NoFileSnapshotError(f"The checkpoint at ts={ts} has no file snapshot (Restore Task only).")
         return cp
 
-    def diff(self, task_id: str, from_ts: Any, to_ts: Any = None, from_safety: int | None = None) -> dict[str, Any]:
+    def diff(self, task_id: str, from_ts: int | None, to_ts: int | None = None,
+             from_safety: int | None = None) -> Diff:
         """`checkpoint/diff`; `from_safety` compares the safety checkpoint of the task's restore
         number `from_safety` instead of a checkpoint (the CLI names those by hash prefix)."""
         rt = self._task(task_id)
@@ -597,14 +605,15 @@ class Engine:
                     if new is not None:
                         new_tree = self._tree(r, new.hashes.get(name))
                     changes.extend(file_changes(repo, old_tree, new_tree, self._displayer(root.ws)))
-        return diff_to_wire(TITLE_SINCE if new is None else TITLE_NEW, changes)
+        return Diff(TITLE_SINCE if new is None else TITLE_NEW, by_path(changes))
 
-    def view_changes(self, task_id: str, ts: Any) -> dict[str, Any]:
+    def view_changes(self, task_id: str, ts: int) -> Diff:
+        """`checkpoint/viewChanges`: the completion at `ts` against the previous one (or the start)."""
         rt = self._task(task_id)
         with rt.lock:
             cp = self._snapshot_of(rt, ts)
             earlier = [c for c in rt.record.checkpoints if c.ts < cp.ts and c.has_snapshot]
-            base = next((c for c in reversed(earlier) if c.kind == "completion"), None)
+            base = next((c for c in reversed(earlier) if c.kind is CheckpointKind.COMPLETION), None)
             if base is None:
                 base = earlier[0] if earlier else cp
         changes: list[FileChange] = []
@@ -612,7 +621,7 @@ class Engine:
             with root.locked() as r, damaged_checkpoint(f"{base.ts} or {cp.ts}", root):
                 changes.extend(file_changes(r.repo, self._tree(r, base.hashes.get(name)),
                                             self._tree(r, cp.hashes.get(name)), self._displayer(root.ws)))
-        return diff_to_wire(TITLE_NEW, changes)
+        return Diff(TITLE_NEW, by_path(changes))
 
     def _displayer(self, ws: Workspace) -> Callable[[RepoPath], str]:
         return lambda path: self.resolver.display(ws, path)
@@ -627,26 +636,26 @@ class Engine:
 
     # ================================================================== restore
 
-    def restore(self, task_id: str, ts: Any, mode: str, paths: Iterable[Any] | None = None,
-                dry_run: bool = False, keep_outside_edits: bool = False) -> dict[str, Any]:
+    def restore(self, task_id: str, ts: int, mode: RestoreMode, paths: Iterable[str] | None = None,
+                dry_run: bool = False, keep_outside_edits: bool = False) -> Restore:
         """Restore files, the task, or both to the checkpoint at `ts` (PROTOCOL.md `Restore`,
         with the 1.1 options `paths`, `dryRun` and `keepOutsideEdits`)."""
         return self.restorer.restore(task_id, ts, mode, paths, dry_run, keep_outside_edits)
 
-    def restore_safety(self, task_id: str, n: Any, paths: Iterable[Any] | None = None, dry_run: bool = False,
-                       keep_outside_edits: bool = False) -> dict[str, Any]:
+    def restore_safety(self, task_id: str, n: int, paths: Iterable[str] | None = None, dry_run: bool = False,
+                       keep_outside_edits: bool = False) -> Restore:
         """Restore the task's files to the safety checkpoint taken before its restore number `n`."""
         return self.restorer.restore_safety(task_id, n, paths, dry_run, keep_outside_edits)
 
-    def undo_restore(self, task_id: str) -> dict[str, Any]:
+    def undo_restore(self, task_id: str) -> Restore:
         """Walk the task's undo stack back: the paths of its newest restore as they were before it."""
         return self.restorer.undo_restore(task_id)
 
-    def redo_restore(self, task_id: str) -> dict[str, Any]:
+    def redo_restore(self, task_id: str) -> Restore:
         """Walk the undo stack forward: the paths of the newest undone restore as it left them."""
         return self.restorer.redo_restore(task_id)
 
-    def fork_task(self, task_id: str, ts: Any, new_task_id: Any) -> CheckpointRecord:
+    def fork_task(self, task_id: str, ts: int, new_task_id: str) -> Checkpoint:
         """A new task sharing the source's snapshots up to `ts` (PROTOCOL 1.1 `task/fork`).
 
         Raises:
@@ -674,7 +683,7 @@ class Engine:
             self._save(rt)
         self._resume(new_task_id, record)
         log.info("task.forked", task_id=task_id, new_task_id=new_task_id, ts=newest.ts)
-        return newest
+        return self.checkpoint(newest)
 
     def _is_known_task(self, task_id: str) -> bool:
         with self._tasks_lock:
@@ -689,7 +698,7 @@ class Engine:
                         return True
         return False
 
-    def edit_message(self, task_id: str, ts: Any, text: Any, restore: str) -> dict[str, Any]:
+    def edit_message(self, task_id: str, ts: int, text: str, restore: EditRestore) -> Restore:
         """Restore Chat / Restore All for an edited message."""
         return self.restorer.edit_message(task_id, ts, text, restore)
 

@@ -50,23 +50,25 @@ A few exceptions are signals that never leave their module and are not drawn her
 
 from __future__ import annotations
 
+from shadowpoint.kinds import ErrorKind, error_kind
+
 
 class ShadowpointError(Exception):
     """Root of every error shadowpoint raises on purpose."""
 
-    kind: str = "internal"
+    kind: ErrorKind = ErrorKind.INTERNAL
 
 
 class InvalidParamsError(ShadowpointError):
-    kind = "invalid_params"
+    kind = ErrorKind.INVALID_PARAMS
 
 
 class WorkspaceError(ShadowpointError):
-    kind = "no_workspace"
+    kind = ErrorKind.NO_WORKSPACE
 
 
 class NoWorkspaceError(WorkspaceError):
-    kind = "no_workspace"
+    kind = ErrorKind.NO_WORKSPACE
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(
@@ -75,87 +77,87 @@ class NoWorkspaceError(WorkspaceError):
 
 
 class ProtectedDirectoryError(WorkspaceError):
-    kind = "protected_directory"
+    kind = ErrorKind.PROTECTED_DIRECTORY
 
 
 class PathOutsideWorkspaceError(WorkspaceError):
-    kind = "path_outside_workspace"
+    kind = ErrorKind.PATH_OUTSIDE_WORKSPACE
 
 
 class ShadowRepoMismatchError(WorkspaceError):
-    kind = "init_failed"
+    kind = ErrorKind.INIT_FAILED
 
 
 class TaskError(ShadowpointError):
-    kind = "unknown_task"
+    kind = ErrorKind.UNKNOWN_TASK
 
 
 class UnknownTaskError(TaskError):
-    kind = "unknown_task"
+    kind = ErrorKind.UNKNOWN_TASK
 
 
 class TaskMetadataError(UnknownTaskError):
     """A task folder whose `task.json` cannot be read (damaged, or another task's)."""
 
-    kind = "unknown_task"
+    kind = ErrorKind.UNKNOWN_TASK
 
 
 class UnknownMessageError(TaskError):
-    kind = "unknown_message"
+    kind = ErrorKind.UNKNOWN_MESSAGE
 
 
 class InitTimeoutError(TaskError):
-    kind = "init_timeout"
+    kind = ErrorKind.INIT_TIMEOUT
 
 
 class InitFailedError(TaskError):
-    kind = "init_failed"
+    kind = ErrorKind.INIT_FAILED
 
 
 class CheckpointsDisabledError(TaskError):
-    kind = "checkpoints_disabled"
+    kind = ErrorKind.CHECKPOINTS_DISABLED
 
 
 class CheckpointError(ShadowpointError):
-    kind = "unknown_checkpoint"
+    kind = ErrorKind.UNKNOWN_CHECKPOINT
 
 
 class UnknownCheckpointError(CheckpointError):
-    kind = "unknown_checkpoint"
+    kind = ErrorKind.UNKNOWN_CHECKPOINT
 
 
 class DamagedCheckpointError(UnknownCheckpointError):
     """The checkpoint is listed but the shadow repository lost objects it needs."""
 
-    kind = "unknown_checkpoint"
+    kind = ErrorKind.UNKNOWN_CHECKPOINT
 
 
 class AmbiguousCheckpointError(CheckpointError):
     """A hash prefix naming several different commits."""
 
-    kind = "ambiguous_checkpoint"
+    kind = ErrorKind.AMBIGUOUS_CHECKPOINT
 
 
 class NoFileSnapshotError(CheckpointError):
-    kind = "no_file_snapshot"
+    kind = ErrorKind.NO_FILE_SNAPSHOT
 
 
 class AlreadyRestoredError(CheckpointError):
-    kind = "already_restored"
+    kind = ErrorKind.ALREADY_RESTORED
 
 
 class NothingToUndoError(CheckpointError):
-    kind = "nothing_to_undo"
+    kind = ErrorKind.NOTHING_TO_UNDO
 
 
 class RestoreFailedError(CheckpointError):
-    kind = "restore_failed"
+    kind = ErrorKind.RESTORE_FAILED
 
 
 class RestoreConflictError(CheckpointError):
     """A restore keeping outside edits found files it cannot merge; nothing was written."""
 
-    kind = "restore_conflict"
+    kind = ErrorKind.RESTORE_CONFLICT
 
     def __init__(self, message: str, conflicts: list[str]) -> None:
         super().__init__(message)
@@ -163,31 +165,31 @@ class RestoreConflictError(CheckpointError):
 
 
 class LockTimeoutError(ShadowpointError):
-    kind = "lock_timeout"
+    kind = ErrorKind.LOCK_TIMEOUT
 
 
 class StorageFailedError(ShadowpointError):
     """The shadow repository or the task data could not be written (disk full, quota, I/O
     error); the request changed nothing and the round's paths are kept for the next one."""
 
-    kind = "storage_failed"
+    kind = ErrorKind.STORAGE_FAILED
 
 
 class FileNotStorableError(StorageFailedError):
     """One file's blob cannot be stored (beyond the file system's or the process's file-size
     limit); the scanner leaves the file out with a warning, the other files are committed."""
 
-    kind = "storage_failed"
+    kind = ErrorKind.STORAGE_FAILED
 
 
 class RepoError(ShadowpointError):
-    kind = "init_failed"
+    kind = ErrorKind.INIT_FAILED
 
 
 class ObjectMissingError(RepoError):
     """A commit, tree or blob the shadow repository should hold is missing (damage)."""
 
-    kind = "init_failed"
+    kind = ErrorKind.INIT_FAILED
 
 
 class SidecarError(ShadowpointError):
@@ -196,13 +198,13 @@ class SidecarError(ShadowpointError):
     def __init__(self, message: str, kind: str | None = None) -> None:
         super().__init__(message)
         if kind is not None:
-            self.kind = kind
+            self.kind = error_kind(kind)
 
 
 class SidecarUnavailableError(SidecarError):
     """Nothing listens on the socket, or the sidecar went away or could not be started."""
 
-    kind = "sidecar_unavailable"
+    kind = ErrorKind.SIDECAR_UNAVAILABLE
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -211,7 +213,7 @@ class SidecarUnavailableError(SidecarError):
 class SidecarRunningError(SidecarError):
     """Another live sidecar already serves this socket."""
 
-    kind = "sidecar_running"
+    kind = ErrorKind.SIDECAR_RUNNING
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -219,46 +221,47 @@ class SidecarRunningError(SidecarError):
 
 class CliError(ShadowpointError):
     """An error for the command line: one line on stderr, the exit code of its `kind` (which
-    may be any kind: one the sidecar answered with is relayed as it came)."""
+    may be any kind: one the sidecar answered with is relayed as it came, one this version
+    does not know as `internal`)."""
 
     def __init__(self, message: str, kind: str | None = None) -> None:
         super().__init__(message)
         if kind is not None:
-            self.kind = kind
+            self.kind = error_kind(kind)
 
 
 class UsageError(CliError):
     """Bad arguments."""
 
-    kind = "usage"
+    kind = ErrorKind.USAGE
 
 
 class ConfirmationRequiredError(CliError):
     """A destructive command without a terminal to ask on and without --yes."""
 
-    kind = "confirmation_required"
+    kind = ErrorKind.CONFIRMATION_REQUIRED
 
 
 class AbortedError(CliError):
     """The person answered no: a calm line, nothing changed."""
 
-    kind = "aborted"
+    kind = ErrorKind.ABORTED
 
 
 class DoctorProblemsError(CliError):
     """`doctor` found problems."""
 
-    kind = "doctor_problems"
+    kind = ErrorKind.DOCTOR_PROBLEMS
 
 
 class InterruptedCommandError(CliError):
     """Ctrl-C outside `watch` (Python raises KeyboardInterrupt; the CLI reports this kind)."""
 
-    kind = "interrupted"
+    kind = ErrorKind.INTERRUPTED
 
 
 # The class of every kind: where several classes share one, the general one a caller raises.
-KIND_CLASSES: dict[str, type[ShadowpointError]] = {
+KIND_CLASSES: dict[ErrorKind, type[ShadowpointError]] = {
     cls.kind: cls
     for cls in (
         ShadowpointError, InvalidParamsError, NoWorkspaceError, ProtectedDirectoryError,
@@ -275,7 +278,7 @@ KIND_CLASSES: dict[str, type[ShadowpointError]] = {
 def cli_error(message: str, kind: str) -> CliError:
     """The `CliError` for `kind`: its own class for a kind only the command line has, else a
     `CliError` carrying `kind` (an engine's or the sidecar's, reported with its exit code)."""
-    cls = KIND_CLASSES.get(kind)
+    cls = KIND_CLASSES.get(error_kind(kind))
     if cls is not None and issubclass(cls, CliError):
         return cls(message)
     return CliError(message, kind)

@@ -9,11 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shadowpoint.kinds import Role, ToolKind
+
 
 @dataclass(frozen=True, slots=True)
 class TaskStarted:
     task_id: str
     ts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRetried:
+    """`task/retry`: initialise again after a failure (or turn a disabled task back on)."""
+
+    task_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +36,7 @@ class ToolBegan:
 
     task_id: str
     tool: str
-    kind: str | None = None
+    kind: ToolKind | None = None
     paths: tuple[str, ...] | None = None
 
 
@@ -37,7 +46,7 @@ class ToolEnded:
 
     task_id: str
     tool: str
-    kind: str | None = None
+    kind: ToolKind | None = None
     paths: tuple[str, ...] | None = None
     ok: bool = True
 
@@ -64,10 +73,11 @@ class ContextCompacted:
 class MessageAdded:
     task_id: str
     ts: int
-    role: str
+    role: Role
     text: str | None = None
 
 
 Event = (
-    TaskStarted | RoundBegan | ToolBegan | ToolEnded | RoundEnded | TaskCompleted | ContextCompacted | MessageAdded
+    TaskStarted | TaskRetried | RoundBegan | ToolBegan | ToolEnded | RoundEnded | TaskCompleted | ContextCompacted
+    | MessageAdded
 )

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import structlog
 
@@ -30,13 +30,15 @@ from shadowpoint.events import (
     ToolBegan,
     ToolEnded,
 )
+from shadowpoint.kinds import RestoreMode, Role, ToolKind
 from shadowpoint.logs import configure_logging
 from shadowpoint.observe.rounds import tool_kind
-from shadowpoint.store.checkpoints import CheckpointRecord
+from shadowpoint.results import Checkpoint, Diff, Restore
 from shadowpoint.store.shadow_repo import isolate_libgit2
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class Checkpoints:
@@ -66,7 +68,7 @@ class Checkpoints:
         hooks = self._tasks.get(task_id)
         if hooks is None:
             hooks = self._tasks[task_id] = TaskHooks(self.engine, task_id)
-            hooks.publish(TaskStarted(task_id, ts)).result()
+            hooks.queue(lambda: self.engine.bus.publish(TaskStarted(task_id, ts))).result()
         return hooks
 
     def close(self) -> None:
@@ -86,7 +88,7 @@ class RoundHandle:
     """The round in progress; `checkpoint` resolves once its commit is written."""
 
     def __init__(self) -> None:
-        self.checkpoint: Future[CheckpointRecord | None] = Future()
+        self.checkpoint: Future[Checkpoint | None] = Future()
 
 
 class ToolCall:
@@ -107,32 +109,45 @@ class TaskHooks:
         self.task_id = task_id
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shadowpoint-hooks:{task_id}")
 
-    def publish(self, event: Event) -> Future[Any]:
-        """Queue `event` behind the task's earlier events; the future holds the engine's answer."""
-        return self._executor.submit(self.engine.bus.publish, event)
+    def publish(self, event: Event) -> Future[object]:
+        """Queue `event` behind the task's earlier events; the future holds the engine's answer
+        (`RoundBus.publish` names its type for each event type)."""
+        bus = self.engine.bus
 
-    def message(self, ts: int, role: str, text: str | None = None) -> None:
+        def run() -> object:
+            return bus.publish(event)
+
+        return self.queue(run)
+
+    def queue(self, fn: Callable[[], T]) -> Future[T]:
+        """Run `fn` on the task's worker, after every event queued before."""
+        return self._executor.submit(fn)
+
+    def message(self, ts: int, role: Role, text: str | None = None) -> None:
         """Record a message of the conversation (`user` or `assistant`)."""
-        self.publish(MessageAdded(self.task_id, ts, role, text))
+        bus = self.engine.bus
+        self.queue(lambda: bus.publish(MessageAdded(self.task_id, ts, role, text)))
 
     @contextlib.contextmanager
     def round(self, ts: int) -> Iterator[RoundHandle]:
         """One round of tool calls; on exit its checkpoint is committed in the background."""
         handle = RoundHandle()
-        self.publish(RoundBegan(self.task_id))
+        bus = self.engine.bus
+        self.queue(lambda: bus.publish(RoundBegan(self.task_id)))
         try:
             yield handle
         finally:
-            fut = self.publish(RoundEnded(self.task_id, ts))
+            fut = self.queue(lambda: bus.publish(RoundEnded(self.task_id, ts)))
             _chain(fut, handle.checkpoint)
 
     @contextlib.contextmanager
-    def tool(self, name: str, kind: str | None = None, paths: Sequence[str] = ()) -> Iterator[ToolCall]:
+    def tool(self, name: str, kind: ToolKind | None = None, paths: Sequence[str] = ()) -> Iterator[ToolCall]:
         """One tool call. Blocks before a tool that may modify the workspace until the baseline
         (and the previous round's staging) is done; paths of edit tools are force-added."""
         call = ToolCall(paths)
-        began = self.publish(ToolBegan(self.task_id, name, kind, tuple(paths) or None))
-        mutating = tool_kind(name, kind, self.engine.options.read_only_tools) != "read"
+        bus = self.engine.bus
+        began = self.queue(lambda: bus.publish(ToolBegan(self.task_id, name, kind, tuple(paths) or None)))
+        mutating = tool_kind(name, kind, self.engine.options.read_only_tools) is not ToolKind.READ
         if mutating:
             began.result()  # the barrier; also surfaces a refused path before the tool runs
         ok = False
@@ -140,11 +155,12 @@ class TaskHooks:
             yield call
             ok = True
         finally:
-            ended = self.publish(ToolEnded(self.task_id, name, kind, tuple(call.paths) or None, ok))
+            event = ToolEnded(self.task_id, name, kind, tuple(call.paths) or None, ok)
+            ended = self.queue(lambda: bus.publish(event))
             if mutating:
                 ended.result()
 
-    def wrap_tool(self, name: str, kind: str | None = None,
+    def wrap_tool(self, name: str, kind: ToolKind | None = None,
                   paths: Callable[..., Sequence[str]] | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Decorator form of `tool()`; `paths(*args, **kwargs)` names the files the call touches."""
 
@@ -158,26 +174,27 @@ class TaskHooks:
 
         return decorate
 
-    def complete(self, ts: int) -> Future[CheckpointRecord]:
+    def complete(self, ts: int) -> Future[Checkpoint]:
         """The completion checkpoint (for View Changes)."""
-        return self.publish(TaskCompleted(self.task_id, ts))
+        bus = self.engine.bus
+        return self.queue(lambda: bus.publish(TaskCompleted(self.task_id, ts)))
 
-    def compacted(self, ts: int) -> Future[CheckpointRecord]:
+    def compacted(self, ts: int) -> Future[Checkpoint]:
         """A compaction checkpoint (no file snapshot: Restore Task only)."""
-        return self.publish(ContextCompacted(self.task_id, ts))
+        bus = self.engine.bus
+        return self.queue(lambda: bus.publish(ContextCompacted(self.task_id, ts)))
 
-    def checkpoints(self) -> list[dict[str, Any]]:
+    def checkpoints(self) -> tuple[Checkpoint, ...]:
         """The task's checkpoints in message order (after every queued event)."""
-        result: dict[str, Any] = self._executor.submit(self.engine.list_checkpoints, self.task_id).result()
-        return list(result["checkpoints"])
+        return self.queue(lambda: self.engine.list_checkpoints(self.task_id)).result().checkpoints
 
-    def diff(self, from_ts: int, to_ts: int | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = self._executor.submit(self.engine.diff, self.task_id, from_ts, to_ts).result()
-        return result
+    def diff(self, from_ts: int, to_ts: int | None = None) -> Diff:
+        """The changes from the checkpoint at `from_ts` to the one at `to_ts` (None: the workspace)."""
+        return self.queue(lambda: self.engine.diff(self.task_id, from_ts, to_ts)).result()
 
-    def restore(self, ts: int, mode: str = "files", *, paths: Sequence[str] | None = None,
-                dry_run: bool = False, keep_outside_edits: bool = False) -> dict[str, Any]:
-        """Restore files, the task, or both; returns the protocol's `Restore` object.
+    def restore(self, ts: int, mode: RestoreMode = RestoreMode.FILES, *, paths: Sequence[str] | None = None,
+                dry_run: bool = False, keep_outside_edits: bool = False) -> Restore:
+        """Restore files, the task, or both (the protocol's `Restore`: `.to_wire()`).
 
         Args:
             ts: The checkpoint's ts.
@@ -187,33 +204,27 @@ class TaskHooks:
             keep_outside_edits: Merge the edits made outside the task's rounds instead of
                 overwriting them (`restore_conflict` when they overlap).
         """
-        result: dict[str, Any] = self._executor.submit(
-            self.engine.restore, self.task_id, ts, mode, paths, dry_run, keep_outside_edits).result()
-        return result
+        return self.queue(
+            lambda: self.engine.restore(self.task_id, ts, mode, paths, dry_run, keep_outside_edits)).result()
 
-    def undo_restore(self) -> dict[str, Any]:
+    def undo_restore(self) -> Restore:
         """Walk the undo stack back one file restore."""
-        result: dict[str, Any] = self._executor.submit(self.engine.undo_restore, self.task_id).result()
-        return result
+        return self.queue(lambda: self.engine.undo_restore(self.task_id)).result()
 
-    def redo_restore(self) -> dict[str, Any]:
+    def redo_restore(self) -> Restore:
         """Walk the undo stack forward one undone file restore."""
-        result: dict[str, Any] = self._executor.submit(self.engine.redo_restore, self.task_id).result()
-        return result
+        return self.queue(lambda: self.engine.redo_restore(self.task_id)).result()
 
-    def fork(self, ts: int, new_task_id: str) -> dict[str, Any]:
+    def fork(self, ts: int, new_task_id: str) -> Checkpoint:
         """`task/fork`: a new task sharing this one's snapshots up to `ts`; its newest checkpoint."""
-        cp = self._executor.submit(self.engine.fork_task, self.task_id, ts, new_task_id).result()
-        wire = self.engine.checkpoint_wire(cp)
-        assert wire is not None
-        return wire
+        return self.queue(lambda: self.engine.fork_task(self.task_id, ts, new_task_id)).result()
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 
 
-def _chain(source: Future[Any], target: Future[Any]) -> None:
-    def done(f: Future[Any]) -> None:
+def _chain(source: Future[R], target: Future[R]) -> None:
+    def done(f: Future[R]) -> None:
         exc = f.exception()
         if exc is not None:
             target.set_exception(exc)

@@ -19,13 +19,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
 
 from shadowpoint.engine import Engine
 from shadowpoint.events import RoundBegan, RoundEnded, TaskStarted, ToolBegan, ToolEnded
+from shadowpoint.kinds import ToolKind
 from shadowpoint.observe.journal import PathJournal
+from shadowpoint.results import Checkpoint, CheckpointList, TaskStatus
 from shadowpoint.stage.exclusions import RULE_FILES, ExclusionRules
 from shadowpoint.workspace import RepoPath
 
@@ -36,6 +38,18 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
+
+
+class Runner(Protocol):
+    """Runs `fn` for the task and answers its result (`Host.call`: on the task's worker)."""
+
+    def __call__(self, task_id: str, fn: Callable[[], T], /) -> T: ...
+
+
+def _inline(task_id: str, fn: Callable[[], T], /) -> T:
+    return fn()
+
+
 WATCH_TOOL = "shadowpoint-watch"
 _TICK_S = 0.1
 
@@ -102,7 +116,7 @@ def install_watchers(engine: Engine) -> dict[str, ActivityJournal]:
 class WatchEvent:
     """A checkpoint the loop made: the protocol's `Checkpoint` and how many paths were touched."""
 
-    checkpoint: dict[str, Any] | None
+    checkpoint: Checkpoint | None
     paths: int
     reason: str
 
@@ -111,7 +125,7 @@ class WatchLoop:
     """Checkpoints one task of a workspace after every quiet period."""
 
     def __init__(self, engine: Engine, task_id: str, debounce_s: float, *,
-                 runner: Callable[[str, Callable[[], Any]], Any] | None = None,
+                 runner: Runner | None = None,
                  on_checkpoint: Callable[[WatchEvent], None] | None = None,
                  poll_s: float | None = None) -> None:
         """Prepare the loop; `install()` then `start()` before `run()`.
@@ -128,7 +142,7 @@ class WatchLoop:
         self.task_id = task_id
         self.debounce_s = debounce_s
         self.poll_s = poll_s if poll_s is not None else max(10.0, 5 * debounce_s)
-        self._runner = runner or (lambda task_id, fn: fn())
+        self._runner: Runner = runner or _inline
         self._on_checkpoint = on_checkpoint or (lambda event: None)
         self.journals: dict[str, ActivityJournal] = {}
         self._rules = {name: ExclusionRules(root.ws.root, extra=root.extra) for name, root in engine.roots.items()}
@@ -142,15 +156,13 @@ class WatchLoop:
         """Start the watchers (before the baseline, so nothing slips between)."""
         self.journals = install_watchers(self.engine)
 
-    def start(self) -> dict[str, Any]:
+    def start(self) -> TaskStatus:
         """Start (or resume) the task; returns its state (`initializing` while the baseline builds)."""
-        result: dict[str, Any] = self._run(lambda: self.engine.bus.publish(TaskStarted(self.task_id, self._ts())))
-        return result
+        return self._run(lambda: self.engine.bus.publish(TaskStarted(self.task_id, self._ts())))
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> CheckpointList:
         """The task's checkpoint list and state (`checkpoint/list`)."""
-        result: dict[str, Any] = self.engine.list_checkpoints(self.task_id)
-        return result
+        return self.engine.list_checkpoints(self.task_id)
 
     # ------------------------------------------------------------------ loop
 
@@ -208,35 +220,34 @@ class WatchLoop:
         return count
 
     def _poll(self) -> WatchEvent | None:
-        cps = [c for c in self.state()["checkpoints"] if c["hash"] is not None]
+        cps = [c for c in self.state().checkpoints if c.hash is not None]
         if not cps:
             return None
-        diff = self._run(lambda: self.engine.diff(self.task_id, cps[-1]["ts"]))
-        if not diff["files"]:
+        diff = self._run(lambda: self.engine.diff(self.task_id, cps[-1].ts))
+        if not diff.files:
             return None
-        return self._round("poll", len(diff["files"]))
+        return self._round("poll", len(diff.files))
 
     def _round(self, reason: str, paths: int) -> WatchEvent:
         ts = self._ts()
 
-        def work() -> Any:
+        def work() -> Checkpoint | None:
             bus = self.engine.bus
             bus.publish(RoundBegan(self.task_id))
-            bus.publish(ToolBegan(self.task_id, WATCH_TOOL, "command", None))
-            bus.publish(ToolEnded(self.task_id, WATCH_TOOL, "command", None, True))
-            return self.engine.checkpoint_wire(bus.publish(RoundEnded(self.task_id, ts)))
+            bus.publish(ToolBegan(self.task_id, WATCH_TOOL, ToolKind.COMMAND, None))
+            bus.publish(ToolEnded(self.task_id, WATCH_TOOL, ToolKind.COMMAND, None, True))
+            return bus.publish(RoundEnded(self.task_id, ts))
 
         cp = self._run(work)
         self.checkpoints += 1
         event = WatchEvent(cp, paths, reason)
         log.info("watch.checkpointed", task_id=self.task_id, paths=paths, reason=reason,
-                 hash=cp.get("hash") if cp else None)
+                 hash=cp.hash if cp else None)
         self._on_checkpoint(event)
         return event
 
     def _run(self, fn: Callable[[], T]) -> T:
-        result: T = self._runner(self.task_id, fn)
-        return result
+        return self._runner(self.task_id, fn)
 
     def _ts(self) -> int:
         self._last_ts = max(time.time_ns() // 1_000_000, self._last_ts + 1)

@@ -133,10 +133,10 @@ def _announcer(out: Console | PlainOut) -> Callable[[WatchEvent], None]:
     tty = out.is_terminal
 
     def announce(event: WatchEvent) -> None:
-        cp = event.checkpoint or {}
+        cp = event.checkpoint
         stamp = time.strftime("%H:%M:%S")
-        what = "unchanged" if cp.get("reused") else f"{event.paths} path{'s' if event.paths != 1 else ''}"
-        line = f"{stamp} checkpoint {str(cp.get('hash') or '—')[:10]} ({what}, {event.reason})"
+        what = "unchanged" if cp and cp.reused else f"{event.paths} path{'s' if event.paths != 1 else ''}"
+        line = f"{stamp} checkpoint {((cp.hash if cp else None) or '—')[:10]} ({what}, {event.reason})"
         if tty:
             out.print(line)
         else:
@@ -155,9 +155,7 @@ class _EngineStatus:
         self.progress = progress.progress
 
     def task_state(self, task_id: str) -> dict[str, Any]:
-        state: dict[str, Any] = self.engine.list_checkpoints(task_id)
-        state.pop("checkpoints", None)
-        return state
+        return self.engine.list_checkpoints(task_id).status.to_wire()
 
 
 def _watch_live(ctx: Ctx, loop: Any, stop: threading.Event, header: str, baseline: int) -> None:

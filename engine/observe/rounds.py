@@ -10,19 +10,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from shadowpoint.kinds import ToolKind
+
 COMMAND_HINTS = ("command", "exec", "shell", "bash")
+_TOOL_KINDS = frozenset(ToolKind)
 
 
-def tool_kind(tool: str, kind: str | None, read_only: frozenset[str]) -> str:
+def tool_kind(tool: str, kind: ToolKind | None, read_only: frozenset[str]) -> ToolKind:
     """The kind of a tool: given, else from its name (PROTOCOL.md): read, command or edit."""
-    if kind in ("read", "edit", "command"):
-        return kind
+    if kind in _TOOL_KINDS:  # a library caller may pass any string: others go by the name
+        return ToolKind(kind)
     if tool in read_only:
-        return "read"
+        return ToolKind.READ
     lowered = tool.lower()
     if any(h in lowered for h in COMMAND_HINTS):
-        return "command"
-    return "edit"
+        return ToolKind.COMMAND
+    return ToolKind.EDIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,24 +50,24 @@ class RoundRecorder:
     edited: set[tuple[str, str]] = field(default_factory=set)
     _open_edits: dict[str, bool] = field(default_factory=dict)
 
-    def tool_began(self, tool: str, kind: str, paths: Iterable[tuple[str, str]]) -> None:
+    def tool_began(self, tool: str, kind: ToolKind, paths: Iterable[tuple[str, str]]) -> None:
         reported = self._note(kind, paths)
         if reported is not None:
             self._open_edits[tool] = bool(reported)
 
-    def tool_ended(self, tool: str, kind: str, paths: Iterable[tuple[str, str]]) -> None:
+    def tool_ended(self, tool: str, kind: ToolKind, paths: Iterable[tuple[str, str]]) -> None:
         reported = self._note(kind, paths)
         if reported is not None:
             if not reported and not self._open_edits.get(tool, False):
                 self.has_unreported_edit = True
             self._open_edits.pop(tool, None)
 
-    def _note(self, kind: str, paths: Iterable[tuple[str, str]]) -> list[tuple[str, str]] | None:
+    def _note(self, kind: ToolKind, paths: Iterable[tuple[str, str]]) -> list[tuple[str, str]] | None:
         """Record what a tool event says; the edit tool's reported paths, or None for others."""
-        if kind == "read":
+        if kind is ToolKind.READ:
             return None
         self.mutating = True
-        if kind == "command":
+        if kind is ToolKind.COMMAND:
             self.has_command = True
             return None
         reported = list(paths)

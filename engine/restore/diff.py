@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from shadowpoint.results import Wire
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import MODE_LINK, DeltaRecord
 from shadowpoint.workspace import RepoPath
@@ -44,8 +44,9 @@ class FileChange:
     old_mode: int | None
     new_mode: int | None
 
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_wire(self) -> Wire:
+        """PROTOCOL.md `Diff.files[]`."""
+        out: Wire = {
             "path": self.path,
             "status": self.status,
             "binary": self.binary,
@@ -88,5 +89,6 @@ def _change(repo: ShadowRepo, d: DeltaRecord, display: Callable[[RepoPath], str]
     )
 
 
-def diff_to_wire(title: str, changes: list[FileChange]) -> dict[str, Any]:
-    return {"title": title, "files": [c.to_wire() for c in sorted(changes, key=lambda c: c.path)]}
+def by_path(changes: list[FileChange]) -> tuple[FileChange, ...]:
+    """A Diff's files in the order it lists them."""
+    return tuple(sorted(changes, key=lambda c: c.path))

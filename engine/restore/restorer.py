@@ -31,6 +31,7 @@ from shadowpoint.errors import (
     UnknownCheckpointError,
     UnknownMessageError,
 )
+from shadowpoint.kinds import CheckpointKind, EditRestore, RestoreMode, TaskState
 from shadowpoint.restore.plan import (
     RestorePlan,
     RestoreStats,
@@ -41,6 +42,7 @@ from shadowpoint.restore.plan import (
     withhold,
 )
 from shadowpoint.restore.safe_fs import cleanup_temp_files
+from shadowpoint.results import FilesRestored, KindError, Restore
 from shadowpoint.roots import LockedRoot, RootState
 from shadowpoint.stage.scanner import SkipReason
 from shadowpoint.stage.stat_cache import FileState
@@ -52,6 +54,8 @@ if TYPE_CHECKING:
     from shadowpoint.engine import TaskRuntime
 
 log = structlog.get_logger(__name__)
+
+_RESTORE_MODES = frozenset(RestoreMode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,41 +120,44 @@ class Restorer:
     def __init__(self, host: RestoreHost) -> None:
         self.host = host
 
-    def restore(self, task_id: str, ts: Any, mode: str, paths: Iterable[Any] | None = None,
-                dry_run: bool = False, keep_outside_edits: bool = False) -> dict[str, Any]:
+    def restore(self, task_id: str, ts: int, mode: RestoreMode, paths: Iterable[str] | None = None,
+                dry_run: bool = False, keep_outside_edits: bool = False) -> Restore:
         rt = self.host.task(task_id)
-        if mode not in ("files", "task", "both"):
+        if mode not in _RESTORE_MODES:  # the edges check too; a library caller may pass any string
             raise InvalidParamsError(f"mode must be files, task or both, not {mode!r}.")
+        mode = RestoreMode(mode)
         named = self._named_paths(paths)
         with rt.lock:
             cp = checkpoint_or_raise(rt.record, ts)
-            if mode == "files":
+            if mode is RestoreMode.FILES:
                 if not cp.has_snapshot:
                     raise NoFileSnapshotError(
                         f"The checkpoint at ts={ts} has no file snapshot: only Restore Task is possible.")
                 if cp.restored and named is None:
                     raise AlreadyRestoredError(
                         f"The files are already restored to ts={ts}; save a new checkpoint first.")
-            out: dict[str, Any] = {"files": None, "task": None}
-            if mode in ("files", "both"):
+            files: FilesRestored | None = None
+            error: KindError | None = None
+            keep_through: int | None = None
+            if mode in (RestoreMode.FILES, RestoreMode.BOTH):
                 request = RestoreRequest(paths=named, dry_run=dry_run, keep_outside_edits=keep_outside_edits)
                 try:
                     if not cp.has_snapshot:
                         raise NoFileSnapshotError(f"The checkpoint at ts={ts} has no file snapshot.")
                     self.host.wait_ready(rt)
                     # a restore of chosen paths does not put the files at the checkpoint: no mark
-                    out["files"] = self._restore_files(rt, cp, request, mark=cp if named is None else None)
+                    files = self._restore_files(rt, cp, request, mark=cp if named is None else None)
                 except ShadowpointError as exc:
-                    if mode == "files":
+                    if mode is RestoreMode.FILES:
                         raise
-                    out["error"] = error_wire(exc)
-            if mode in ("task", "both"):
-                out["task"] = {"keepThrough": cp.ts if dry_run else self._cut(rt, cp.ts)}
-            if mode != "files" and not dry_run:
+                    error = error_value(exc)
+            if mode in (RestoreMode.TASK, RestoreMode.BOTH):
+                keep_through = cp.ts if dry_run else self._cut(rt, cp.ts)
+            if mode is not RestoreMode.FILES and not dry_run:
                 self.host.save(rt)  # a files restore saved its record (and mark) already
-            return out
+            return Restore(files, keep_through, error)
 
-    def _named_paths(self, paths: Iterable[Any] | None) -> dict[str, list[RepoPath]] | None:
+    def _named_paths(self, paths: Iterable[str] | None) -> dict[str, list[RepoPath]] | None:
         """`paths` of a request by root (path_outside_workspace for anything else)."""
         if paths is None:
             return None
@@ -174,7 +181,7 @@ class Restorer:
     # ------------------------------------------------------------------ files
 
     def _restore_files(self, rt: TaskRuntime, cp: CheckpointRecord, request: RestoreRequest | None = None,
-                       mark: CheckpointRecord | None = None) -> dict[str, Any]:
+                       mark: CheckpointRecord | None = None) -> FilesRestored:
         """Plan the restore on every root; unless a dry run, write it: safety checkpoint and
         after-state under a ref, journal, the safe writer, the undo stack and `mark` restored,
         in one record write."""
@@ -220,14 +227,14 @@ class Restorer:
                  deleted=len(deleted), merged=len(merged), failed=len(errors))
         if errors:
             raise RestoreFailedError(f"Some files could not be restored: {'; '.join(errors[:5])}")
-        return {"restored": restored, "deleted": deleted, "merged": merged,
-                "safety": entry["roots"].get(self.host.first_root, {}).get("safety")
-                or next((r["safety"] for r in entry["roots"].values()), None)}
+        safety = (entry["roots"].get(self.host.first_root, {}).get("safety")
+                  or next((r["safety"] for r in entry["roots"].values()), None))
+        return FilesRestored(tuple(restored), tuple(deleted), tuple(merged), safety)
 
-    def _shower(self, root: RootState | LockedRoot) -> Any:
+    def _shower(self, root: RootState | LockedRoot) -> Callable[[RepoPath], str]:
         return lambda path: self.host.resolver.display(root.ws, path)
 
-    def _dry_answer(self, plans: dict[str, _RootPlan], conflicts: list[str]) -> dict[str, Any]:
+    def _dry_answer(self, plans: dict[str, _RootPlan], conflicts: list[str]) -> FilesRestored:
         """The `Restore.files` the same restore would answer (apply_plan's order), writing nothing."""
         restored: list[str] = []
         deleted: list[str] = []
@@ -241,7 +248,7 @@ class Restorer:
             for op in p.plan.ops:
                 if op.entry is not None:
                     (merged if op.path in merged_here else restored).append(show(op.path))
-        return {"restored": restored, "deleted": deleted, "merged": merged, "conflicts": conflicts, "safety": None}
+        return FilesRestored(tuple(restored), tuple(deleted), tuple(merged), None, tuple(conflicts))
 
     def _plan_root(self, rt: TaskRuntime, cp: CheckpointRecord, request: RestoreRequest, name: str,
                    root: LockedRoot) -> _RootPlan | None:
@@ -490,16 +497,17 @@ class Restorer:
     # ------------------------------------------------------------------ safety checkpoints
 
     @staticmethod
-    def safety_record(rt: TaskRuntime, n: Any) -> CheckpointRecord:
+    def safety_record(rt: TaskRuntime, n: int) -> CheckpointRecord:
         """The safety checkpoint taken before the task's restore `n`, shaped as a checkpoint."""
         entry = rt.record.restore_entry(n) if isinstance(n, int) else None
         if entry is None:
             raise UnknownCheckpointError(f"Task {rt.record.task_id} has no restore {n!r} (no such safety checkpoint).")
         hashes = {name: info["safety"] for name, info in entry["roots"].items() if info.get("safety")}
-        return CheckpointRecord(ts=-1, kind="round", hashes=hashes, created_at=entry.get("createdAt") or now_iso())
+        return CheckpointRecord(ts=-1, kind=CheckpointKind.ROUND, hashes=hashes,
+                                created_at=entry.get("createdAt") or now_iso())
 
-    def restore_safety(self, task_id: str, n: Any, paths: Iterable[Any] | None, dry_run: bool,
-                       keep_outside_edits: bool) -> dict[str, Any]:
+    def restore_safety(self, task_id: str, n: int, paths: Iterable[str] | None, dry_run: bool,
+                       keep_outside_edits: bool) -> Restore:
         """Restore the files to a safety checkpoint: the task's scope and the paths its restore
         touched (or only `paths`), as they were before that restore."""
         rt = self.host.task(task_id)
@@ -521,19 +529,19 @@ class Restorer:
             marker = rt.record.last_snapshot() or rt.record.checkpoints[0]
             request = RestoreRequest(paths=scope, dry_run=dry_run, keep_outside_edits=keep_outside_edits,
                                      targets=targets, of=n)
-            return {"files": self._restore_files(rt, marker, request), "task": None}
+            return Restore(self._restore_files(rt, marker, request))
 
     # ------------------------------------------------------------------ undo / redo
 
-    def undo_restore(self, task_id: str) -> dict[str, Any]:
+    def undo_restore(self, task_id: str) -> Restore:
         """Walk the undo stack back one restore: its paths as they were before it."""
         return self._step(task_id, "undo")
 
-    def redo_restore(self, task_id: str) -> dict[str, Any]:
+    def redo_restore(self, task_id: str) -> Restore:
         """Walk the undo stack forward one undone restore: its paths as it left them."""
         return self._step(task_id, "redo")
 
-    def _step(self, task_id: str, op: str) -> dict[str, Any]:
+    def _step(self, task_id: str, op: str) -> Restore:
         rt = self.host.task(task_id)
         with rt.lock:
             stack = rt.record.undo_stack if op == "undo" else rt.record.redo_stack
@@ -563,23 +571,24 @@ class Restorer:
             except BaseException:
                 stack.append(entry["n"])
                 raise
-            return {"files": files, "task": None}
+            return Restore(files)
 
     # ------------------------------------------------------------------ messages
 
-    def edit_message(self, task_id: str, ts: Any, text: Any, restore: str) -> dict[str, Any]:
+    def edit_message(self, task_id: str, ts: int, text: str, restore: EditRestore) -> Restore:
         rt = self.host.task(task_id)
         with rt.lock:
             msg = rt.record.message(ts) if isinstance(ts, int) else None
             if msg is None:
                 raise UnknownMessageError(f"Task {task_id} has no message at ts={ts!r}.")
             if msg.text is not None and msg.text == text:
-                return {"files": None, "task": None, "text": text}
+                return Restore(None, text=text)
             earlier = [t for t in rt.record.timeline_ts() if t < ts]
             keep_through = earlier[-1] if earlier else ts - 1
-            out: dict[str, Any] = {"files": None, "task": None, "text": text}
-            if restore == "all":
-                if rt.state != "ready":
+            files: FilesRestored | None = None
+            error: KindError | None = None
+            if restore == EditRestore.ALL:
+                if rt.state is not TaskState.READY:
                     raise CheckpointsDisabledError(
                         f"Restore All is not available while task {task_id} shows a checkpoint error.")
                 candidates = [c for c in rt.record.checkpoints if c.ts <= ts and c.has_snapshot]
@@ -587,18 +596,16 @@ class Restorer:
                     raise UnknownCheckpointError(f"No checkpoint at or before ts={ts} to restore files to.")
                 cp = candidates[-1]
                 try:
-                    out["files"] = self._restore_files(rt, cp)
+                    files = self._restore_files(rt, cp)
                     cp.restored = True
                 except ShadowpointError as exc:
-                    out["error"] = error_wire(exc)
-            out["task"] = {"keepThrough": self._cut(rt, keep_through)}
+                    error = error_value(exc)
+            cut = self._cut(rt, keep_through)
             self.host.save(rt)
-            return out
+            return Restore(files, cut, error, text)
 
 
-def error_wire(exc: ShadowpointError) -> dict[str, Any]:
-    """The protocol's `error` of a Restore whose file part failed."""
-    out: dict[str, Any] = {"kind": exc.kind, "message": str(exc)}
-    if isinstance(exc, RestoreConflictError):
-        out["conflicts"] = list(exc.conflicts)
-    return out
+def error_value(exc: ShadowpointError) -> KindError:
+    """The `error` of a Restore whose file part failed."""
+    conflicts = tuple(exc.conflicts) if isinstance(exc, RestoreConflictError) else None
+    return KindError(exc.kind, str(exc), conflicts)

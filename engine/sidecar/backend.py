@@ -3,7 +3,8 @@ already serves the workspace (so a task it holds in memory is changed in one pla
 or through an in-process `Engine` when none runs. Also: finding a workspace's tasks and
 naming a checkpoint by position or hash prefix.
 
-Both backends speak the protocol's shapes (`Checkpoint`, `Diff`, `Restore` dicts). Used on
+Both backends speak the protocol's shapes (`Checkpoint`, `Diff`, `Restore` dicts): the local one
+turns the engine's values into them (`to_wire()`), the remote one gets them from the sidecar. Used on
 the caller's thread; the in-process engine runs its baseline on its own thread and a
 counting thread (`shadowpoint-count`) estimates the baseline's size for progress bars.
 """
@@ -28,7 +29,8 @@ from shadowpoint.errors import (
     UnknownCheckpointError,
     UnknownTaskError,
 )
-from shadowpoint.events import RoundBegan, RoundEnded, ToolBegan, ToolEnded
+from shadowpoint.events import RoundBegan, RoundEnded, TaskStarted, ToolBegan, ToolEnded
+from shadowpoint.kinds import RestoreMode, ToolKind
 from shadowpoint.sidecar.client import SidecarClient, connect_live
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.store.checkpoints import CheckpointStore, TaskRecord
@@ -309,12 +311,10 @@ class LocalBackend:
         self._progress = BaselineProgress(self.engine)
 
     def start_task(self, task_id: str, ts: int) -> dict[str, Any]:
-        return self.engine.start_task(task_id, ts)
+        return self.engine.bus.publish(TaskStarted(task_id, ts)).to_wire()
 
     def task_state(self, task_id: str) -> dict[str, Any]:
-        state = self.engine.list_checkpoints(task_id)
-        state.pop("checkpoints", None)
-        return state
+        return self.engine.list_checkpoints(task_id).status.to_wire()
 
     def progress(self) -> Progress:
         return self._progress.progress()
@@ -322,43 +322,41 @@ class LocalBackend:
     def save(self, task_id: str, ts: int, message: str | None) -> dict[str, Any] | None:
         bus = self.engine.bus
         bus.publish(RoundBegan(task_id))
-        bus.publish(ToolBegan(task_id, SAVE_TOOL, "command", None))
-        bus.publish(ToolEnded(task_id, SAVE_TOOL, "command", None, True))
+        bus.publish(ToolBegan(task_id, SAVE_TOOL, ToolKind.COMMAND, None))
+        bus.publish(ToolEnded(task_id, SAVE_TOOL, ToolKind.COMMAND, None, True))
         cp = bus.publish(RoundEnded(task_id, ts))
         if message:
             self.add_message(task_id, ts, "assistant", message)
-        return self.engine.checkpoint_wire(cp)
+        return cp.to_wire() if cp is not None else None
 
     def add_message(self, task_id: str, ts: int, role: str, text: str) -> None:
         self.engine.add_message(task_id, ts, role, text)
 
     def list_checkpoints(self, task_id: str) -> dict[str, Any]:
-        return self.engine.list_checkpoints(task_id)
+        return self.engine.list_checkpoints(task_id).to_wire()
 
     def diff(self, task_id: str, from_ts: int, to_ts: int | None) -> dict[str, Any]:
-        return self.engine.diff(task_id, from_ts, to_ts)
+        return self.engine.diff(task_id, from_ts, to_ts).to_wire()
 
     def restore(self, task_id: str, ts: int, mode: str, paths: list[str] | None = None, dry_run: bool = False,
                 keep_outside_edits: bool = False) -> dict[str, Any]:
-        return self.engine.restore(task_id, ts, mode, paths, dry_run, keep_outside_edits)
+        return self.engine.restore(task_id, ts, RestoreMode(mode), paths, dry_run, keep_outside_edits).to_wire()
 
     def undo_restore(self, task_id: str) -> dict[str, Any]:
-        return self.engine.undo_restore(task_id)
+        return self.engine.undo_restore(task_id).to_wire()
 
     def redo_restore(self, task_id: str) -> dict[str, Any]:
-        return self.engine.redo_restore(task_id)
+        return self.engine.redo_restore(task_id).to_wire()
 
     def fork(self, task_id: str, ts: int, new_task_id: str) -> dict[str, Any]:
-        wire = self.engine.checkpoint_wire(self.engine.fork_task(task_id, ts, new_task_id))
-        assert wire is not None
-        return wire
+        return self.engine.fork_task(task_id, ts, new_task_id).to_wire()
 
     def restore_safety(self, task_id: str, n: int, paths: list[str] | None = None, dry_run: bool = False,
                        keep_outside_edits: bool = False) -> dict[str, Any]:
-        return self.engine.restore_safety(task_id, n, paths, dry_run, keep_outside_edits)
+        return self.engine.restore_safety(task_id, n, paths, dry_run, keep_outside_edits).to_wire()
 
     def diff_safety(self, task_id: str, n: int) -> dict[str, Any]:
-        return self.engine.diff(task_id, None, None, n)
+        return self.engine.diff(task_id, None, None, n).to_wire()
 
     def delete_task(self, task_id: str) -> None:
         self.engine.delete_task(task_id)

@@ -36,19 +36,40 @@ from typing import Any, BinaryIO, Protocol, TypeVar
 import structlog
 
 from shadowpoint import __version__
+from shadowpoint.bus import RoundBus
 from shadowpoint.config import Settings, load_settings
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.errors import InvalidParamsError, NoWorkspaceError, ShadowpointError
 from shadowpoint.events import (
     ContextCompacted,
-    Event,
     MessageAdded,
     RoundBegan,
     RoundEnded,
     TaskCompleted,
+    TaskRetried,
     TaskStarted,
     ToolBegan,
     ToolEnded,
+)
+from shadowpoint.results import Checkpoint, Wire
+from shadowpoint.sidecar.params import (
+    DeleteAllParams,
+    DiffParams,
+    DiffSafetyParams,
+    ForkParams,
+    InitializeParams,
+    MessageAddParams,
+    MessageEditParams,
+    NoParams,
+    Params,
+    RestoreParams,
+    RestoreSafetyParams,
+    TaskParams,
+    TaskStartParams,
+    ToolBeginParams,
+    ToolEndParams,
+    TsParams,
+    parse,
 )
 
 log = structlog.get_logger(__name__)
@@ -64,6 +85,7 @@ SERVER_ERROR = -32000
 
 _STOP = object()
 T = TypeVar("T")
+P = TypeVar("P", bound=Params)
 
 # A request line longer than this is dropped whole and answered -32600 (memory stays bounded).
 MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -75,45 +97,6 @@ _LIFECYCLE = ("initialize", "shutdown", "history/deleteAll", "sidecar/status", "
 _SETTING_NAMES = {"readOnlyTools": "read_only_tools", "extraExclusions": "extra_exclusions",
                   "maxFileBytes": "max_file_bytes", "initWarnS": "init_warn_s",
                   "initTimeoutS": "init_timeout_s", "watcher": "watcher"}
-
-
-def _str(params: dict[str, Any], key: str, *, optional: bool = False) -> Any:
-    value = params.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or (not value and not optional):
-        raise InvalidParamsError(f"`{key}` must be a non-empty string.")
-    return value
-
-
-def _int(params: dict[str, Any], key: str, *, default: int | None = None) -> int:
-    value = params.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidParamsError(f"`{key}` must be an integer (milliseconds).")
-    return value
-
-
-def _paths(params: dict[str, Any], key: str = "paths") -> tuple[str, ...] | None:
-    value = params.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
-        raise InvalidParamsError(f"`{key}` must be a list of strings.")
-    return tuple(value)
-
-
-def _bool(params: dict[str, Any], key: str) -> bool:
-    value = params.get(key, False)
-    if not isinstance(value, bool):
-        raise InvalidParamsError(f"`{key}` must be true or false.")
-    return value
-
-
-def _kind(params: dict[str, Any]) -> str | None:
-    kind = params.get("kind")
-    if kind is not None and kind not in ("read", "edit", "command"):
-        raise InvalidParamsError("`kind` must be read, edit or command.")
-    return kind
 
 
 def engine_key(roots: Sequence[str], settings: Settings) -> str:
@@ -445,76 +428,74 @@ class Server:
             return
         task_id = params.get("taskId")
         if not isinstance(task_id, str) or not task_id:
-            self._answer(msg_id, lambda: _str(params, "taskId"))
+            self._answer(msg_id, lambda: parse(TaskParams, params))  # answers the field's invalid_params
             return
         self.host.submit(task_id, self, msg_id, lambda: handler(params))
 
     # ------------------------------------------------------------------ methods
 
-    def _handlers(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
+    def _handlers(self) -> dict[str, Handler]:
+        eng, bus = self._eng, self._bus
+        # `eng` as the third argument looks for the engine before the params are read: a request
+        # that reads or restores answers no_workspace before a wrong field, as it always did;
+        # the events (and message/edit) check their fields first.
         return {
-            "initialize": self._initialize,
-            "shutdown": self._shutdown,
-            "sidecar/status": lambda p: self.host.status(),
-            "sidecar/stop": self._stop,
-            "task/start": lambda p: self._publish(TaskStarted(_str(p, "taskId"), _int(p, "ts", default=0))),
-            "task/retry": lambda p: self._eng().retry_task(_str(p, "taskId")),
-            "task/disable": lambda p: self._eng().disable_task(_str(p, "taskId")),
-            "round/begin": lambda p: {"round": self._publish(RoundBegan(_str(p, "taskId")))},
-            "tool/begin": lambda p: self._publish(ToolBegan(
-                _str(p, "taskId"), _str(p, "tool"), _kind(p), _paths(p))),
-            "tool/end": lambda p: self._publish(ToolEnded(
-                _str(p, "taskId"), _str(p, "tool"), _kind(p), _paths(p), p.get("ok") is not False)),
-            "round/end": lambda p: {"checkpoint": self._eng().checkpoint_wire(
-                self._publish(RoundEnded(_str(p, "taskId"), _int(p, "ts"))))},
-            "task/complete": lambda p: {"checkpoint": self._eng().checkpoint_wire(
-                self._publish(TaskCompleted(_str(p, "taskId"), _int(p, "ts"))))},
-            "task/compacted": lambda p: {"checkpoint": self._eng().checkpoint_wire(
-                self._publish(ContextCompacted(_str(p, "taskId"), _int(p, "ts"))))},
-            "message/add": self._message_add,
-            "checkpoint/list": lambda p: self._eng().list_checkpoints(_str(p, "taskId")),
-            "checkpoint/diff": lambda p: self._eng().diff(_str(p, "taskId"), _int(p, "from"), p.get("to")),
-            "checkpoint/viewChanges": lambda p: self._eng().view_changes(_str(p, "taskId"), _int(p, "ts")),
-            "checkpoint/restore": lambda p: self._eng().restore(
-                _str(p, "taskId"), _int(p, "ts"), _str(p, "mode"), _paths(p), _bool(p, "dryRun"),
-                _bool(p, "keepOutsideEdits")),
-            "task/fork": lambda p: {"checkpoint": self._eng().checkpoint_wire(self._eng().fork_task(
-                _str(p, "taskId"), _int(p, "ts"), _str(p, "newTaskId")))},
-            "checkpoint/undoRestore": lambda p: self._eng().undo_restore(_str(p, "taskId")),
+            "initialize": _method(InitializeParams, self._initialize),
+            "shutdown": _method(NoParams, self._shutdown),
+            "sidecar/status": _method(NoParams, lambda q: self.host.status()),
+            "sidecar/stop": _method(NoParams, self._stop),
+            "task/start": _method(TaskStartParams, lambda q: bus().publish(TaskStarted(q.task_id, q.ts)).to_wire()),
+            "task/retry": _method(TaskParams, lambda q: bus().publish(TaskRetried(q.task_id)).to_wire(), eng),
+            "task/disable": _method(TaskParams, lambda q: eng().disable_task(q.task_id), eng),
+            "round/begin": _method(TaskParams, lambda q: {"round": bus().publish(RoundBegan(q.task_id))}),
+            "tool/begin": _method(ToolBeginParams, lambda q: bus().publish(
+                ToolBegan(q.task_id, q.tool, q.kind, q.paths))),
+            "tool/end": _method(ToolEndParams, lambda q: bus().publish(
+                ToolEnded(q.task_id, q.tool, q.kind, q.paths, q.ok))),
+            "round/end": _method(TsParams, lambda q: _checkpoint(bus().publish(RoundEnded(q.task_id, q.ts)))),
+            "task/complete": _method(TsParams, lambda q: _checkpoint(bus().publish(TaskCompleted(q.task_id, q.ts)))),
+            "task/compacted": _method(TsParams, lambda q: _checkpoint(
+                bus().publish(ContextCompacted(q.task_id, q.ts)))),
+            "message/add": _method(MessageAddParams, lambda q: bus().publish(
+                MessageAdded(q.task_id, q.ts, q.role, q.text))),
+            "checkpoint/list": _method(TaskParams, lambda q: eng().list_checkpoints(q.task_id).to_wire(), eng),
+            "checkpoint/diff": _method(DiffParams, lambda q: eng().diff(q.task_id, q.from_ts, q.to).to_wire(), eng),
+            "checkpoint/viewChanges": _method(TsParams, lambda q: eng().view_changes(q.task_id, q.ts).to_wire(), eng),
+            "checkpoint/restore": _method(RestoreParams, lambda q: eng().restore(
+                q.task_id, q.ts, q.restore_mode, q.paths, q.dry_run, q.keep_outside_edits).to_wire(), eng),
+            "task/fork": _method(ForkParams, lambda q: _checkpoint(eng().fork_task(q.task_id, q.ts, q.new_task_id)),
+                                 eng),
+            "checkpoint/undoRestore": _method(TaskParams, lambda q: eng().undo_restore(q.task_id).to_wire(), eng),
             # not in PROTOCOL.md: the CLI's `redo` and safety checkpoints through a running sidecar
-            "checkpoint/redoRestore": lambda p: self._eng().redo_restore(_str(p, "taskId")),
-            "checkpoint/restoreSafety": lambda p: self._eng().restore_safety(
-                _str(p, "taskId"), _int(p, "n"), _paths(p), _bool(p, "dryRun"), _bool(p, "keepOutsideEdits")),
-            "checkpoint/diffSafety": lambda p: self._eng().diff(_str(p, "taskId"), None, None, _int(p, "n")),
-            "message/edit": self._message_edit,
-            "task/delete": lambda p: self._eng().delete_task(_str(p, "taskId")),
-            "history/deleteAll": self._delete_all,
+            "checkpoint/redoRestore": _method(TaskParams, lambda q: eng().redo_restore(q.task_id).to_wire(), eng),
+            "checkpoint/restoreSafety": _method(RestoreSafetyParams, lambda q: eng().restore_safety(
+                q.task_id, q.n, q.paths, q.dry_run, q.keep_outside_edits).to_wire(), eng),
+            "checkpoint/diffSafety": _method(DiffSafetyParams, lambda q: eng().diff(
+                q.task_id, None, None, q.n).to_wire(), eng),
+            "message/edit": _method(MessageEditParams, lambda q: eng().edit_message(
+                q.task_id, q.ts, q.text, q.restore).to_wire()),
+            "task/delete": _method(TaskParams, lambda q: eng().delete_task(q.task_id), eng),
+            "history/deleteAll": _method(DeleteAllParams, self._delete_all),
         }
 
-    def _publish(self, event: Event) -> Any:
-        return self._eng().bus.publish(event)
+    def _bus(self) -> RoundBus:
+        return self._eng().bus
 
     def _eng(self) -> Engine:
         if self.engine is None:
             raise NoWorkspaceError("No workspace: send initialize first.")
         return self.engine
 
-    def _initialize(self, p: dict[str, Any]) -> dict[str, Any]:
-        roots = p.get("roots")
-        if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
-            raise InvalidParamsError("`roots` must be a list of absolute paths.")
-        overrides = p.get("settings") or {}
-        if not isinstance(overrides, dict):
-            raise InvalidParamsError("`settings` must be an object.")
+    def _initialize(self, q: InitializeParams) -> Wire:
         data = self.settings.model_dump()
-        for key, value in overrides.items():
+        for key, value in q.settings.items():
             if key in _SETTING_NAMES:
                 data[_SETTING_NAMES[key]] = value
         try:
             settings = Settings.model_validate(data)
         except ValueError as exc:
             raise InvalidParamsError(f"Invalid settings: {exc}") from exc
-        engine = self.host.open_engine(roots, settings, self)
+        engine = self.host.open_engine(q.roots, settings, self)
         self.engine = engine
         return {
             "protocolVersion": PROTOCOL_VERSION,
@@ -524,7 +505,7 @@ class Server:
             "readOnlyTools": sorted(engine.options.read_only_tools),
         }
 
-    def _shutdown(self, p: dict[str, Any]) -> None:
+    def _shutdown(self, q: NoParams) -> None:
         if self.host.shared:
             # Other connections share the engine: write what is pending, keep serving.
             self.host.flush()
@@ -534,7 +515,7 @@ class Server:
         self._shut_down = True
         log.info("sidecar.shut_down")
 
-    def _stop(self, p: dict[str, Any]) -> None:
+    def _stop(self, q: NoParams) -> None:
         if not self.host.shared:
             raise InvalidParamsError("sidecar/stop is for a socket sidecar; on stdio send shutdown.")
         if self.host.owner is not None:
@@ -544,33 +525,32 @@ class Server:
         self.host.stop_requested.set()
         log.info("sidecar.stop_requested")
 
-    def _message_add(self, p: dict[str, Any]) -> None:
-        role = _str(p, "role")
-        if role not in ("user", "assistant"):
-            raise InvalidParamsError("`role` must be user or assistant.")
-        text = p.get("text")
-        if text is not None and not isinstance(text, str):
-            raise InvalidParamsError("`text` must be a string.")
-        self._publish(MessageAdded(_str(p, "taskId"), _int(p, "ts"), role, text))
-
-    def _message_edit(self, p: dict[str, Any]) -> dict[str, Any]:
-        restore = _str(p, "restore")
-        if restore not in ("chat", "all"):
-            raise InvalidParamsError("`restore` must be chat or all.")
-        text = p.get("text")
-        if not isinstance(text, str):
-            raise InvalidParamsError("`text` must be a string.")
-        return self._eng().edit_message(_str(p, "taskId"), _int(p, "ts"), text, restore)
-
-    def _delete_all(self, p: dict[str, Any]) -> None:
-        keep = p.get("keepFavorites", [])
-        if not isinstance(keep, list) or not all(isinstance(k, str) for k in keep):
-            raise InvalidParamsError("`keepFavorites` must be a list of task ids.")
+    def _delete_all(self, q: DeleteAllParams) -> None:
         if self.host.shared:
             self.host.flush()
         else:
             self.host.stop_workers()
-        self._eng().delete_all(keep)
+        self._eng().delete_all(q.keep_favorites)
+
+
+Handler = Callable[[dict[str, Any]], object]
+
+
+def _method(model: type[P], fn: Callable[[P], object], before: Callable[[], object] | None = None) -> Handler:
+    """A method's handler: `before` (the engine's presence), then its params parsed as `model`,
+    then `fn` with them."""
+
+    def handle(params: dict[str, Any]) -> object:
+        if before is not None:
+            before()
+        return fn(parse(model, params))
+
+    return handle
+
+
+def _checkpoint(cp: Checkpoint | None) -> Wire:
+    """The `{checkpoint}` answer of round/end, task/complete, task/compacted and task/fork."""
+    return {"checkpoint": cp.to_wire() if cp is not None else None}
 
 
 def _is_valid_id(value: Any) -> bool:

@@ -25,13 +25,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from shadowpoint.errors import StorageFailedError, TaskMetadataError, UnknownCheckpointError, UnknownTaskError
+from shadowpoint.kinds import CheckpointKind
 from shadowpoint.store.atomic import write_atomic
 from shadowpoint.store.values import ref_component
+
+if TYPE_CHECKING:
+    from shadowpoint.results import Checkpoint
 
 log = structlog.get_logger(__name__)
 
@@ -41,7 +45,6 @@ LOG_FILE = "task.log"
 # rewrite's cost, O(task), is spread over as many rounds as the task has: O(1) per round)
 LOG_COMPACT_MIN = 64 * 1024
 JOURNAL_FILE = "restore-journal.json"
-SNAPSHOT_KINDS = ("baseline", "round", "completion")
 
 
 def now_iso() -> str:
@@ -53,29 +56,37 @@ class CheckpointRecord:
     """One checkpoint of a task, attached to the message `ts`."""
 
     ts: int
-    kind: str  # baseline | round | completion | compaction
+    kind: CheckpointKind
     hashes: dict[str, str]
     reused: bool = False
     restored: bool = False
     created_at: str = field(default_factory=now_iso)
     warnings: list[dict[str, str]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # task.json and task.log hold the plain string (a ValueError: a record of the wrong shape)
+        self.kind = CheckpointKind(self.kind)
+
     @property
     def has_snapshot(self) -> bool:
-        return self.kind in SNAPSHOT_KINDS and bool(self.hashes)
+        return self.kind.has_snapshot and bool(self.hashes)
 
-    def to_wire(self, first_root: str) -> dict[str, Any]:
-        """The protocol's `Checkpoint` object."""
-        return {
-            "ts": self.ts,
-            "kind": self.kind,
-            "hash": self.hashes.get(first_root) if self.has_snapshot else None,
-            "hashes": dict(self.hashes) if self.has_snapshot else {},
-            "reused": self.reused,
-            "restored": self.restored,
-            "createdAt": self.created_at,
-            "warnings": list(self.warnings),
-        }
+    def value(self, first_root: str) -> Checkpoint:
+        """The record as the protocol's `Checkpoint`, frozen as it is now."""
+        # imported here: `delete-task` (quick.py) reads task records without the results'
+        # dataclasses, about 10 ms of its start-up (python -X importtime)
+        from shadowpoint.results import Checkpoint, SkipWarning
+
+        return Checkpoint(
+            ts=self.ts,
+            kind=self.kind,
+            hash=self.hashes.get(first_root) if self.has_snapshot else None,
+            hashes=dict(self.hashes) if self.has_snapshot else {},
+            reused=self.reused,
+            restored=self.restored,
+            created_at=self.created_at,
+            warnings=tuple(SkipWarning(w["path"], w["reason"]) for w in self.warnings),
+        )
 
 
 @dataclass(slots=True)
@@ -193,7 +204,8 @@ class TaskRecord:
         """Drop the messages and checkpoints after `keep_through` (the baseline always stays)."""
         self.messages = [m for m in self.messages if m.ts <= keep_through]
         self.checkpoints = [
-            c for c in self.checkpoints if c.ts <= keep_through or (c.kind == "baseline" and c is self.checkpoints[0])
+            c for c in self.checkpoints
+            if c.ts <= keep_through or (c.kind is CheckpointKind.BASELINE and c is self.checkpoints[0])
         ]
 
     def note_scope(self, root: str, paths: Iterable[str], ts: int) -> None:
@@ -218,7 +230,7 @@ class TaskRecord:
         if kind == "cp":
             cp = CheckpointRecord(ts=op["ts"], kind=op["kind"], hashes=dict(op["hashes"]), reused=bool(op["reused"]),
                                   created_at=op["created_at"], warnings=list(op["warnings"]))
-            if not (isinstance(cp.ts, int) and isinstance(cp.kind, str)
+            if not (isinstance(cp.ts, int)
                     and all(isinstance(v, str) for v in cp.hashes.values())):
                 raise ValueError(f"a checkpoint of the wrong shape: {op!r}")
             self.add_checkpoint(cp)
@@ -301,7 +313,7 @@ class TaskRecord:
         rec.created_at = data.get("created_at", now_iso())
         # a hand-edited or damaged file may hold anything: refuse what would fail later
         if not isinstance(rec.task_id, str) or not all(
-            isinstance(c.ts, int) and isinstance(c.hashes, dict) and isinstance(c.kind, str) for c in rec.checkpoints
+            isinstance(c.ts, int) and isinstance(c.hashes, dict) for c in rec.checkpoints
         ) or not all(isinstance(m.ts, int) for m in rec.messages):
             raise ValueError("task.json fields have the wrong types")
         return rec
@@ -572,7 +584,8 @@ def fork_record(source: TaskRecord, ts: int, new_task_id: str) -> TaskRecord:
     return rec
 
 
-def checkpoint_or_raise(rec: TaskRecord, ts: Any) -> CheckpointRecord:
+def checkpoint_or_raise(rec: TaskRecord, ts: object) -> CheckpointRecord:
+    """The checkpoint at `ts`; `unknown_checkpoint` for anything else (a library caller's `None`)."""
     if not isinstance(ts, int) or isinstance(ts, bool):
         raise UnknownCheckpointError(f"No checkpoint at ts={ts!r}.")
     return rec.checkpoint(ts)

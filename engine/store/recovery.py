@@ -17,6 +17,7 @@ from pathlib import Path
 import structlog
 
 from shadowpoint.errors import RepoError
+from shadowpoint.kinds import CheckpointKind
 from shadowpoint.roots import RootState
 from shadowpoint.store.checkpoints import CheckpointRecord, TaskRecord
 from shadowpoint.store.shadow_repo import ShadowRepo
@@ -28,20 +29,20 @@ log = structlog.get_logger(__name__)
 _MESSAGE = re.compile(r"^(?:(baseline|round|completion) checkpoint at (-?\d+)|(baseline))\s*$", re.MULTILINE)
 
 
-def parse_checkpoint_message(message: str) -> tuple[str, int] | None:
+def parse_checkpoint_message(message: str) -> tuple[CheckpointKind, int] | None:
     """(kind, ts) of a checkpoint commit's message; None for other commits (safety checkpoints)."""
     first = message.split("\n", 1)[0]
     m = _MESSAGE.match(first)
     if m is None:
         return None
     if m.group(3):
-        return "baseline", 0
-    return m.group(1), int(m.group(2))
+        return CheckpointKind.BASELINE, 0
+    return CheckpointKind(m.group(1)), int(m.group(2))
 
 
 def rebuild_record(task_id: str, roots: Mapping[str, RootState], root_paths: dict[str, str]) -> TaskRecord | None:
     """The task's record as its shadow refs tell it, or None when no root has its ref."""
-    timelines: dict[str, list[tuple[int, str, str]]] = {}
+    timelines: dict[str, list[tuple[int, CheckpointKind, str]]] = {}
     edited: dict[str, list[str]] = {}
     for name, root in roots.items():
         if not (root.ws.git_dir / "objects").is_dir():
@@ -56,7 +57,7 @@ def rebuild_record(task_id: str, roots: Mapping[str, RootState], root_paths: dic
     if not timelines:
         return None
     record = TaskRecord(task_id=task_id, roots=dict(root_paths))
-    kinds: dict[int, str] = {}
+    kinds: dict[int, CheckpointKind] = {}
     for points in timelines.values():
         for ts, kind, _ in points:
             kinds.setdefault(ts, kind)
@@ -76,7 +77,7 @@ def rebuild_record(task_id: str, roots: Mapping[str, RootState], root_paths: dic
 
 
 _UNREADABLE = object()
-Timeline = tuple[list[tuple[int, str, str]], set[str]]
+Timeline = tuple[list[tuple[int, CheckpointKind, str]], set[str]]
 
 
 def _read_without_lock(git_dir: Path, task_id: str) -> Timeline | object | None:
@@ -99,7 +100,7 @@ def _timeline(repo: ShadowRepo, task_id: str) -> Timeline | None:
     tip = repo.read_ref(task_ref(task_id))
     if tip is None:
         return None
-    points: list[tuple[int, str, str]] = []
+    points: list[tuple[int, CheckpointKind, str]] = []
     changed: set[str] = set()
     prev_tree: str | None = None
     for commit, message in repo.commit_chain(tip):

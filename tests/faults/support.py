@@ -177,7 +177,7 @@ def wait_ready(eng: Engine, task_id: str, timeout_s: float = 120) -> str:
     """Wait (never asserting a duration) for the background baseline; returns the state."""
 
     def settled() -> str:
-        state = str(eng.list_checkpoints(task_id)["state"])
+        state = str(eng.list_checkpoints(task_id).to_wire()["state"])
         return "" if state == "initializing" else state
 
     return wait_for(settled, f"the baseline of {task_id} never finished", timeout_s)
@@ -185,7 +185,7 @@ def wait_ready(eng: Engine, task_id: str, timeout_s: float = 120) -> str:
 
 def start(eng: Engine, task_id: str = "t", ts: int = 1) -> None:
     eng.start_task(task_id, ts)
-    assert wait_ready(eng, task_id) == "ready", eng.list_checkpoints(task_id)
+    assert wait_ready(eng, task_id) == "ready", eng.list_checkpoints(task_id).to_wire()
 
 
 def engine_edit(eng: Engine, root: Path, ts: int, files: dict[str, Any], task_id: str = "t",

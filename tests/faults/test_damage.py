@@ -65,7 +65,7 @@ def _edited_back(disk: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _hashes(eng: Engine, task: str = "t") -> dict[int, str]:
-    return {c["ts"]: c["hash"] for c in eng.list_checkpoints(task)["checkpoints"]}
+    return {c["ts"]: c["hash"] for c in eng.list_checkpoints(task).to_wire()["checkpoints"]}
 
 
 def _warned(logs: list[dict[str, Any]], event: str) -> bool:
@@ -106,7 +106,7 @@ def test_damaged_config_is_rebuilt_and_history_kept(make_engine: MakeEngine, wor
         _checkpoints_go_on(eng, workspace, docs, 4)
     assert _warned(logs, "shadow_repo.repaired")
     assert {ts: h for ts, h in _hashes(eng).items() if ts in before} == before
-    out = eng.restore("t", 1, "files")
+    out = eng.restore("t", 1, "files").to_wire()
     assert out["files"] is not None
     assert read_tree(workspace) == _edited_back(disk)
     assert git(git_dir, "config", "core.worktree").stdout.decode().strip() == str(workspace)
@@ -133,7 +133,7 @@ def test_a_lost_blob_of_an_old_checkpoint_gives_clear_errors(make_engine: MakeEn
     assert _kind(restore_err) == "restore_failed"
     assert read_tree(workspace) == disk[3], "a restore that cannot read its files writes none of them"
     # what survives keeps working: the other checkpoints, and new ones
-    assert eng.diff("t", 2, 3)["files"]
+    assert eng.diff("t", 2, 3).to_wire()["files"]
     _checkpoints_go_on(eng, workspace, docs, 4)
     eng.restore("t", 2, "files")
     assert read_tree(workspace)["a.txt"] == b"a1\n"
@@ -295,7 +295,7 @@ def test_task_folder_deleted_while_stopped_is_rebuilt_from_the_shadow_refs(
 
     eng = make_engine(workspace)
     with capture_logs() as logs:
-        listing = eng.list_checkpoints("t")
+        listing = eng.list_checkpoints("t").to_wire()
     assert _warned(logs, "task.rebuilt")
     assert {c["ts"]: c["hash"] for c in listing["checkpoints"]} == before
     assert listing["state"] == "ready"
@@ -352,7 +352,7 @@ def test_a_corrupt_task_does_not_make_another_task_the_last(make_engine: MakeEng
     eng2 = make_engine(workspace)
     eng2.delete_task("other")
     assert shadow_git_dir(docs, workspace).is_dir()
-    assert eng2.list_checkpoints("t")["state"] == "ready"
+    assert eng2.list_checkpoints("t").to_wire()["state"] == "ready"
 
 
 # ---- the stat cache ----------------------------------------------------------------------------------

@@ -390,7 +390,7 @@ def test_files_vanishing_during_a_rescan(make_engine: MakeEngine, workspace: Pat
         assert set(tree) <= set(original)
         for p, entry in tree.items():
             assert entry == expected[p], f"{p}: a snapshot holds the file's content, never a torn one"
-        reasons = {w["reason"] for w in cp.warnings}
+        reasons = {w.reason for w in cp.warnings}
         assert reasons <= {"vanished while being read"}, reasons
         make_tree(workspace, {p: v for p, v in version.items() if not (workspace / p).exists()})
     assert fsck_problems(git_dir) == []
@@ -411,11 +411,11 @@ def test_a_file_vanishing_between_walk_and_read_is_a_warning(make_engine: MakeEn
     make_tree(workspace, {"gone.txt": "g2\n", "d/also.txt": "a2\n", "keep.txt": "k2\n"})
     monkeypatch.setattr(Scanner, "_read_file", vanishing)
     cp = engine_command(eng, workspace, 2)
-    assert sorted((w["path"], w["reason"]) for w in cp.warnings) == [
+    assert sorted((w.path, w.reason) for w in cp.warnings) == [
         ("d/also.txt", "vanished while being read"), ("gone.txt", "vanished while being read")]
     monkeypatch.undo()
-    assert eng.list_checkpoints("t")["checkpoints"][-1]["warnings"] == cp.warnings
-    restored = eng.restore("t", 1, "files")
+    assert eng.list_checkpoints("t").checkpoints[-1].warnings == cp.warnings
+    restored = eng.restore("t", 1, "files").to_wire()
     assert read_tree(workspace) == {"keep.txt": b"k\n", "gone.txt": b"g\n", "d/also.txt": b"a\n"}
     assert restored["files"] is not None
 
@@ -436,7 +436,7 @@ def test_symlink_swaps_right_before_a_restore(make_engine: MakeEngine, workspace
     (workspace / "src" / "lib").symlink_to(canary / "sub")
     shutil.rmtree(workspace / "top")
     (workspace / "top").symlink_to(canary)
-    out = eng.restore("t", 1, "files")
+    out = eng.restore("t", 1, "files").to_wire()
     assert out["files"] is not None
     disk = read_tree(workspace)
     assert disk["a.txt"] == b"a0\n" and disk["src/lib/x.py"] == b"x0\n" and disk["top/t.txt"] == b"t0\n"

@@ -266,10 +266,10 @@ def test_an_injected_enospc_on_the_record_is_storage_failed(make_engine: Any, wo
     monkeypatch.setattr(atomic_module, "open", refusing_open, raising=False)
     with pytest.raises(StorageFailedError, match="No space left on device"):
         engine_edit(eng, workspace, 2, {"a.txt": "a1\n"})
-    assert [c["ts"] for c in eng.list_checkpoints("t")["checkpoints"]] == [1]
+    assert [c["ts"] for c in eng.list_checkpoints("t").to_wire()["checkpoints"]] == [1]
     full = False
     engine_edit(eng, workspace, 3, {"b.txt": "b1\n"})
-    cp = eng.list_checkpoints("t")["checkpoints"][-1]
+    cp = eng.list_checkpoints("t").to_wire()["checkpoints"][-1]
     git_dir = Path(eng.describe_roots()[0]["shadowGitDir"])
     assert git(git_dir, "cat-file", "blob", f"{cp['hash']}:a.txt").stdout == b"a1\n"
     assert not list(workspace.parent.parent.glob("docs/tasks/*/.*.tmp"))

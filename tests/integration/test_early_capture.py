@@ -72,7 +72,7 @@ def test_an_edit_during_the_baseline_is_captured_first_with_its_old_bytes(worksp
     after = _tree_of(eng, 2)
     assert after[edited] == b"x = 'edited'\n" and after["pkg00/new_file.py"] == b"new\n"
     assert deleted not in after
-    assert {f["path"] for f in eng.diff("t", 1, 2)["files"]} == set(targets)
+    assert {f["path"] for f in eng.diff("t", 1, 2).to_wire()["files"]} == set(targets)
 
 
 def test_a_command_waits_for_the_whole_baseline(workspace: Path, make_engine: Any) -> None:

@@ -45,7 +45,7 @@ def wait_ready(eng: Engine, task_id: str) -> str:
     """Wait (never asserting a duration) for the background baseline; returns the state."""
 
     def settled() -> str:
-        state = str(eng.list_checkpoints(task_id)["state"])
+        state = str(eng.list_checkpoints(task_id).to_wire()["state"])
         return "" if state == "initializing" else state
 
     return wait_for(settled, f"the baseline of {task_id} never finished")
@@ -105,7 +105,7 @@ def files_of(eng: Engine, commit: str | None, index: int = 0) -> dict[str, Any]:
 
 
 def wire(eng: Engine, task_id: str = "t1") -> dict[int, dict[str, Any]]:
-    return {c["ts"]: c for c in eng.list_checkpoints(task_id)["checkpoints"]}
+    return {c["ts"]: c for c in eng.list_checkpoints(task_id).to_wire()["checkpoints"]}
 
 
 def git(eng: Engine, *args: str) -> str:
@@ -128,10 +128,10 @@ BASE = {"a.txt": b"a0", "b.txt": b"b0", "src/lib.py": b"lib0", "run.sh": Exe("#!
 
 def test_baseline_is_the_first_checkpoint(make_engine: MakeEngine, ws: Path) -> None:
     eng = make_engine(ws)
-    state = eng.start_task("t1", 5)
+    state = eng.start_task("t1", 5).to_wire()
     assert state["state"] in ("initializing", "ready")
     assert wait_ready(eng, "t1") == "ready"
-    cps = eng.list_checkpoints("t1")["checkpoints"]
+    cps = eng.list_checkpoints("t1").to_wire()["checkpoints"]
     assert len(cps) == 1
     base = cps[0]
     assert (base["ts"], base["kind"], base["reused"], base["restored"]) == (5, "baseline", False, False)
@@ -218,7 +218,7 @@ def test_warnings_are_recorded_on_the_checkpoint(make_engine: MakeEngine, ws: Pa
     start(eng)
     cp = edit_round(eng, ws, 10, {"big.txt": "x" * 101, "ok.txt": "ok"})
     assert cp is not None
-    assert cp.warnings == [{"path": "big.txt", "reason": "over the size cap"}]
+    assert [w.to_wire() for w in cp.warnings] == [{"path": "big.txt", "reason": "over the size cap"}]
     assert wire(eng)[10]["warnings"] == [{"path": "big.txt", "reason": "over the size cap"}]
     assert "big.txt" not in files_of(eng, cp.hashes["proj"])
 
@@ -234,7 +234,7 @@ def test_completion_dedup_within_three_messages(make_engine: MakeEngine, ws: Pat
     assert c1.kind == "completion" and c1.ts == 20
     c2 = eng.complete("t1", 21)
     assert c2.ts == 20, "a completion right after an unchanged one answers the earlier one"
-    assert [c["kind"] for c in eng.list_checkpoints("t1")["checkpoints"]] == ["baseline", "round", "completion"]
+    assert [c.kind for c in eng.list_checkpoints("t1").checkpoints] == ["baseline", "round", "completion"]
     for ts in (22, 23, 24):
         eng.add_message("t1", ts, "user" if ts % 2 else "assistant", f"m{ts}")
     c3 = eng.complete("t1", 25)
@@ -253,10 +253,10 @@ def test_view_changes_since_previous_completion(make_engine: MakeEngine, ws: Pat
     eng.complete("t1", 20)
     edit_round(eng, ws, 30, {"b.txt": "b1"})
     eng.complete("t1", 40)
-    first = eng.view_changes("t1", 20)
+    first = eng.view_changes("t1", 20).to_wire()
     assert first["title"] == "New changes"
     assert [(f["path"], f["before"], f["after"]) for f in first["files"]] == [("a.txt", "a0", "a1")]
-    second = eng.view_changes("t1", 40)
+    second = eng.view_changes("t1", 40).to_wire()
     assert [(f["path"], f["status"]) for f in second["files"]] == [("b.txt", "modified")]
 
 
@@ -265,13 +265,13 @@ def test_diff_against_workspace_and_between_checkpoints(make_engine: MakeEngine,
     start(eng)
     edit_round(eng, ws, 10, {"a.txt": "a1"})
     make_tree(ws, {"b.txt": "outside rounds", "bin.dat": b"\0\1\2"})
-    d = eng.diff("t1", 0)
+    d = eng.diff("t1", 0).to_wire()
     assert d["title"] == "Changes since snapshot"
     files = {f["path"]: f for f in d["files"]}
     assert set(files) == {"a.txt", "b.txt", "bin.dat"}
     assert files["bin.dat"]["binary"] and files["bin.dat"]["after"] is None
     assert files["b.txt"]["after"] == "outside rounds"
-    between = eng.diff("t1", 0, 10)
+    between = eng.diff("t1", 0, 10).to_wire()
     assert between["title"] == "New changes"
     assert [f["path"] for f in between["files"]] == ["a.txt"]
 
@@ -288,7 +288,7 @@ def test_compaction_checkpoint_offers_task_restore_only(make_engine: MakeEngine,
         eng.restore("t1", 20, "files")
     with pytest.raises(NoFileSnapshotError):
         eng.diff("t1", 20)
-    out = eng.restore("t1", 20, "both")
+    out = eng.restore("t1", 20, "both").to_wire()
     assert out["files"] is None and out["error"]["kind"] == "no_file_snapshot"
     assert out["task"] == {"keepThrough": 20}
     assert (ws / "a.txt").read_text() == "a3", "files untouched"
@@ -309,7 +309,7 @@ def test_restore_files_only_the_edited_paths(make_engine: MakeEngine, ws: Path) 
     eng = make_engine(ws)
     _three_rounds(eng, ws)
     make_tree(ws, {"b.txt": "user's own change", "untracked.txt": "user's file"})
-    out = eng.restore("t1", 10, "files")
+    out = eng.restore("t1", 10, "files").to_wire()
     assert out["task"] is None
     assert sorted(out["files"]["restored"]) == ["a.txt", "src/lib.py"]
     assert out["files"]["deleted"] == ["created.txt"]
@@ -336,7 +336,7 @@ def test_restore_after_commands_only_resets_what_they_changed(make_engine: MakeE
     start(eng)
     command_round(eng, ws, 10, {"a.txt": "a1", "b.txt": None, "made.txt": "m", "x.log": "ignored log"})
     make_tree(ws, {"src/lib.py": "after the checkpoint"})
-    out = eng.restore("t1", 0, "files")
+    out = eng.restore("t1", 0, "files").to_wire()
     assert sorted(out["files"]["deleted"]) == ["made.txt"]
     assert sorted(out["files"]["restored"]) == ["a.txt", "b.txt"], "PROTOCOL 1.1 Scope: the rounds' changes"
     tree = read_tree(ws)
@@ -352,7 +352,7 @@ def test_restore_of_a_task_with_no_record_resets_every_tracked_file(make_engine:
     make_tree(ws, {"src/lib.py": "after the checkpoint"})
     rt = eng._task("t1")
     rt.record.scope, rt.record.edited = {}, {}  # what it changed is lost (SPEC §6: git reset --hard)
-    out = eng.restore("t1", 0, "files")
+    out = eng.restore("t1", 0, "files").to_wire()
     assert sorted(out["files"]["deleted"]) == ["made.txt"]
     assert sorted(out["files"]["restored"]) == ["a.txt", "b.txt", "src/lib.py"]
     assert {k: v for k, v in read_tree(ws).items() if k in BASE} == BASE
@@ -363,13 +363,13 @@ def test_restore_task_and_both(make_engine: MakeEngine, ws: Path) -> None:
     _three_rounds(eng, ws)
     for ts in (11, 12):
         eng.add_message("t1", ts, "user", f"m{ts}")
-    out = eng.restore("t1", 10, "task")
+    out = eng.restore("t1", 10, "task").to_wire()
     assert out == {"files": None, "task": {"keepThrough": 10}}
     assert list(wire(eng)) == [0, 10]
     assert (ws / "a.txt").read_text() == "a2", "task-only restore leaves files"
     with pytest.raises(UnknownCheckpointError):
         eng.restore("t1", 20, "files")
-    out = eng.restore("t1", 0, "both")
+    out = eng.restore("t1", 0, "both").to_wire()
     assert out["task"] == {"keepThrough": 0}
     assert sorted(out["files"]["restored"]) == ["a.txt", "src/lib.py"]
     assert (ws / "a.txt").read_text() == "a0" and not (ws / "created.txt").exists()
@@ -389,7 +389,7 @@ def test_undo_restore_puts_back_exactly_the_restored_paths(make_engine: MakeEngi
     eng.restore("t1", 0, "files")
     assert (ws / "a.txt").read_text() == "a0"
     make_tree(ws, {"b.txt": "edited after the restore"})
-    out = eng.undo_restore("t1")
+    out = eng.undo_restore("t1").to_wire()
     assert out["task"] is None
     assert sorted(out["files"]["restored"]) == ["a.txt", "created.txt", "src/lib.py"]
     assert read_tree(ws) == {**before, "b.txt": b"edited after the restore"}
@@ -423,19 +423,19 @@ def test_message_edit_chat_and_all(make_engine: MakeEngine, ws: Path) -> None:
     eng.add_message("t1", 25, "user", "third ask")
     edit_round(eng, ws, 30, {"a.txt": "a3"})
 
-    same = eng.edit_message("t1", 25, "third ask", "all")
+    same = eng.edit_message("t1", 25, "third ask", "all").to_wire()
     assert same == {"files": None, "task": None, "text": "third ask"}
     assert (ws / "a.txt").read_text() == "a3" and list(wire(eng)) == [0, 10, 20, 30]
     with pytest.raises(UnknownMessageError):
         eng.edit_message("t1", 26, "x", "chat")
 
-    chat = eng.edit_message("t1", 25, "third, edited", "chat")
+    chat = eng.edit_message("t1", 25, "third, edited", "chat").to_wire()
     assert chat["files"] is None and chat["task"] == {"keepThrough": 20}
     assert (ws / "a.txt").read_text() == "a3"
     assert list(wire(eng)) == [0, 10, 20]
 
     edit_round(eng, ws, 40, {"a.txt": "a4"})
-    everything = eng.edit_message("t1", 15, "second, edited", "all")
+    everything = eng.edit_message("t1", 15, "second, edited", "all").to_wire()
     assert everything["task"] == {"keepThrough": 10}
     assert everything["files"]["restored"] == ["a.txt"]
     assert (ws / "a.txt").read_text() == "a1"
@@ -459,7 +459,7 @@ def test_two_tasks_share_one_shadow_repo(make_engine: MakeEngine, ws: Path) -> N
         trailers = git(eng, "log", "--format=%(trailers:key=Shadowpoint-Task,valueonly)", task_ref(tid)).split()
         assert trailers and set(trailers) == {tid}
     # restoring t1 touches only what t1 edited
-    out = eng.restore("t1", 0, "files")
+    out = eng.restore("t1", 0, "files").to_wire()
     assert out["files"]["restored"] == ["a.txt"]
     assert (ws / "a.txt").read_text() == "a0" and (ws / "b.txt").read_text() == "from t2"
     eng.delete_task("t1")
@@ -562,7 +562,7 @@ def test_restart_resumes_task_and_keeps_working(make_engine: MakeEngine, ws: Pat
     eng.close()
 
     eng2 = make_engine(ws)
-    assert eng2.start_task("t1", 0)["state"] == "ready"
+    assert eng2.start_task("t1", 0).to_wire()["state"] == "ready"
     assert wire(eng2) == before
     # changes made while no engine ran are seen by the first round of the new process…
     make_tree(ws, {"b.txt": "changed while no engine ran"})
@@ -670,10 +670,10 @@ def test_two_roots_one_checkpoint(make_engine: MakeEngine, tmp_path: Path) -> No
         eng.tool_began("t1", EDIT, "edit", ["y.txt"])
     c2 = edit_round(eng, r2, 20, {"y.txt": "y1"}, report=["app-2/y.txt"])
     assert c2 is not None and files_of(eng, c2.hashes["app-2"], 1) == {"y.txt": b"y1"}
-    out = eng.restore("t1", 0, "files")
+    out = eng.restore("t1", 0, "files").to_wire()
     assert sorted(out["files"]["restored"]) == ["app-2/y.txt", "app/x.txt"]
     assert (r1 / "x.txt").read_text() == "x0" and (r2 / "y.txt").read_text() == "y0"
-    d = eng.diff("t1", 0, 20)
+    d = eng.diff("t1", 0, 20).to_wire()
     assert sorted(f["path"] for f in d["files"]) == ["app-2/y.txt", "app/x.txt"]
 
 
@@ -720,7 +720,7 @@ def test_root_given_through_a_symlink(make_engine: MakeEngine, ws: Path, tmp_pat
     start(eng)
     cp = edit_round(eng, ws, 10, {"a.txt": "via alias"}, report=[str(alias / "a.txt")])
     assert cp is not None and files_of(eng, cp.hashes["proj"])["a.txt"] == b"via alias"
-    assert eng.restore("t1", 0, "files")["files"]["restored"] == ["a.txt"]
+    assert eng.restore("t1", 0, "files").to_wire()["files"]["restored"] == ["a.txt"]
     assert (ws / "a.txt").read_text() == "a0"
 
 

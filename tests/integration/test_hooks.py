@@ -37,13 +37,13 @@ def test_round_and_tool_context_managers_checkpoint_each_round(workspace: Path, 
         assert rnd3.checkpoint.result(timeout=60) is None
 
         diff = task.diff(1000)
-        files = {f["path"]: f for f in diff["files"]}
+        files = {f.path: f for f in diff.files}
         assert set(files) == {"app.py", "made.txt"}
-        assert files["app.py"]["after"] == "print(2)\n"
-        assert [c["ts"] for c in task.checkpoints()] == [1000, 2000, 3000]
+        assert files["app.py"].after == "print(2)\n"
+        assert [c.ts for c in task.checkpoints()] == [1000, 2000, 3000]
 
         res = task.restore(1000, "files")
-        assert "app.py" in res["files"]["restored"]
+        assert res.files is not None and "app.py" in res.files.restored
         assert (workspace / "app.py").read_text() == "print(1)\n"
 
 
@@ -62,7 +62,7 @@ def test_decorated_tool_reports_its_paths(workspace: Path, options: EngineOption
             write("gen/out.py", "generated\n")
         cp = rnd.checkpoint.result(timeout=60)
         assert cp is not None
-        changed = {f["path"] for f in task.diff(1, 2)["files"]}
+        changed = {f.path for f in task.diff(1, 2).files}
         assert changed == {"gen/out.py"}, "an edit tool's path is force-added past .gitignore"
 
 
@@ -89,12 +89,13 @@ def test_library_restore_options_fork_undo_and_redo(workspace: Path, options: En
         with open(workspace / "app.py", "a") as f:
             f.write("mine\n")  # outside any round
         dry = task.restore(1000, "files", dry_run=True, keep_outside_edits=True)
-        assert dry["files"]["merged"] == ["app.py"] and dry["files"]["safety"] is None
+        assert dry.files is not None and dry.files.merged == ("app.py",) and dry.files.safety is None
         assert (workspace / "b.txt").read_text() == "b2\n"
         res = task.restore(1000, "files", paths=["b.txt"])
-        assert res["files"]["restored"] == ["b.txt"] and (workspace / "app.py").read_text().endswith("mine\n")
+        assert res.files is not None and res.files.restored == ("b.txt",)
+        assert (workspace / "app.py").read_text().endswith("mine\n")
         res = task.restore(1000, "files", keep_outside_edits=True)
-        assert res["files"]["merged"] == ["app.py"]
+        assert res.files is not None and res.files.merged == ("app.py",)
         assert (workspace / "app.py").read_text() == "".join(f"line {i}\n" for i in range(10)) + "mine\n"
         task.undo_restore()
         task.undo_restore()
@@ -102,4 +103,4 @@ def test_library_restore_options_fork_undo_and_redo(workspace: Path, options: En
         task.redo_restore()
         assert (workspace / "b.txt").read_text() == "b1\n"
         forked = task.fork(2000, "lib-fork")
-        assert forked["ts"] == 2000 and [c["ts"] for c in cps.task("lib-fork").checkpoints()] == [1000, 2000]
+        assert forked.ts == 2000 and [c.ts for c in cps.task("lib-fork").checkpoints()] == [1000, 2000]

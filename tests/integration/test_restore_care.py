@@ -70,7 +70,7 @@ def test_scope_with_a_watcher_takes_the_round_changes_not_those_between_rounds(
     # the next round's stage picks these up too: they are still not the task's
     command_round(eng, ws, 20, {"made.txt": "by the shell", "f.txt": None})
     assert eng._task("t1").record.scope_paths(eng.first_root) == ["f.txt", "g.txt", "made.txt"]
-    out = eng.restore("t1", 0, "files")
+    out = eng.restore("t1", 0, "files").to_wire()
     assert sorted(out["files"]["restored"]) == ["f.txt", "g.txt"] and out["files"]["deleted"] == ["made.txt"]
     tree = read_tree(ws)
     assert tree["keep.txt"] == b"the person's, between rounds" and tree["notes.md"] == b"mine"
@@ -86,7 +86,7 @@ def test_a_round_of_reported_edits_does_not_take_what_changed_meanwhile(
     cp = edit_round(eng, ws, 10, {"g.txt": "g1", "keep.txt": "another task's, meanwhile"}, report=["g.txt"])
     assert cp is not None and files_of(eng, cp.hashes[eng.first_root])["keep.txt"] == b"another task's, meanwhile"
     assert eng._task("t1").record.scope_paths(eng.first_root) == ["g.txt"]
-    out = eng.restore("t1", 0, "files")
+    out = eng.restore("t1", 0, "files").to_wire()
     assert out["files"]["restored"] == ["g.txt"] and out["files"]["deleted"] == []
     tree = read_tree(ws)
     assert tree["g.txt"] == b"g0" and tree["keep.txt"] == b"another task's, meanwhile"
@@ -109,7 +109,7 @@ def test_clean_merge_reverts_the_task_and_keeps_the_person(make_engine: MakeEngi
     start(eng)
     edit_round(eng, ws, 10, {"f.txt": lines(l2="task 2"), "g.txt": "g1", "new.txt": "n"})
     make_tree(ws, {"f.txt": lines(l2="task 2", l11="mine 11")})
-    out = eng.restore("t1", 0, "files", keep_outside_edits=True)
+    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
     assert out["files"]["merged"] == ["f.txt"] and out["files"]["restored"] == ["g.txt"]
     assert out["files"]["deleted"] == ["new.txt"]
     tree = read_tree(ws)
@@ -128,7 +128,7 @@ def test_a_file_the_task_left_alone_since_the_checkpoint_keeps_the_workspace(
     edit_round(eng, ws, 10, {"g.txt": "g1"})
     edit_round(eng, ws, 20, {"f.txt": lines(l1="task")})
     make_tree(ws, {"g.txt": "the person's g"})
-    dry = eng.restore("t1", 10, "files", dry_run=True, keep_outside_edits=True)
+    dry = eng.restore("t1", 10, "files", dry_run=True, keep_outside_edits=True).to_wire()
     assert dry["files"]["restored"] == ["f.txt"] and dry["files"]["merged"] == [] and dry["files"]["conflicts"] == []
     eng.restore("t1", 10, "files", keep_outside_edits=True)
     assert read_tree(ws)["g.txt"] == b"the person's g", "base = checkpoint: the outside edit stays"
@@ -159,14 +159,14 @@ def test_conflicts_refuse_the_whole_restore_and_write_nothing(make_engine: MakeE
             make_tree(ws, {"f.txt": Link("g.txt")})
     conflicting = "new.txt" if case == "created_by_task" else "f.txt"
     before = untouched(eng, ws)
-    dry = eng.restore("t1", target, "files", dry_run=True, keep_outside_edits=True)
+    dry = eng.restore("t1", target, "files", dry_run=True, keep_outside_edits=True).to_wire()
     assert dry["files"]["conflicts"] == [conflicting] and dry["files"]["safety"] is None
     assert untouched(eng, ws) == before, "a dry run writes nothing"
     with pytest.raises(RestoreConflictError) as info:
         eng.restore("t1", target, "files", keep_outside_edits=True)
     assert info.value.conflicts == [conflicting] and info.value.kind == "restore_conflict"
     assert untouched(eng, ws) == before, "a refused restore writes nothing (g.txt stays g1)"
-    both = eng.restore("t1", target, "both", keep_outside_edits=True)
+    both = eng.restore("t1", target, "both", keep_outside_edits=True).to_wire()
     assert both["files"] is None and both["error"]["kind"] == "restore_conflict"
     assert both["error"]["conflicts"] == [conflicting] and both["task"] == {"keepThrough": target}
     assert read_tree(ws) == before[0]
@@ -177,7 +177,7 @@ def test_mode_change_on_one_side_merges_with_the_content_of_the_other(make_engin
     start(eng)
     edit_round(eng, ws, 10, {"f.txt": lines(l3="task")})
     os.chmod(ws / "f.txt", 0o755)  # the person makes it executable
-    out = eng.restore("t1", 0, "files", keep_outside_edits=True)
+    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
     assert out["files"]["merged"] == ["f.txt"]
     assert read_tree(ws)["f.txt"] == Exe(LINES), "the task's content change reverted, the person's mode kept"
 
@@ -189,7 +189,7 @@ def test_keep_outside_edits_base_after_a_restore_is_the_workspace_it_left(make_e
     edit_round(eng, ws, 20, {"f.txt": lines(l2="task 2", l6="task 6")})
     eng.restore("t1", 10, "files")  # the task's own write: never an outside edit
     make_tree(ws, {"f.txt": lines(l2="task 2", l12="mine")})
-    out = eng.restore("t1", 0, "files", keep_outside_edits=True)
+    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
     assert out["files"]["merged"] == ["f.txt"]
     assert read_tree(ws)["f.txt"] == lines(l12="mine").encode()
 
@@ -215,7 +215,7 @@ def test_paths_take_folders_and_leave_unknown_files_alone(make_engine: MakeEngin
     start(eng)
     edit_round(eng, ws, 10, {"src/a.py": "a1", "src/b.py": "b1", "g.txt": "g1"})
     make_tree(ws, {"src/untracked.py": "the person's new file"})
-    out = eng.restore("t1", 0, "files", paths=["src"])
+    out = eng.restore("t1", 0, "files", paths=["src"]).to_wire()
     assert sorted(out["files"]["deleted"]) == ["src/a.py", "src/b.py"] and out["files"]["restored"] == []
     tree = read_tree(ws)
     assert tree["src/untracked.py"] == b"the person's new file", "neither snapshot holds it: left alone"
@@ -289,10 +289,10 @@ def test_dry_run_answers_exactly_what_the_restore_does(make_engine: MakeEngine, 
         if wire(eng)[target]["restored"] and "paths" not in options:
             continue
         before = untouched(eng, ws)
-        dry = eng.restore("t1", target, "files", dry_run=True, **options)["files"]
+        dry = eng.restore("t1", target, "files", dry_run=True, **options).to_wire()["files"]
         assert untouched(eng, ws) == before, "a dry run writes nothing"
         try:
-            real = eng.restore("t1", target, "files", **options)["files"]
+            real = eng.restore("t1", target, "files", **options).to_wire()["files"]
         except RestoreConflictError as exc:
             assert dry["conflicts"] and sorted(exc.conflicts) == sorted(dry["conflicts"])
             assert untouched(eng, ws) == before
@@ -347,7 +347,7 @@ def test_undo_and_redo_walk_a_chain_of_restores_exactly_through_gc(make_engine: 
     safeties = []
     for i, target in enumerate([0, 30, 10, 40, 20, 50]):
         make_tree(ws, {"mine.txt": f"outside {i}"})
-        out = eng.restore("t1", target, "files", paths=["g.txt"] if i == 3 else None)
+        out = eng.restore("t1", target, "files", paths=["g.txt"] if i == 3 else None).to_wire()
         safeties.append(out["files"]["safety"])
         states.append(read_tree(ws))
         eng.collect_garbage(grace_s=0)

@@ -36,11 +36,11 @@ def test_slow_initialisation_warns_then_succeeds(workspace: Path, make_engine: A
     notes = Notes()
     eng: Engine = make_engine(workspace, init_warn_s=0.001)
     eng.notify = notes
-    assert eng.start_task("slow", ts=1)["state"] == "initializing"
+    assert eng.start_task("slow", ts=1).to_wire()["state"] == "initializing"
     slow = notes.wait_for("task/initSlow")
     assert slow["taskId"] == "slow" and slow["seconds"] >= 0
     eng.tool_began("slow", "write_to_file", "edit", None)  # waits for the baseline
-    listing = eng.list_checkpoints("slow")
+    listing = eng.list_checkpoints("slow").to_wire()
     assert listing["state"] == "ready" and [c["kind"] for c in listing["checkpoints"]] == ["baseline"]
 
 
@@ -52,7 +52,7 @@ def test_initialisation_timeout_disables_the_task_without_paying_it_again(worksp
     eng.start_task("late", ts=1)
     failed = notes.wait_for("task/initFailed")
     assert failed["kind"] == "init_timeout" and failed["taskId"] == "late"
-    listing = eng.list_checkpoints("late")
+    listing = eng.list_checkpoints("late").to_wire()
     assert listing["state"] == "disabled" and listing["error"]["kind"] == "init_timeout"
     assert listing["checkpoints"] == [], "the late baseline is dropped, never half-attached"
     # rounds go on without checkpoints and without waiting
@@ -61,7 +61,7 @@ def test_initialisation_timeout_disables_the_task_without_paying_it_again(worksp
     (workspace / "d0/f0.txt").write_text("changed\n")
     eng.tool_ended("late", "write_to_file", ["d0/f0.txt"], "edit")
     assert eng.end_round("late", 2) is None
-    assert eng.list_checkpoints("late")["checkpoints"] == []
+    assert eng.list_checkpoints("late").to_wire()["checkpoints"] == []
 
 
 def test_retry_after_a_failure_and_disable(workspace: Path, make_engine: Any) -> None:
@@ -73,15 +73,15 @@ def test_retry_after_a_failure_and_disable(workspace: Path, make_engine: Any) ->
     rt = eng._task("t")
     assert rt.baseline is not None
     rt.baseline.result(timeout=60)
-    assert eng.list_checkpoints("t")["state"] == "disabled"
+    assert eng.list_checkpoints("t").to_wire()["state"] == "disabled"
     # a more patient engine for the same docs root: the retry builds the baseline
     eng.options = type(eng.options)(**{**{f: getattr(eng.options, f) for f in eng.options.__dataclass_fields__},
                                        "init_timeout_s": 600.0})
-    assert eng.retry_task("t")["state"] in ("initializing", "ready")
+    assert eng.retry_task("t").to_wire()["state"] in ("initializing", "ready")
     eng.tool_began("t", "write_to_file", "edit", None)
-    assert eng.list_checkpoints("t")["state"] == "ready"
+    assert eng.list_checkpoints("t").to_wire()["state"] == "ready"
     eng.disable_task("t")
-    assert eng.list_checkpoints("t")["state"] == "disabled"
+    assert eng.list_checkpoints("t").to_wire()["state"] == "disabled"
     eng.begin_round("t")
     eng.tool_began("t", "execute_command", "command", None)
     eng.tool_ended("t", "execute_command", None, "command")
@@ -99,5 +99,5 @@ def test_same_ts_round_then_completion_is_one_timeline_entry(workspace: Path, ma
     first = eng.end_round("t", 2)
     again = eng.complete("t", 2)
     assert first is not None and again.hashes == first.hashes
-    assert [c["ts"] for c in eng.list_checkpoints("t")["checkpoints"]] == [1, 2], (
+    assert [c["ts"] for c in eng.list_checkpoints("t").to_wire()["checkpoints"]] == [1, 2], (
         "back-to-back checkpoints for one message are deduplicated")

@@ -54,9 +54,9 @@ def test_command_round_in_a_20k_workspace_is_staged_from_the_watcher(
         assert rounds[0]["watched"] >= 1 and rounds[0]["paths"] <= 5, rounds[0]
     else:
         assert rounds[0]["rescan"] is True, f"no flush barrier: the round cannot be proven, it rescans; {rounds[0]}"
-    changed = {f["path"]: f for f in eng.diff("big", 1, 3)["files"]}
+    changed = {f["path"]: f for f in eng.diff("big", 1, 3).to_wire()["files"]}
     assert set(changed) == {"pkg007/mod00007.py"} and changed["pkg007/mod00007.py"]["after"] == "x = 'changed'\n"
-    assert eng.diff("big", 3)["files"] == [], "the watcher's checkpoint equals a full rescan of the workspace"
+    assert eng.diff("big", 3).to_wire()["files"] == [], "the watcher's checkpoint equals a full rescan of the workspace"
 
 
 def _random_action(rng: random.Random, root: Path, step: int) -> Any:
@@ -122,7 +122,7 @@ def test_watcher_and_rescan_agree_on_a_random_sequence(tmp_path: Path, make_engi
             wt = w.repo.list_tree(w.cache.tree)
             st = s.repo.list_tree(s.cache.tree)
         assert wt == st, f"step {step}: watcher and rescan disagree: {set(wt) ^ set(st)}"
-        assert watched.diff("by-watcher", 10 + step)["files"] == []
+        assert watched.diff("by-watcher", 10 + step).to_wire()["files"] == []
 
 
 def test_the_watcher_observer_setting_reaches_the_watcher(
@@ -155,7 +155,7 @@ def test_a_killed_observer_degrades_to_rescan_with_nothing_missed(
     assert cp is not None and not cp.reused
     rounds = [e for e in logs if e["event"] == "round.checkpointed"]
     assert rounds and rounds[0]["rescan"] is True, rounds
-    assert {f["path"] for f in eng.diff("t", 1, 2)["files"]} == {"b.txt"}
+    assert {f["path"] for f in eng.diff("t", 1, 2).to_wire()["files"]} == {"b.txt"}
     assert any(m == "watcher/degraded" for m, _ in notes), notes
 
 
@@ -169,7 +169,7 @@ def test_a_compare_with_the_workspace_uses_the_watcher_and_leaves_its_paths_to_t
     eng.end_round("t", 2)
     (workspace / "pkg03/mod0003.py").write_text("x = 'by a command'\n")  # nobody reported it
     with capture_logs() as logs:
-        files = eng.diff("t", 1)["files"]
+        files = eng.diff("t", 1).to_wire()["files"]
     assert [(f["path"], f["after"]) for f in files] == [("pkg03/mod0003.py", "x = 'by a command'\n")]
     staged = [e for e in logs if e["event"] == "scanner.staged"]
     assert staged and any(e["rescan"] for e in staged) is not trusted, f"the watcher knew the change: {staged}"
@@ -179,5 +179,5 @@ def test_a_compare_with_the_workspace_uses_the_watcher_and_leaves_its_paths_to_t
     rounds = [e for e in logs if e["event"] == "round.checkpointed"]
     assert cp is not None and rounds[0]["rescan"] is not trusted, rounds
     assert rounds[0]["watched"] >= 1 or not trusted, rounds
-    changed = {f["path"]: f for f in eng.diff("t", 1, 3)["files"]}
+    changed = {f["path"]: f for f in eng.diff("t", 1, 3).to_wire()["files"]}
     assert set(changed) == {"pkg03/mod0003.py"}

@@ -216,7 +216,7 @@ class WorkspaceModel(RuleBasedStateMachine):
 
     def _check_checkpoint(self, ts: int, expected: dict[str, Entry]) -> None:
         root = self.engine.roots[self.engine.first_root]
-        commit = next(c for c in self.engine.list_checkpoints("t")["checkpoints"] if c["ts"] == ts)["hash"]
+        commit = next(c for c in self.engine.list_checkpoints("t").checkpoints if c.ts == ts).hash
         with root.locked() as locked:
             repo = locked.repo
             listing = repo.list_tree(repo.commit_tree(commit))
@@ -239,7 +239,7 @@ class WorkspaceModel(RuleBasedStateMachine):
             with pytest.raises(AlreadyRestoredError):
                 self.engine.restore("t", ts, "files")
             return
-        out = self.engine.restore("t", ts, "files")
+        out = self.engine.restore("t", ts, "files").to_wire()
         # the safety checkpoint rescans, edited paths forced: it becomes the tracked set
         current = self._rescan(self.tracked, self.edited)
         if self.edited or self.changed:

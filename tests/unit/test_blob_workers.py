@@ -335,6 +335,6 @@ def test_the_hash_workers_setting_reaches_the_scanner(make_engine: Any, workspac
     pids = worker_pids_seen(monkeypatch)
     eng = make_engine(workspace, hash_workers=setting, watcher=False)
     eng.start_task("t", ts=1)
-    assert eng.list_checkpoints("t")["state"] in ("initializing", "ready")
-    wait_for(lambda: eng.list_checkpoints("t")["state"] == "ready", "the baseline never finished")
+    assert eng.list_checkpoints("t").to_wire()["state"] in ("initializing", "ready")
+    wait_for(lambda: eng.list_checkpoints("t").to_wire()["state"] == "ready", "the baseline never finished")
     assert len(pids) == (default_worker_count() if expected is None else expected)

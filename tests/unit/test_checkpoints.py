@@ -107,11 +107,11 @@ def test_checkpoint_or_raise_checks_type() -> None:
 
 def test_to_wire() -> None:
     w = cp(5, "round", hashes={"a": "1" * 40, "b": "2" * 40}, reused=True,
-           warnings=[{"path": "x", "reason": "over the size cap"}]).to_wire("b")
+           warnings=[{"path": "x", "reason": "over the size cap"}]).value("b").to_wire()
     assert w["hash"] == "2" * 40 and w["hashes"] == {"a": "1" * 40, "b": "2" * 40}
     assert w["reused"] is True and w["restored"] is False and w["warnings"][0]["path"] == "x"
     assert w["createdAt"].endswith("Z")
-    comp = cp(6, "compaction").to_wire("a")
+    comp = cp(6, "compaction").value("a").to_wire()
     assert comp["hash"] is None and comp["hashes"] == {} and comp["kind"] == "compaction"
 
 

@@ -19,6 +19,7 @@ import shadowpoint
 from shadowpoint import errors
 from shadowpoint.cli import EXIT_CODES
 from shadowpoint.errors import KIND_CLASSES, CliError, ShadowpointError, cli_error
+from shadowpoint.kinds import ErrorKind, error_kind
 
 REPO = Path(__file__).resolve().parents[2]
 PROTOCOL = REPO.parent / "shared" / "PROTOCOL.md"
@@ -132,6 +133,12 @@ def test_every_cli_exit_code_has_its_class() -> None:
         assert kind in KIND_CLASSES, f"no class for exit code {EXIT_CODES[kind]} ({kind})"
         assert KIND_CLASSES[kind].kind == kind
     assert set(KIND_CLASSES) == set(EXIT_CODES), "every kind with a class has an exit code"
+
+
+def test_error_kind_names_every_kind_and_nothing_else() -> None:
+    assert set(ErrorKind) == set(KIND_CLASSES), "ErrorKind is the kinds errors.py raises"
+    assert protocol_kinds() <= set(ErrorKind)
+    assert error_kind("no_such_kind") is ErrorKind.INTERNAL
 
 
 @pytest.mark.parametrize("kind", sorted(EXIT_CODES))
