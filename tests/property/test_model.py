@@ -268,7 +268,8 @@ class WorkspaceModel(RuleBasedStateMachine):
         self.engine.undo_restore("t")
         undo = self.undo.pop()
         paths = set(undo)
-        self.tracked = self._rescan(self.tracked, paths)
+        # an undo is a restore: its safety checkpoint forces the edited paths too (Restorer._plan_root)
+        self.tracked = self._rescan(self.tracked, paths | self.edited)
         for path, entry in undo.items():
             self._put(path, entry)
             self._track(path, entry)
