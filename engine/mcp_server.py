@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 from shadowpoint import __version__
 from shadowpoint.cli.render import stat_lines, unified_diff_lines
@@ -72,23 +72,33 @@ def build_server(settings: Settings, directory: str | None = None) -> Any:
     """The MCP server object (not started), its tools bound to `settings` and the workspace."""
     import importlib
 
-    from mcp.types import ToolAnnotations
-
     try:
         server_cls: Any = importlib.import_module("mcp.server.mcpserver").MCPServer
         tool_error: type[Exception] = importlib.import_module("mcp.server.mcpserver.exceptions").ToolError
     except ImportError:  # mcp 1.x
         server_cls = importlib.import_module("mcp.server.fastmcp").FastMCP
         tool_error = importlib.import_module("mcp.server.fastmcp.exceptions").ToolError
-
-    def hints(**values: Any) -> ToolAnnotations:
-        # by the wire names: accepted by mcp 1.x (camelCase fields) and 2.x (aliases)
-        return ToolAnnotations.model_validate(values)
-
-    default_root = workspace_root(directory)
     server = server_cls("shadowpoint", instructions=INSTRUCTIONS, version=__version__)
+    _add_tools(_tool_registrar(server, tool_error), settings, workspace_root(directory))
+    return server
 
-    def tool(**options: Any) -> Callable[[F], F]:
+
+def _hints(**values: Any) -> Any:
+    """A tool's annotations, by the wire names: accepted by mcp 1.x (camelCase fields) and 2.x
+    (aliases)."""
+    from mcp.types import ToolAnnotations
+
+    return ToolAnnotations.model_validate(values)
+
+
+class _Decorate(Protocol):
+    def __call__(self, fn: F, /) -> F: ...
+
+
+def _tool_registrar(server: Any, tool_error: type[Exception]) -> Callable[..., _Decorate]:
+    """`server.tool`, with our refusals turned into the tool errors the model reads."""
+
+    def tool(**options: Any) -> _Decorate:
         register: Callable[[F], F] = server.tool(**options)
 
         def decorate(fn: F) -> F:
@@ -104,7 +114,13 @@ def build_server(settings: Settings, directory: str | None = None) -> Any:
 
         return decorate
 
-    @tool(annotations=hints(title="List checkpoints", readOnlyHint=True))
+    return tool
+
+
+def _add_tools(tool: Callable[..., _Decorate], settings: Settings, default_root: Path) -> None:
+    """The four tools: list, diff, restore and undo, on the workspace's latest task by default."""
+
+    @tool(annotations=_hints(title="List checkpoints", readOnlyHint=True))
     def list_checkpoints(root: str | None = None, task_id: str | None = None) -> dict[str, Any]:
         """List the checkpoints of the workspace's latest task (or `task_id`), newest first.
 
@@ -117,7 +133,7 @@ def build_server(settings: Settings, directory: str | None = None) -> Any:
             return {"workspace": str(ws.root), "taskId": ws.task,
                     "checkpoints": [_brief(c, messages) for c in ws.checkpoints()]}
 
-    @tool(annotations=hints(title="Diff a checkpoint", readOnlyHint=True))
+    @tool(annotations=_hints(title="Diff a checkpoint", readOnlyHint=True))
     def diff_checkpoint(checkpoint: str = "1", to: str | None = None, stat: bool = False,
                         root: str | None = None, task_id: str | None = None) -> dict[str, Any]:
         """Show what changed since a checkpoint (against the current files, or against checkpoint `to`).
@@ -140,7 +156,7 @@ def build_server(settings: Settings, directory: str | None = None) -> Any:
                 "files": [{"path": f["path"], "status": f["status"], "binary": f["binary"]} for f in diff["files"]],
                 "diff": text[:_MAX_DIFF_CHARS], "truncated": truncated}
 
-    @tool(annotations=hints(title="Restore a checkpoint", destructiveHint=True,
+    @tool(annotations=_hints(title="Restore a checkpoint", destructiveHint=True,
                                    readOnlyHint=False, idempotentHint=False))
     def restore_checkpoint(checkpoint: str, mode: Literal["files", "task", "both"] = "files",
                            paths: list[str] | None = None, dryRun: bool = False,  # the protocol's names
@@ -165,7 +181,7 @@ def build_server(settings: Settings, directory: str | None = None) -> Any:
             result = ws.backend.restore(ws.task, cp["ts"], mode, paths, dryRun, keepOutsideEdits)
         return {"checkpoint": _brief(cp), **result}
 
-    @tool(annotations=hints(title="Undo the last restore", destructiveHint=True,
+    @tool(annotations=_hints(title="Undo the last restore", destructiveHint=True,
                                    readOnlyHint=False, idempotentHint=False))
     def undo_restore(root: str | None = None, task_id: str | None = None) -> dict[str, Any]:
         """Undo the last file restore: put back exactly the files it changed.
@@ -176,8 +192,6 @@ def build_server(settings: Settings, directory: str | None = None) -> Any:
         """
         with _Workspace(settings, default_root, root, task_id) as ws:
             return dict(ws.backend.undo_restore(ws.task))
-
-    return server
 
 
 def run(settings: Settings, directory: str | None = None) -> None:
