@@ -27,7 +27,7 @@ import structlog
 
 from shadowpoint.roots import RootState
 from shadowpoint.stage.blob_workers import HashedFile, read_file, snapshot_file
-from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules
 from shadowpoint.stage.stager import is_rules_file
 from shadowpoint.stage.stat_cache import FileState
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
@@ -121,11 +121,12 @@ class WatchVerifier:
         """Note every path that differs from the tracked set; False if `pause` ended the pass."""
         tracked = run.tracked
         base = os.path.join(self.root.ws.root, "")
-        walked: list[tuple[str, tuple[str, ...]]] = []
+        walked: list[tuple[str, str]] = []  # (prefix, the names joined)
         reached = in_slice = 0
         slice_start = time.perf_counter()
-        for prefix, names in self.rules.walk_folders():
-            walked.append((prefix, names))
+        for prefix, joined in self.rules.walk_folders():
+            walked.append((prefix, joined))
+            names = joined.split(NAME_SEP)
             for name in names:
                 path = RepoPath(prefix + name)
                 known = tracked.get(path)
@@ -139,7 +140,7 @@ class WatchVerifier:
         if reached != len(tracked):
             # Tracked but not walked: deleted, or tracked despite an exclusion (force-added; rounds
             # look at those themselves, the watcher has no watch where they live).
-            seen = {prefix + name for prefix, names in walked for name in names}
+            seen = {prefix + name for prefix, joined in walked for name in joined.split(NAME_SEP)}
             for path in [p for p in tracked if p not in seen]:
                 if not self.rules.is_excluded(path, is_dir=False):
                     self._compare(run, path, base + path, tracked[path])

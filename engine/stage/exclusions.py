@@ -121,6 +121,10 @@ class _DirInfo:
     is_link: bool = False  # a symlink: nothing lies "under" it
 
 
+# what joins the names of a folder's files in `walk_folders` (no file name holds a NUL)
+NAME_SEP = "\0"
+
+
 @dataclass(frozen=True, slots=True)
 class _Listing:
     """The included entries of one folder as a whole-workspace walk found them.
@@ -135,8 +139,8 @@ class _Listing:
     chain: tuple[tuple[PatternSet, str], ...]
     reason: str | None  # the folder itself is excluded (a nested repository)
     has_gitignore: bool
-    # included entries that are not folders, joined by NUL (no file name holds one): one
-    # string per folder, not one per file (~5 MiB of a 100k-file sidecar's peak memory)
+    # included entries that are not folders, joined by NAME_SEP: one string per folder, not
+    # one per file (~5 MiB of a 100k-file sidecar's peak memory)
     files: str
     dirs: tuple[str, ...]  # included sub-folders
 
@@ -259,9 +263,10 @@ class ExclusionRules:
             for entry in files:
                 yield RepoPath(prefix + entry.name), entry
 
-    def walk_folders(self) -> Iterator[tuple[str, tuple[str, ...]]]:
+    def walk_folders(self) -> Iterator[tuple[str, str]]:
         """Every included non-folder entry of the workspace, like `walk()` from the root, as
-        (folder path with a trailing "/", or "" for the root; the names of its included entries).
+        (folder path with a trailing "/", or "" for the root; the names of its included entries,
+        joined by `NAME_SEP`: the listing's own string, so that a caller that keeps it holds no copy).
 
         Reuses the listing of each folder whose times and rules are unchanged since the
         previous `walk_folders` (no directory read, no pattern matching there): a rescan of an
@@ -269,7 +274,8 @@ class ExclusionRules:
         before they were listed are listed again next time.
 
         Returns:
-            An iterator of (folder prefix, entry names); their stat is the caller's.
+            An iterator of (folder prefix, entry names joined by NAME_SEP; never empty); their
+            stat is the caller's.
         """
         with self._dirs_lock:
             self._dirs.clear()
@@ -298,7 +304,7 @@ class ExclusionRules:
             infos[rel] = info
             prefix = f"{rel}/" if rel else ""
             if listing.files:
-                yield prefix, tuple(listing.files.split("\0"))
+                yield prefix, listing.files
             for dir_name in listing.dirs:
                 pending.append((prefix + dir_name, dir_name, info))
         self._listings = new
@@ -349,7 +355,7 @@ class ExclusionRules:
             return _Listing(stamp, parent_info.chain, (), info.reason, has_gitignore, "", ())
         files, dirs = self._included(info, f"{rel}/" if rel else "", entries)
         return _Listing(stamp, parent_info.chain, info.chain, None, has_gitignore,
-                        "\0".join(e.name for e in files), tuple(e.name for e in dirs))
+                        NAME_SEP.join(e.name for e in files), tuple(e.name for e in dirs))
 
     def _included(self, info: _DirInfo, prefix: str, entries: Sequence[os.DirEntry[str]]
                   ) -> tuple[list[os.DirEntry[str]], list[os.DirEntry[str]]]:

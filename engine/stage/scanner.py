@@ -30,7 +30,7 @@ from shadowpoint.stage.blob_workers import (
     snapshot_file,
 )
 from shadowpoint.stage.early_capture import EarlyCapture
-from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules
 from shadowpoint.stage.git_index import IndexProof
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import FileState, StatCache
@@ -217,7 +217,7 @@ class Scanner:
     def _rescan(self, run: _Staging) -> None:
         entries = run.cache.entries
         tracked_before = len(entries)
-        walked: list[tuple[str, tuple[str, ...]]] = []
+        walked: list[tuple[str, str]] = []  # (prefix, the names joined)
         reached = clean = 0
         root = os.path.join(self.root, "")
         lstat = os.lstat
@@ -229,8 +229,9 @@ class Scanner:
             self._capture_early(run)
 
         # The hot loop of a rescan (100k files): one lstat and one stat comparison per file.
-        for prefix, names in self.rules.walk_folders():
-            walked.append((prefix, names))
+        for prefix, joined in self.rules.walk_folders():
+            walked.append((prefix, joined))
+            names = joined.split(NAME_SEP)
             folder = root + prefix
             if run.proof is not None and not run.proof.attributes_clear(self.root, prefix):
                 self._unborrow(run)  # "any doubt: hash", the ids taken so far included
@@ -277,7 +278,7 @@ class Scanner:
             return  # every tracked path was walked
         # Tracked paths the walk did not reach: deleted, or tracked despite an exclusion
         # (force-added earlier); git semantics: exclusions apply to untracked files only.
-        seen = {prefix + name for prefix, names in walked for name in names}
+        seen = {prefix + name for prefix, joined in walked for name in joined.split(NAME_SEP)}
         for path in [p for p in entries if p not in seen and p not in pinned]:
             run.stats.outside_walk.append(path)
             self._stage_path(run, path, forced=True, expand_dirs=False)

@@ -21,7 +21,7 @@ import pytest
 
 from shadowpoint.config.exclusion_data import BUILTIN_EXCLUSIONS
 from shadowpoint.stage import exclusions
-from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules
 from shadowpoint.workspace import RepoPath
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="the git CLI is the oracle")
@@ -605,7 +605,7 @@ def test_walk_and_checks_never_modify_the_tree(tmp_path: Path) -> None:
 
 
 def folders_walked(rules: ExclusionRules) -> set[str]:
-    return {prefix + name for prefix, names in rules.walk_folders() for name in names}
+    return {prefix + name for prefix, joined in rules.walk_folders() for name in joined.split(NAME_SEP)}
 
 
 def _settle() -> None:
