@@ -76,6 +76,7 @@ def measure_sidecar(
     edit_paths: Sequence[str],
     touch: Callable[[Sequence[str], str], None],
     log_file: Path,
+    started: Callable[[int], None] | None = None,
 ) -> SidecarStats:
     """Run the sidecar through a baseline, rounds and a compare; return its peak RSS.
 
@@ -85,6 +86,7 @@ def measure_sidecar(
         edit_paths: root-relative files the rounds edit.
         touch: writes new content into the given paths (the benchmark's edit).
         log_file: where the sidecar's stderr goes.
+        started: called with the sidecar's pid once it runs (e.g. to sample its memory).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWPOINT_", "GIT_"))}
     env.update({
@@ -97,6 +99,8 @@ def measure_sidecar(
     with open(log_file, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "shadowpoint", "serve"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, env=env, cwd=root)
+        if started is not None:
+            started(proc.pid)
         try:
             rpc = RpcClient(proc)
             rpc.call("initialize", {"roots": [str(root)], "client": {"name": "shadowpoint-bench", "version": "1"}})
