@@ -173,11 +173,6 @@ def write_pack(repo: pygit2.Repository, oids: list[str], folder: Path, progress:
                              done, total, level)
 
 
-def write_pack_objects(objects: list[tuple[str, int, bytes]], folder: Path) -> Path:
-    """`write_pack` for objects given as (id, type, data): e.g. a baseline's new trees."""
-    return _write_pack_items(len(objects), (objects[i:i + _BATCH] for i in range(0, len(objects), _BATCH)), folder)
-
-
 def _write_pack_items(count: int, batches: Iterable[list[tuple[str, int, bytes]]], folder: Path,
                       progress: Progress | None = None, done: int = 0, total: int = 0, level: int = 6) -> Path:
     compress = partial(_compressed, level=level)
