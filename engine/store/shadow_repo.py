@@ -9,7 +9,6 @@ serialise access per repository (`RootState.locked` in roots.py); no thread of i
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -18,7 +17,6 @@ import shutil
 import tempfile
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,15 +25,15 @@ import pygit2
 import structlog
 
 from shadowpoint.errors import (
-    FileNotStorableError,
     ObjectMissingError,
     RepoError,
     ShadowRepoMismatchError,
     StorageFailedError,
 )
-from shadowpoint.store import packing
-from shadowpoint.store.atomic import atomic_writer, write_atomic
+from shadowpoint.store import loose, packing
+from shadowpoint.store.atomic import write_atomic
 from shadowpoint.store.locking import flocked, is_flocked
+from shadowpoint.store.loose import DAMAGE_ERRNOS, FilePool, storage_message, write_all
 from shadowpoint.store.values import (
     COMMITTER_EMAIL,
     COMMITTER_NAME,
@@ -65,6 +63,10 @@ GC_KEEP_PACK_OBJECTS = 5_000
 # a checkpoint named a blob that another process's collection had just removed (three sidecars
 # on one workspace, tests/faults/test_concurrency.py). A handle that sees a new value reopens.
 GC_GENERATION_FILE = "shadowpoint/gc-generation"
+# Empty files made ahead of time for the loose objects and refs a round writes (loose.py)
+FILE_POOL_FOLDER = "shadowpoint/pool"
+# One entry of a raw tree object: octal mode, space, name, NUL, 20-byte id
+_TREE_ENTRY = re.compile(rb"([0-7]+) ([^\0]*)\0(.{20})", re.S)
 
 _configured = False
 
@@ -114,9 +116,6 @@ def translated(action: str) -> Iterator[None]:
 
 # The probe `written` writes when libgit2 failed: a docs root without this much room is full.
 STORAGE_PROBE_BYTES = 64 * 1024
-# A refusal with one of these is damage to the repository (a file where its folder should
-# be, a folder gone), not the storage: RepoError, whose handling repairs the repo.
-_DAMAGE_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EEXIST, errno.EISDIR})
 
 
 @contextlib.contextmanager
@@ -132,14 +131,8 @@ def written(git_dir: Path, action: str) -> Iterator[None]:
     except (pygit2.GitError, KeyError, ValueError, OSError) as exc:
         cause = _storage_cause(git_dir)
         if cause is not None:
-            raise StorageFailedError(_storage_message(git_dir, action, cause)) from exc
+            raise StorageFailedError(storage_message(git_dir, action, cause)) from exc
         raise RepoError(f"Shadow repository failed to {action}: {exc}") from exc
-
-
-def _storage_message(git_dir: Path, action: str, cause: OSError) -> str:
-    return (f"The shadow repository {git_dir} could not {action}: {cause.strerror or cause} "
-            f"(errno {errno.errorcode.get(cause.errno or 0, cause.errno)}). Nothing was half-written; "
-            "free space in the docs root (or fix the disk) and the next round checkpoints every change.")
 
 
 def _storage_cause(git_dir: Path) -> OSError | None:
@@ -149,58 +142,15 @@ def _storage_cause(git_dir: Path) -> OSError | None:
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            _write_all(fd, bytes(STORAGE_PROBE_BYTES))
+            write_all(fd, bytes(STORAGE_PROBE_BYTES))
         finally:
             os.close(fd)
     except OSError as exc:
-        return None if exc.errno in _DAMAGE_ERRNOS else exc
+        return None if exc.errno in DAMAGE_ERRNOS else exc
     finally:
         with contextlib.suppress(OSError):
             probe.unlink()
     return None
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def write_loose_blob(git_dir: Path, data: bytes) -> str:
-    """Write `data` as a loose blob with Python's own I/O; returns its id.
-
-    The path taken when libgit2 failed to write it: libgit2 loses the errno, this write
-    keeps it. Like libgit2, a temporary file (swept as a stale `objects/tmp_*` if this
-    process dies) renamed into place, so a failure leaves no half-written object.
-
-    Raises:
-        FileNotStorableError: this one object is beyond a file-size limit (EFBIG: the file
-            system's, or the process's RLIMIT_FSIZE); other files can still be stored.
-        StorageFailedError: the docs root refused the write (disk full, quota, I/O error).
-        RepoError: the object store is damaged (a file where a fan-out folder should be).
-    """
-    oid = str(pygit2.hash(data))
-    final = git_dir / "objects" / oid[:2] / oid[2:]
-    if final.exists():
-        return oid
-    tmp = git_dir / "objects" / f"tmp_shadowpoint_{os.getpid()}_{threading.get_ident()}"
-    try:
-        final.parent.mkdir(exist_ok=True)
-        with atomic_writer(final, tmp=tmp, perm=0o444) as fh:
-            deflate = zlib.compressobj(1)
-            fh.write(deflate.compress(b"blob %d\0" % len(data)))
-            for start in range(0, len(data), 1 << 20):
-                fh.write(deflate.compress(memoryview(data)[start:start + (1 << 20)]))
-            fh.write(deflate.flush())
-    except OSError as exc:
-        if exc.errno in _DAMAGE_ERRNOS:
-            raise RepoError(f"Shadow repository failed to write a blob: {exc}") from exc
-        if exc.errno == errno.EFBIG:
-            raise FileNotStorableError(
-                f"{exc.strerror}: {len(data)} bytes are beyond a file-size limit of the docs root's "
-                "file system or of the process (RLIMIT_FSIZE)") from exc
-        raise StorageFailedError(_storage_message(git_dir, "write a blob", exc)) from exc
-    return oid
 
 
 def delete_task_refs(repo: ShadowRepo, task_id: str) -> None:
@@ -225,7 +175,7 @@ def open_blob_writer(git_dir: Path) -> Callable[[bytes], bytes]:
     renamed into place, so several processes may write into one repository at once.
 
     Raises:
-        RepoError: the repository cannot be opened (the writer raises `write_loose_blob`'s
+        RepoError: the repository cannot be opened (the writer raises `loose.write_object`'s
             errors when a write fails).
     """
     isolate_libgit2()
@@ -236,7 +186,7 @@ def open_blob_writer(git_dir: Path) -> Callable[[bytes], bytes]:
         try:
             return bytes(repo.create_blob(data).raw)
         except pygit2.GitError:  # not translated: libgit2 lost the errno, our own write keeps it
-            return bytes.fromhex(write_loose_blob(git_dir, data))
+            return bytes.fromhex(loose.write_object(git_dir, b"blob", data))
 
     return write
 
@@ -354,7 +304,9 @@ class ShadowRepo:
         self._repo = repo
         self.git_dir = git_dir
         self.worktree = worktree
-        self._sig = pygit2.Signature(COMMITTER_NAME, COMMITTER_EMAIL)
+        self._recent_trees: dict[bytes, bytes] = {}  # raw id: content, of the last patch's trees
+        self._pool = FilePool(git_dir / FILE_POOL_FOLDER,
+                              folders=[os.path.join(git_dir, "objects", f"{i:02x}") for i in range(256)])
         self._borrowed: dict[str, _ReadOnlyObjects] = {}
         self._gc_file = os.fspath(git_dir / GC_GENERATION_FILE)
         self._gc_seen = self._gc_generation()
@@ -500,6 +452,7 @@ class ShadowRepo:
             self._repo.free()
             self._repo = pygit2.Repository(str(self.git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
         self._gc_seen = seen
+        self._recent_trees = {}
         self._attach_recorded()
 
     def _gc_generation(self) -> bytes:
@@ -533,6 +486,7 @@ class ShadowRepo:
         self._clear_stale_locks(self.git_dir)
 
     def close(self) -> None:
+        self._pool.close()
         with contextlib.suppress(Exception):
             self._repo.free()
 
@@ -546,10 +500,7 @@ class ShadowRepo:
                 or the process's file-size limit (the caller leaves its file out).
             StorageFailedError: the docs root refused the write (disk full, quota, I/O error).
         """
-        try:
-            return str(self._repo.create_blob(data))
-        except pygit2.GitError:  # not translated: libgit2 lost the errno, our own write keeps it
-            return write_loose_blob(self.git_dir, data)
+        return loose.write_object(self.git_dir, b"blob", data, self._pool)
 
     def read_blob(self, oid: str) -> bytes:
         with translated(f"read blob {oid}"):
@@ -675,9 +626,11 @@ class ShadowRepo:
             else:
                 node[leaf] = entry
         with written(self.git_dir, "write a tree"):
-            base = self._obj(base_tree) if base_tree else None
-            oid = self._patch(base, nested)
-            return str(oid) if oid is not None else None
+            written_now: dict[bytes, bytes] = {}
+            oid = self._patch(self._tree_data(base_tree) if base_tree else None, nested, written_now)
+            # the next round patches these trees: keep them, not the disk, as its base
+            self._recent_trees = written_now
+            return oid
 
     def write_tree_packed(self, files: Iterable[tuple[str, int, bytes]]) -> str | None:
         """The tree holding exactly `files` (path, git mode, raw blob id; sorted by path), built
@@ -707,39 +660,60 @@ class ShadowRepo:
             raise ValueError(str(exc)) from None
         return root.hex()
 
-    def _patch(self, tree: Any, changes: dict[str, Any]) -> Any:
-        # pygit2's TreeBuilder takes names as strict UTF-8 only: a file name holding bytes that
-        # are not UTF-8 (a lone surrogate here, surrogateescape) made the whole baseline fail.
-        # Such a folder is written as a raw tree object instead (fault tests, test_hostile.py).
-        if not all(_is_utf8(name) for name in changes):
-            return self._patch_raw(tree, changes)
-        tb = self._repo.TreeBuilder(tree) if tree is not None else self._repo.TreeBuilder()
-        count = len(tree) if tree is not None else 0
-        for name, change in changes.items():
-            existing = tb.get(name)
-            new = self._new_entry(existing, change)
-            if new is None:
-                if existing is not None:
-                    tb.remove(name)
-                    count -= 1
-            else:
-                if existing is None:
-                    count += 1
-                tb.insert(name, pygit2.Oid(hex=str(new[0])), new[1])
-        if count <= 0:
-            return None
-        return tb.write()
+    def _tree_data(self, oid: str | bytes) -> bytes:
+        """A tree's raw content (`oid` hex, or raw bytes): one the last patch wrote from memory,
+        any other from the repository.
 
-    def _new_entry(self, existing: Any, change: Any) -> tuple[Any, int] | None:
-        """What one name of a tree becomes: (oid, mode), or None when it goes away."""
+        Raises:
+            ObjectMissingError: the repository does not hold it.
+        """
+        raw = oid if isinstance(oid, bytes) else bytes.fromhex(oid)
+        data = self._recent_trees.get(raw)
+        if data is None:
+            data = bytes(self._obj(pygit2.Oid(raw=raw)).read_raw())
+        return data
+
+    def _patch(self, tree: bytes | None, changes: dict[str, Any], written_now: dict[bytes, bytes]) -> str | None:
+        """Write the tree whose content is `tree` (None: an empty one) with `changes` applied;
+        the new tree's id, or None when nothing is left in it. git's tree format is written
+        here, names as bytes (a name that is not UTF-8 comes as a lone surrogate,
+        surrogateescape; test_hostile.py), and the object through `loose.write_object` (its
+        file made ahead of time); `written_now` gets every tree written (raw id: content)."""
+        entries: dict[bytes, tuple[int, bytes]] = {}
+        if tree is not None:
+            for mode, name, raw in _TREE_ENTRY.findall(tree):
+                entries[name] = (int(mode, 8), raw)
+        added = False
+        for name, change in changes.items():
+            key = os.fsencode(name)
+            existing = entries.get(key)
+            new = self._new_entry(existing, change, written_now)
+            if new is None:
+                entries.pop(key, None)
+            else:
+                added = added or existing is None
+                entries[key] = (new[1], bytes.fromhex(new[0]))
+        if not entries:
+            return None
+        # git sorts tree entries by name, a folder's name compared as if it ended with "/";
+        # a tree read back is in that order already, so only a new name needs a sort
+        order = sorted(entries, key=lambda n: n + b"/" if entries[n][0] == MODE_TREE else n) if added else entries
+        data = b"".join(b"%o %s\0%s" % (entries[n][0], n, entries[n][1]) for n in order)
+        oid = loose.write_object(self.git_dir, b"tree", data, self._pool, known_new=True)
+        written_now[bytes.fromhex(oid)] = data
+        return oid
+
+    def _new_entry(self, existing: tuple[int, bytes] | None, change: Any,
+                   written_now: dict[bytes, bytes]) -> tuple[str, int] | None:
+        """What one name of a tree becomes: (id, mode), or None when it goes away."""
         if isinstance(change, dict):
             direct = change.pop("", None)
-            sub = None
-            if existing is not None and existing.filemode == MODE_TREE:
-                sub = self._obj(existing.id)
-            new_sub = self._patch(sub, change) if change else (None if direct is not None else sub and sub.id)
-            if direct is not None:
+            if direct is not None:  # a file or link replaces the folder: its changes do not matter
                 return (direct.oid, direct.mode)
+            folder = existing[1] if existing is not None and existing[0] == MODE_TREE else None
+            if not change:
+                return (folder.hex(), MODE_TREE) if folder is not None else None
+            new_sub = self._patch(self._tree_data(folder) if folder is not None else None, change, written_now)
             if new_sub is not None:
                 return (new_sub, MODE_TREE)
             return None
@@ -747,34 +721,12 @@ class ShadowRepo:
             return None
         return (change.oid, change.mode)
 
-    def _patch_raw(self, tree: Any, changes: dict[str, Any]) -> Any:
-        """`_patch` for names that are not UTF-8: git's tree format written by hand (byte names)."""
-        entries: dict[bytes, tuple[bytes, int]] = {}
-        objs: dict[bytes, Any] = {}
-        if tree is not None:
-            for entry in tree:
-                entries[entry.raw_name] = (entry.id.raw, entry.filemode)
-                objs[entry.raw_name] = entry
-        for name, change in changes.items():
-            key = os.fsencode(name)
-            new = self._new_entry(objs.get(key), change)
-            if new is None:
-                entries.pop(key, None)
-            else:
-                entries[key] = (pygit2.Oid(hex=str(new[0])).raw, new[1])
-        if not entries:
-            return None
-        # git sorts tree entries by name, a folder's name compared as if it ended with "/"
-        order = sorted(entries, key=lambda n: n + b"/" if entries[n][1] == MODE_TREE else n)
-        data = b"".join(b"%o %s\0%s" % (entries[n][1], n, entries[n][0]) for n in order)
-        return self._repo.odb.write(pygit2.enums.ObjectType.TREE, data)
-
     def empty_tree(self) -> str:
-        with written(self.git_dir, "write the empty tree"):
-            return str(self._repo.TreeBuilder().write())
+        return loose.write_object(self.git_dir, b"tree", b"", self._pool)
 
     def commit(self, tree: str | None, parents: Iterable[str], message: str, task_id: str) -> str:
-        """Write a commit carrying the task id as a trailer; refs are moved separately."""
+        """Write a commit carrying the task id as a trailer; refs are moved separately. The
+        tree and parents must be held (callers check a parent read back from a record)."""
         # A line break in a task id would end the trailer and could forge another one: fold it
         # (git reads an indented line as the trailer's continuation).
         # Bytes that are not UTF-8 (lone surrogates from JSON) cannot go in a commit message:
@@ -783,11 +735,14 @@ class ShadowRepo:
         folded = "\n ".join(part for part in re.split(r"[\r\n]+", printable) if part.strip())
         body = f"{message}\n\n{TASK_TRAILER}: {folded}\n"
         with written(self.git_dir, "write a commit"):
-            tree_oid = pygit2.Oid(hex=tree) if tree else self._repo.TreeBuilder().write()
-            oid = self._repo.create_commit(
-                None, self._sig, self._sig, body, tree_oid, [pygit2.Oid(hex=p) for p in parents]
-            )
-            return str(oid)
+            tree_id = tree or self.empty_tree()
+            when = time.time()
+            offset = time.localtime(when).tm_gmtoff // 60
+            ident = (f"{COMMITTER_NAME} <{COMMITTER_EMAIL}> {int(when)} "
+                     f"{'-' if offset < 0 else '+'}{abs(offset) // 60:02d}{abs(offset) % 60:02d}")
+            head = "".join([f"tree {pygit2.Oid(hex=tree_id)}\n", *(f"parent {pygit2.Oid(hex=p)}\n" for p in parents),
+                            f"author {ident}\ncommitter {ident}\n\n"])
+            return loose.write_object(self.git_dir, b"commit", (head + body).encode(), self._pool, known_new=True)
 
     def tree_or_empty(self, tree: str | None) -> str:
         return tree if tree else self.empty_tree()
@@ -898,14 +853,18 @@ class ShadowRepo:
             return None
 
     def set_ref(self, name: str, commit: str) -> None:
-        with written(self.git_dir, f"move {name}"):
-            try:
-                self._repo.references.create(name, pygit2.Oid(hex=commit), force=True)
-            # not translated: a stale lock is cleared and the retry, inside `written`, is translated
-            except (pygit2.GitError, OSError):  # pygit2 raises OSError for "failed to lock file"
-                # A stale `<ref>.lock` of a killed writer: we hold the workspace lock.
-                self._clear_stale_locks(self.git_dir)
-                self._repo.references.create(name, pygit2.Oid(hex=commit), force=True)
+        """Point ref `name` at object `commit` (a commit, or the head's tree); the caller holds
+        the workspace lock (so no `<ref>.lock` is taken: `loose.write_ref`).
+
+        Raises:
+            RepoError: `name` is not a valid ref name, or a file or folder is in the way.
+            StorageFailedError: the docs root refused the write.
+        """
+        if not pygit2.reference_is_valid_name(name) or not name.startswith("refs/"):
+            raise RepoError(f"Shadow repository failed to move {name}: not a valid ref name")
+        with translated(f"move {name}"):
+            target = str(pygit2.Oid(hex=commit))
+        loose.write_ref(self.git_dir, name, target, self._pool)
 
     def delete_ref(self, name: str) -> None:
         for attempt in range(2):

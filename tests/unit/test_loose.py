@@ -1,0 +1,205 @@
+"""Unit tests for `shadowpoint.store.loose`: objects and refs written into files made ahead of
+time, read back by the git CLI as the independent witness (`cat-file`, `fsck --strict`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shadowpoint.errors import RepoError
+from shadowpoint.store import loose
+from shadowpoint.store.loose import POOL_STALE_S, FilePool, object_id, write_object, write_ref
+from shadowpoint.store.shadow_repo import FILE_POOL_FOLDER, ShadowRepo
+from shadowpoint.store.values import MODE_FILE, MODE_TREE, TASK_TRAILER, TreeEntry, task_ref
+from shadowpoint.workspace import RepoPath
+
+
+@pytest.fixture
+def repo(tmp_path: Path, workspace: Path) -> Iterator[ShadowRepo]:
+    r = ShadowRepo.open_or_init(tmp_path / "shadow" / ".git", workspace)
+    yield r
+    r.close()
+
+
+def git(git_dir: Path, *args: str, text: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env["GIT_CONFIG_NOSYSTEM"] = "1"
+    return subprocess.run(["git", f"--git-dir={git_dir}", *args], capture_output=True, text=text, env=env,
+                          check=True)
+
+
+def cat(git_dir: Path, oid: str) -> bytes:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    return subprocess.run(["git", f"--git-dir={git_dir}", "cat-file", "-p", oid], capture_output=True,
+                          env=env, check=True).stdout
+
+
+def pool_of(repo: ShadowRepo) -> FilePool:
+    pool = repo._pool
+    assert isinstance(pool, FilePool)
+    return pool
+
+
+@pytest.mark.parametrize("size", [0, 1, 500, 5000, 40_000, (1 << 20) + 17])
+def test_blob_ids_and_bytes_are_gits(repo: ShadowRepo, tmp_path: Path, size: int) -> None:
+    data = os.urandom(size // 2).hex().encode() + b"x" * (size % 2)
+    oid = write_object(repo.git_dir, b"blob", data, pool_of(repo))
+    src = tmp_path / "data"
+    src.write_bytes(data)
+    assert oid == git(repo.git_dir, "hash-object", str(src)).stdout.strip()
+    assert cat(repo.git_dir, oid) == data
+    assert object_id(b"blob", data) == oid
+
+
+def test_a_pooled_write_takes_a_file_made_ahead(repo: ShadowRepo) -> None:
+    pool = pool_of(repo)
+    assert pool.fill() == pool.size
+    before = pool.ready
+    ahead = pool._ready[0]
+    inode = os.stat(ahead).st_ino
+    oid = repo.write_blob(b"made ahead\n")
+    final = repo.git_dir / "objects" / oid[:2] / oid[2:]
+    assert os.stat(final).st_ino == inode  # the very file the pool made, renamed into place
+    assert not os.path.exists(ahead)
+    assert pool.ready == before - 1
+    assert final.stat().st_mode & 0o777 == 0o444  # as git and libgit2 leave a loose object
+    assert cat(repo.git_dir, oid) == b"made ahead\n"
+
+
+def test_without_a_pool_file_the_write_makes_its_own(repo: ShadowRepo) -> None:
+    pool = pool_of(repo)
+    pool.close()  # takes nothing more
+    oid = repo.write_blob(b"no pool\n")
+    assert cat(repo.git_dir, oid) == b"no pool\n"
+    assert not list((repo.git_dir / "objects").glob("tmp_*"))
+
+
+def test_a_pool_file_swept_away_meanwhile_is_noticed(repo: ShadowRepo) -> None:
+    pool = pool_of(repo)
+    pool.fill()
+    os.unlink(pool._ready[0])  # another process's sweep
+    oid = repo.write_blob(b"swept\n")
+    assert cat(repo.git_dir, oid) == b"swept\n"
+
+
+def test_a_missing_fan_out_folder_is_made(tmp_path: Path) -> None:
+    git_dir = tmp_path / "g.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(git_dir)], check=True)
+    pool = FilePool(git_dir / FILE_POOL_FOLDER)
+    pool.fill()
+    oid = write_object(git_dir, b"blob", b"fan out\n", pool)
+    assert (git_dir / "objects" / oid[:2]).is_dir()
+    assert cat(git_dir, oid) == b"fan out\n"
+    pool.close()
+
+
+def test_an_object_already_held_is_freshened_not_rewritten(repo: ShadowRepo) -> None:
+    oid = repo.write_blob(b"old\n")
+    final = repo.git_dir / "objects" / oid[:2] / oid[2:]
+    os.utime(final, (1_000_000, 1_000_000))
+    inode = final.stat().st_ino
+    assert repo.write_blob(b"old\n") == oid
+    assert final.stat().st_ino == inode
+    assert final.stat().st_mtime > time.time() - 3600  # a collection's grace period counts from now
+
+
+def test_trees_and_commits_pass_gits_strict_check(repo: ShadowRepo) -> None:
+    pool_of(repo).fill()
+    f = TreeEntry(repo.write_blob(b"f\n"), MODE_FILE)
+    g = TreeEntry(repo.write_blob(b"g\n"), MODE_FILE)
+    # git's order compares a folder's name as if it ended with "/": "a.b" < "a/" < "a0"
+    names = {"a.b": f, "a/x": g, "a0": f, "a-b": g, "b/c/d/e": f, "\udcff-not-utf8": g}
+    tree = repo.patch_tree(None, {RepoPath(p): e for p, e in names.items()})
+    assert tree is not None
+    tree2 = repo.patch_tree(tree, {RepoPath("a/y"): f, RepoPath("a.b"): None, RepoPath("b/c/d/e"): None})
+    assert tree2 is not None
+    c1 = repo.commit(tree, [], "first", "task-1")
+    c2 = repo.commit(tree2, [c1], "second\n\nwith a body", "task-1")
+    repo.set_ref(task_ref("task-1"), c2)
+    git(repo.git_dir, "fsck", "--strict", "--no-dangling")
+    listed = git(repo.git_dir, "ls-tree", "-r", "--name-only", "-z", c2, text=False).stdout.split(b"\0")
+    assert listed[:-1] == [b"a-b", b"a/x", b"a/y", b"a0", b"\xff-not-utf8"]
+    assert git(repo.git_dir, "ls-tree", c2, "a").stdout.split()[:2] == [f"{MODE_TREE:06o}", "tree"]
+    assert git(repo.git_dir, "rev-list", task_ref("task-1")).stdout.split() == [c2, c1]
+    assert repo.commit_chain(c2) == [(c1, f"first\n\n{TASK_TRAILER}: task-1\n"),
+                                     (c2, f"second\n\nwith a body\n\n{TASK_TRAILER}: task-1\n")]
+
+
+def test_a_ref_overrides_a_packed_one_and_bad_names_are_refused(repo: ShadowRepo) -> None:
+    tree = repo.patch_tree(None, {RepoPath("a"): TreeEntry(repo.write_blob(b"a"), MODE_FILE)})
+    c1 = repo.commit(tree, [], "one", "t")
+    c2 = repo.commit(tree, [c1], "two", "t")
+    repo.set_ref(task_ref("t"), c1)
+    git(repo.git_dir, "pack-refs", "--all")
+    assert not (repo.git_dir / task_ref("t")).exists()
+    repo.set_ref(task_ref("t"), c2)
+    assert git(repo.git_dir, "rev-parse", task_ref("t")).stdout.strip() == c2
+    assert repo.read_ref(task_ref("t")) == c2
+    for bad in ["refs/shadowpoint/a..b", "refs/x.lock", "HEAD/../config", "refs/a b", "nope"]:
+        with pytest.raises(RepoError):
+            repo.set_ref(bad, c1)
+    assert not (repo.git_dir / "config.lock").exists()
+    with pytest.raises(RepoError):  # a folder of refs is in the way
+        repo.set_ref("refs/shadowpoint/tasks", c1)
+
+
+def test_write_ref_makes_its_folders(tmp_path: Path) -> None:
+    git_dir = tmp_path / "g.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(git_dir)], check=True)
+    oid = write_object(git_dir, b"blob", b"x")
+    tree = write_object(git_dir, b"tree", b"100644 x\0" + bytes.fromhex(oid))
+    write_ref(git_dir, "refs/deep/er/name", tree)
+    assert git(git_dir, "rev-parse", "refs/deep/er/name").stdout.strip() == tree
+
+
+def test_close_removes_the_ready_files_and_sweep_only_old_foreign_ones(tmp_path: Path) -> None:
+    folder = tmp_path / "pool"
+    mine, other = FilePool(folder, size=4), FilePool(folder, size=3)
+    mine.fill()
+    other.fill()
+    old = sorted(other._ready)[:2]
+    for path in old:
+        os.utime(path, (time.time() - POOL_STALE_S - 10,) * 2)
+    assert mine.sweep() == 2
+    assert sorted(os.listdir(folder)) == sorted(os.path.basename(p) for p in [*mine._ready, *other._ready]
+                                                if p not in old)
+    mine.close()
+    assert all(os.path.basename(p) not in os.listdir(folder) for p in mine._ready)
+    assert len(os.listdir(folder)) == 1
+    assert mine.take() is None  # closed
+
+
+def test_a_forked_child_takes_nothing_from_its_parents_pool(tmp_path: Path) -> None:
+    pool = FilePool(tmp_path / "pool", size=2)
+    pool.fill()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os._exit(0 if pool.take() is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert pool.ready == 2
+    pool.close()
+
+
+def test_a_refused_refill_stops_and_writes_go_on(tmp_path: Path) -> None:
+    git_dir = tmp_path / "g.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(git_dir)], check=True)
+    blocker = git_dir / "shadowpoint"
+    blocker.write_text("a file where the pool's folder would go")
+    pool = FilePool(git_dir / FILE_POOL_FOLDER)
+    assert pool.fill() == 0
+    assert pool.take() is None
+    oid = write_object(git_dir, b"blob", b"still written\n", pool)
+    assert cat(git_dir, oid) == b"still written\n"
+    pool.close()
+
+
+def test_the_live_pools_are_listed(tmp_path: Path) -> None:
+    pool = FilePool(tmp_path / "pool", size=1)
+    assert pool in loose.live_pools()
+    pool.close()
