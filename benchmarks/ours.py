@@ -20,6 +20,7 @@ from typing import Any
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.results import Checkpoint
+from shadowpoint.store.loose import live_pools
 
 EDIT_TOOL = "write_to_file"
 COMMAND_TOOL = "execute_command"
@@ -47,6 +48,8 @@ class BackgroundWaits:
         Likewise the kernel's writeback of what the previous operation wrote (the 100k
         baselines leave ~1.5 GB of dirty pages): measured here, a 1-file probe commit took
         3.5 ms during it and 1.1 ms after. Both sides settle before every timed operation.
+        And the engine's file pools are filled (loose.py): the sidecar refills its pool in the
+        time between an agent's rounds, which a loop of rounds one right after the other lacks.
         """
         for t in threading.enumerate():
             if t.name.startswith(BACKGROUND_THREAD_PREFIX) and t.is_alive():
@@ -54,6 +57,8 @@ class BackgroundWaits:
                 t.join()
                 self.packs += 1
                 self.seconds += time.perf_counter() - start
+        for pool in live_pools():  # the files a round's objects go into, made between rounds
+            pool.fill()
         os.sync()
 
     def to_json(self) -> dict[str, Any]:
