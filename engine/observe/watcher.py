@@ -41,12 +41,14 @@ from watchdog.observers.api import BaseObserver
 
 from shadowpoint.observe import inotify
 from shadowpoint.observe.journal import JournalSnapshot, PathJournal
+from shadowpoint.store.loose import FilePool
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
 
 _THREAD_PREFIX = inotify.THREAD_PREFIX
 _MARKER_PREFIX = "flush-"
+MARKER_POOL_SIZE = 8  # files made ahead in the marker folder (one per flush)
 _STOP_JOIN_TIMEOUT_S = 10.0
 # A problem that a restart alone does not clear: the verification scan found a change the watcher
 # never reported; only a clean verification after a restart clears it (SPEC §4).
@@ -112,6 +114,8 @@ class _RecordingHandler(FileSystemEventHandler):
         if marker is not None and path.startswith(marker):
             self._on_marker(path[len(marker) :])
             return
+        if marker is not None and path.startswith(os.path.dirname(marker) + os.sep):
+            return  # a file made ahead for a marker (or its move away)
         if not path.startswith(self._prefix):
             return  # the root itself, or a stale watch outside it
         rel = path[len(self._prefix) :]
@@ -217,6 +221,7 @@ class WorkspaceWatcher:
         self._observer: BaseObserver | None = None
         self._hooks: _InotifyHooks | None = None
         self._marker_dir: str | None = None
+        self._marker_pool: FilePool | None = None
         self._running = False
         # Guards `_stopping` and `_restart_thread`. Separate from `_lifecycle_lock` because watchdog
         # threads schedule restarts, and stop() holds the lifecycle lock while it joins them.
@@ -287,6 +292,9 @@ class WorkspaceWatcher:
             was_running = self._running
             self._running = False
             self._stop_observer()
+            if self._marker_pool is not None:
+                self._marker_pool.close()
+                self._marker_pool = None
             if self._marker_dir is not None:
                 shutil.rmtree(self._marker_dir, ignore_errors=True)
                 self._marker_dir = None
@@ -325,6 +333,10 @@ class WorkspaceWatcher:
         else:
             if self._marker_dir is None or not os.path.isdir(self._marker_dir):
                 self._marker_dir = tempfile.mkdtemp(prefix="shadowpoint-flush-")
+                if self._marker_pool is not None:
+                    self._marker_pool.close()
+                # markers are renamed from files made ahead: a rename costs a tenth of a create
+                self._marker_pool = FilePool(Path(self._marker_dir), size=MARKER_POOL_SIZE)
             self._handler.marker_prefix = os.path.join(self._marker_dir, _MARKER_PREFIX)
             hooks = _InotifyHooks(self, self._root, self._marker_dir)
             observer = inotify.ShadowObserver(hooks, self._label)
@@ -429,8 +441,15 @@ class WorkspaceWatcher:
             self._flush_requested += 1
             seq, overflows, generation = self._flush_requested, self._overflows, self._generation
         marker = f"{marker_prefix}{seq}"
+        pool = self._marker_pool
+        made_ahead = pool.take() if pool is not None else None
         try:
-            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            try:
+                if made_ahead is None:
+                    raise FileNotFoundError
+                os.rename(made_ahead, marker)  # one IN_MOVED_TO event naming the marker
+            except FileNotFoundError:
+                os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         except OSError as exc:
             self._journal.mark_unhealthy(f"flush failed: cannot write marker ({exc})")
             log.warning("watcher.flush_failed", root=self._root, error=str(exc))

@@ -276,6 +276,24 @@ def test_a_write_before_flush_is_in_that_round_and_never_the_next(
         previous = set(snapshot.paths)
 
 
+@inotify_only
+def test_flush_markers_are_files_made_ahead_and_renamed(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    watcher = started({"src/": ""})
+    pool = watcher._marker_pool
+    assert pool is not None
+    for i in range(pool.size + 3):  # a marker is made afresh when no file is ready
+        if i % 3 == 0:
+            pool.fill()
+        ahead = pool._ready[0] if pool.ready else None
+        (ws / f"src/f{i}.txt").write_text(str(i))
+        assert watcher.flush(WAIT_S)
+        snapshot = watcher.swap()
+        assert snapshot.healthy and snapshot.paths == {f"src/f{i}.txt"}  # the pool's files are not the workspace's
+        if ahead is not None:
+            assert not os.path.exists(ahead)
+    assert not [n for n in os.listdir(pool.folder) if n.startswith("flush-")]  # every marker went
+
+
 @pytest.mark.parametrize("observer", ["portable"])
 def test_the_portable_observer_never_proves_a_round_complete(
     ws: Path, started: Callable[..., WorkspaceWatcher]
