@@ -366,12 +366,13 @@ class Restorer:
             safety = repo.commit(p.safety_tree, [parent] if parent and repo.has_object(parent) else [],
                                  f"safety checkpoint before {request.op} {n}", record.task_id)
             writes = {op.path: op.entry for op in p.plan.ops}
-            after = repo.commit(repo.patch_tree(p.safety_tree, writes), [safety], f"after {request.op} {n}",
-                                record.task_id)
+            after_tree = repo.patch_tree(p.safety_tree, writes, expect_new=False)
+            after = repo.commit(after_tree, [safety], f"after {request.op} {n}", record.task_id)
             # The task's base from now on (keepOutsideEdits): its previous base with this restore's
             # writes, which are never outside edits; the person's edits the restore left stay theirs.
             base_before = (record.base or {}).get(name) or parent
-            base_tree = repo.patch_tree(repo.commit_tree(base_before) if base_before else None, writes)
+            base_tree = repo.patch_tree(repo.commit_tree(base_before) if base_before else None, writes,
+                                        expect_new=False)
             base = repo.commit(base_tree, [after], f"base after {request.op} {n}", record.task_id)
             repo.set_ref(restore_ref(record.task_id, n), base)  # reaches after and safety too
             roots[name] = {"safety": safety, "after": after, "base": base, "paths": [op.path for op in p.plan.ops]}
@@ -463,7 +464,7 @@ class Restorer:
             else:
                 root.cache.set(op.path, FileState.unknown(op.entry))
         if changes:
-            root.cache.tree = root.repo.patch_tree(root.cache.tree, changes)
+            root.cache.tree = root.repo.patch_tree(root.cache.tree, changes, expect_new=False)
             root.note_tracked(changes)
 
     def recover(self, rt: TaskRuntime) -> None:

@@ -65,6 +65,8 @@ GC_KEEP_PACK_OBJECTS = 5_000
 GC_GENERATION_FILE = "shadowpoint/gc-generation"
 # Empty files made ahead of time for the loose objects and refs a round writes (loose.py)
 FILE_POOL_FOLDER = "shadowpoint/pool"
+# Trees kept in memory from the last patches (raw id: content): the next round's base
+RECENT_TREES_MAX = 512
 # One entry of a raw tree object: octal mode, space, name, NUL, 20-byte id
 _TREE_ENTRY = re.compile(rb"([0-7]+) ([^\0]*)\0(.{20})", re.S)
 
@@ -603,10 +605,12 @@ class ShadowRepo:
         except (pygit2.GitError, ValueError):  # not translated: a malformed id is not held
             return False
 
-    def patch_tree(self, base_tree: str | None, changes: Changes) -> str | None:
+    def patch_tree(self, base_tree: str | None, changes: Changes, *, expect_new: bool = True) -> str | None:
         """Apply `changes` to `base_tree` touching only the trees above changed paths.
 
-        Returns the new tree id, or None for an empty tree.
+        Returns the new tree id, or None for an empty tree. `expect_new`: the trees are most
+        likely new (a round's), so the repository is not asked whether it holds them (a tree
+        it holds is written again, harmlessly); a restore, which puts back old trees, passes False.
         """
         nested: dict[str, Any] = {}
         for path, entry in changes.items():
@@ -627,9 +631,13 @@ class ShadowRepo:
                 node[leaf] = entry
         with written(self.git_dir, "write a tree"):
             written_now: dict[bytes, bytes] = {}
-            oid = self._patch(self._tree_data(base_tree) if base_tree else None, nested, written_now)
-            # the next round patches these trees: keep them, not the disk, as its base
-            self._recent_trees = written_now
+            oid = self._patch(self._tree_data(base_tree) if base_tree else None, nested, written_now, expect_new)
+            # the next round patches these trees: keep them, not the disk, as its base (cleared
+            # when a collection may have removed objects: `reopen`)
+            if len(self._recent_trees) + len(written_now) > RECENT_TREES_MAX:
+                self._recent_trees = written_now
+            else:
+                self._recent_trees.update(written_now)
             return oid
 
     def write_tree_packed(self, files: Iterable[tuple[str, int, bytes]]) -> str | None:
@@ -673,7 +681,8 @@ class ShadowRepo:
             data = bytes(self._obj(pygit2.Oid(raw=raw)).read_raw())
         return data
 
-    def _patch(self, tree: bytes | None, changes: dict[str, Any], written_now: dict[bytes, bytes]) -> str | None:
+    def _patch(self, tree: bytes | None, changes: dict[str, Any], written_now: dict[bytes, bytes],
+               expect_new: bool) -> str | None:
         """Write the tree whose content is `tree` (None: an empty one) with `changes` applied;
         the new tree's id, or None when nothing is left in it. git's tree format is written
         here, names as bytes (a name that is not UTF-8 comes as a lone surrogate,
@@ -687,7 +696,7 @@ class ShadowRepo:
         for name, change in changes.items():
             key = os.fsencode(name)
             existing = entries.get(key)
-            new = self._new_entry(existing, change, written_now)
+            new = self._new_entry(existing, change, written_now, expect_new)
             if new is None:
                 entries.pop(key, None)
             else:
@@ -699,12 +708,15 @@ class ShadowRepo:
         # a tree read back is in that order already, so only a new name needs a sort
         order = sorted(entries, key=lambda n: n + b"/" if entries[n][0] == MODE_TREE else n) if added else entries
         data = b"".join(b"%o %s\0%s" % (entries[n][0], n, entries[n][1]) for n in order)
-        oid = loose.write_object(self.git_dir, b"tree", data, self._pool, known_new=True)
-        written_now[bytes.fromhex(oid)] = data
+        oid = loose.object_id(b"tree", data)
+        raw = bytes.fromhex(oid)
+        if raw not in written_now and raw not in self._recent_trees and (expect_new or not self.has_object(oid)):
+            loose.write_object(self.git_dir, b"tree", data, self._pool, known_new=True)
+        written_now[raw] = data
         return oid
 
-    def _new_entry(self, existing: tuple[int, bytes] | None, change: Any,
-                   written_now: dict[bytes, bytes]) -> tuple[str, int] | None:
+    def _new_entry(self, existing: tuple[int, bytes] | None, change: Any, written_now: dict[bytes, bytes],
+                   expect_new: bool) -> tuple[str, int] | None:
         """What one name of a tree becomes: (id, mode), or None when it goes away."""
         if isinstance(change, dict):
             direct = change.pop("", None)
@@ -713,7 +725,8 @@ class ShadowRepo:
             folder = existing[1] if existing is not None and existing[0] == MODE_TREE else None
             if not change:
                 return (folder.hex(), MODE_TREE) if folder is not None else None
-            new_sub = self._patch(self._tree_data(folder) if folder is not None else None, change, written_now)
+            new_sub = self._patch(self._tree_data(folder) if folder is not None else None, change, written_now,
+                                  expect_new)
             if new_sub is not None:
                 return (new_sub, MODE_TREE)
             return None
