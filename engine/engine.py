@@ -130,7 +130,7 @@ class Engine:
         self.workspaces = open_workspaces(roots, options.docs_dir, protected_directories())
         self.resolver = PathResolver(self.workspaces)
         self.roots = {ws.name: RootState(ws, options) for ws in self.workspaces}
-        self.store = CheckpointStore(options.docs_dir)
+        self.store = CheckpointStore(options.docs_dir, made_ahead=True)
         self.notify: Notify = notify or (lambda method, params: None)
         self._tasks: dict[str, TaskRuntime] = {}
         self._tasks_lock = threading.Lock()
@@ -771,4 +771,5 @@ class Engine:
         for root in self.roots.values():
             with contextlib.suppress(Exception), root.locked() as r:
                 r.close()
+        self.store.close()
         self.maintenance.close()

@@ -643,6 +643,7 @@ def test_crash_after_restore_keeps_restored_content(options: Any, ws: Path) -> N
     for root in eng.roots.values():  # crash: nothing is flushed, locks die with the process
         with root.locked() as locked:
             locked.repo.close()
+    eng.store.close()  # its file-pool thread dies with the process too
     eng2 = Engine([ws], options)
     try:
         cp = edit_round(eng2, ws, 30, {"b.txt": "b3"})
