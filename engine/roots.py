@@ -85,8 +85,10 @@ class RootState:
         # command changing a force-added node_modules/ file was missed (tests/property/test_model.py).
         self._excluded_tracked: set[RepoPath] = set()
         # The copy of blobs a baseline borrowed from the user's git objects (borrowed.py): its
-        # thread, and a test seam that holds it until set.
+        # thread, a test seam that holds it until set, and what it calls between batches of
+        # objects (the engine's `yield_to_rounds`).
         self.copy_gate: threading.Event | None = None
+        self.copy_pause: Callable[[], None] | None = None
         self._copier: threading.Thread | None = None
         self._copy_stop = threading.Event()
         self._copy_again = False
@@ -325,7 +327,7 @@ class RootState:
         while True:
             try:
                 borrowed.sweep_staging(git_dir)
-                report = borrowed.copy_borrowed(git_dir, self.ws.root, self.lock.held)
+                report = borrowed.copy_borrowed(git_dir, self.ws.root, self.lock.held, self.copy_pause)
             except (ShadowpointError, OSError) as exc:
                 log.warning("borrowed.copy_failed", root=str(self.ws.root), reason=str(exc),
                             action="the next open tries again")

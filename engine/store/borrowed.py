@@ -129,10 +129,12 @@ def _disk_content(path: Path) -> bytes | None:
 
 
 def copy_borrowed(git_dir: Path, worktree: Path, locked: Callable[[], contextlib.AbstractContextManager[object]],
-                  ) -> CopyReport:
+                  pause: Callable[[], None] | None = None) -> CopyReport:
     """Copy every blob the ledger names into the shadow repository, then drop the ledger
     (under `locked()`, the workspace lock). Runs without the lock otherwise: it
-    only reads objects and installs one new pack. Returns what it did.
+    only reads objects and installs one new pack. `pause`: called between batches of
+    objects (the engine's `yield_to_rounds`: the copy never competes with a round for the
+    interpreter). Returns what it did.
 
     Raises:
         ShadowpointError: the shadow repository cannot be opened or written.
@@ -167,7 +169,7 @@ def copy_borrowed(git_dir: Path, worktree: Path, locked: Callable[[], contextlib
                     log.error("borrowed.object_lost", git_dir=str(git_dir), path=rel, oid=oid,
                               reason="the user's repository lost the blob and the file changed since")
             try:
-                repo.copy_objects(readable, staging)
+                repo.copy_objects(readable, staging, pause)
                 report.copied += len(readable)
             except RepoError as exc:  # an object vanished while it was copied: look again
                 log.warning("borrowed.copy_retried", git_dir=str(git_dir), reason=str(exc))

@@ -146,11 +146,12 @@ def _compressed(item: tuple[str, int, bytes], level: int = 6) -> tuple[str, byte
 
 
 def write_pack(repo: pygit2.Repository, oids: list[str], folder: Path, progress: Progress | None = None,
-               done: int = 0, total: int = 0, level: int = 6) -> Path:
+               done: int = 0, total: int = 0, level: int = 6, pause: Callable[[], None] | None = None) -> Path:
     """Write `oids` (all readable from `repo`) as one pack without deltas into `folder`.
 
     The `.pack` is written first, then its `.idx`; both under temporary names, renamed to
-    `pack-<checksum>.*` when complete. Returns the `.idx` path.
+    `pack-<checksum>.*` when complete. Returns the `.idx` path. `pause`: called before each
+    batch of objects is read (a background copy yields to the agent's rounds there).
 
     Raises:
         RepoError: an object cannot be read.
@@ -158,6 +159,8 @@ def write_pack(repo: pygit2.Repository, oids: list[str], folder: Path, progress:
     odb = repo.odb
 
     def read(batch: list[str]) -> list[tuple[str, int, bytes]]:
+        if pause is not None:
+            pause()
         items = []
         for oid in batch:
             try:

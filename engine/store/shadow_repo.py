@@ -579,9 +579,10 @@ class ShadowRepo:
             out.append(oid)
         return out
 
-    def copy_objects(self, oids: list[str], staging: Path) -> None:
+    def copy_objects(self, oids: list[str], staging: Path, pause: Callable[[], None] | None = None) -> None:
         """Write `oids` (readable here, e.g. through an alternate) into this repository's own
-        store as one pack (written in `staging`, then installed: `.pack` before `.idx`).
+        store as one pack (written in `staging`, then installed: `.pack` before `.idx`);
+        `pause` is called before each batch of objects is read (`packing.write_pack`).
 
         Raises:
             RepoError: an object cannot be read (gone from the alternate).
@@ -594,7 +595,7 @@ class ShadowRepo:
             staging.mkdir(parents=True, exist_ok=True)
             try:
                 # level 1: the copy shortens the time a snapshot depends on the user's repository
-                packing.write_pack(self._repo, oids, staging, level=1)
+                packing.write_pack(self._repo, oids, staging, level=1, pause=pause)
                 self._install_packs(staging, pack_dir)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
