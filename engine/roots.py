@@ -327,7 +327,10 @@ class RootState:
         while True:
             try:
                 borrowed.sweep_staging(git_dir)
-                report = borrowed.copy_borrowed(git_dir, self.ws.root, self.lock.held, self.copy_pause)
+                report = borrowed.copy_borrowed(git_dir, self.ws.root, self.lock.held, self._pause_copy)
+            except borrowed.CopyStopped:
+                log.info("borrowed.copy_stopped", root=str(self.ws.root), action="the next open resumes it")
+                return
             except (ShadowpointError, OSError) as exc:
                 log.warning("borrowed.copy_failed", root=str(self.ws.root), reason=str(exc),
                             action="the next open tries again")
@@ -338,6 +341,17 @@ class RootState:
             if not self._copy_again or self._copy_stop.is_set():
                 return
             self._copy_again = False
+
+    def _pause_copy(self) -> None:
+        """Between two batches of the copy: yield to the rounds, and stop when the root closes.
+
+        Raises:
+            borrowed.CopyStopped: the root is closing.
+        """
+        if not self._copy_stop.is_set() and self.copy_pause is not None:
+            self.copy_pause()
+        if self._copy_stop.is_set():
+            raise borrowed.CopyStopped
 
     def wait_copied(self, timeout: float | None = None) -> bool:
         """Block until the background copy ended; True if no copy runs."""

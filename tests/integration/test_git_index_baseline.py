@@ -405,3 +405,36 @@ def test_interrupted_copy_resumes_on_next_open(tmp_path: Path, make_engine: Any)
     assert state2.wait_copied(60)
     assert state2.last_copy is not None and state2.last_copy.finished
     assert not borrowed.ledger_path(git_dir).exists()
+
+
+def test_close_stops_a_waiting_copy_and_the_next_open_resumes_it(tmp_path: Path, make_engine: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sidecar told to stop does not first copy every borrowed blob (at 100k files that kept
+    `sidecar/stop` and SIGTERM waiting for tens of seconds): the copy ends at its next batch."""
+    from shadowpoint import engine as engine_module
+    from tests.integration.test_engine import wait_ready
+
+    monkeypatch.setattr(engine_module, "COPY_YIELD_MAX_S", 3600.0)
+    root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
+    eng: Engine = make_engine(root)
+    (state,) = eng.roots.values()
+    gate = threading.Event()
+    state.copy_gate = gate
+    eng.start_task("t1", 0)
+    assert wait_ready(eng, "t1") == "ready"
+    eng.begin_round("t1")  # the copy waits behind the open round ...
+    gate.set()
+    assert not state.wait_copied(0.2)
+    closing = threading.Thread(target=eng.close)
+    closing.start()
+    closing.join(60)
+    assert not closing.is_alive()  # ... and the close ends it
+    git_dir = state.ws.git_dir
+    assert state.last_copy is None and borrowed.ledger_path(git_dir).exists()
+    eng2: Engine = make_engine(root)
+    (state2,) = eng2.roots.values()
+    with state2.locked() as locked:
+        locked.open()
+    assert state2.wait_copied(60)
+    assert state2.last_copy is not None and state2.last_copy.finished
+    assert not borrowed.ledger_path(git_dir).exists()
