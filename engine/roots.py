@@ -328,12 +328,12 @@ class RootState:
             try:
                 borrowed.sweep_staging(git_dir)
                 report = borrowed.copy_borrowed(git_dir, self.ws.root, self.lock.held, self._pause_copy)
-            except borrowed.CopyStopped:
-                log.info("borrowed.copy_stopped", root=str(self.ws.root), action="the next open resumes it")
-                return
             except (ShadowpointError, OSError) as exc:
                 log.warning("borrowed.copy_failed", root=str(self.ws.root), reason=str(exc),
                             action="the next open tries again")
+                return
+            if report.stopped:
+                log.info("borrowed.copy_stopped", root=str(self.ws.root), action="the next open resumes it")
                 return
             self.last_copy = report
             if report.lost:
@@ -342,16 +342,11 @@ class RootState:
                 return
             self._copy_again = False
 
-    def _pause_copy(self) -> None:
-        """Between two batches of the copy: yield to the rounds, and stop when the root closes.
-
-        Raises:
-            borrowed.CopyStopped: the root is closing.
-        """
+    def _pause_copy(self) -> bool:
+        """Between two batches of the copy: yield to the rounds; False (stop) once the root closes."""
         if not self._copy_stop.is_set() and self.copy_pause is not None:
             self.copy_pause()
-        if self._copy_stop.is_set():
-            raise borrowed.CopyStopped
+        return not self._copy_stop.is_set()
 
     def wait_copied(self, timeout: float | None = None) -> bool:
         """Block until the background copy ended; True if no copy runs."""

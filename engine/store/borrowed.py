@@ -43,8 +43,8 @@ _ATTEMPTS = 3
 _CHECK_CHUNK = 2048
 
 
-class CopyStopped(Exception):
-    """Raised by a copy's `pause` when the root closes: the ledger stays, the next open resumes."""
+class _Stopped(Exception):
+    """A copy's `pause` said stop (the root closes): raised and caught in `copy_borrowed`."""
 
 
 def ledger_path(git_dir: Path) -> Path:
@@ -113,6 +113,7 @@ class CopyReport:
     rehashed: int = 0
     lost: list[str] = field(default_factory=list)  # paths whose blob is nowhere now
     finished: bool = False
+    stopped: bool = False  # its `pause` said stop: the ledger stays for the next open
 
 
 def _blob_id(data: bytes) -> str:
@@ -135,18 +136,23 @@ def _disk_content(path: Path) -> bytes | None:
 
 
 def copy_borrowed(git_dir: Path, worktree: Path, locked: Callable[[], contextlib.AbstractContextManager[object]],
-                  pause: Callable[[], None] | None = None) -> CopyReport:
+                  pause: Callable[[], bool] | None = None) -> CopyReport:
     """Copy every blob the ledger names into the shadow repository, then drop the ledger
     (under `locked()`, the workspace lock). Runs without the lock otherwise: it
     only reads objects and installs one new pack. `pause`: called between batches of
     objects (the engine's `yield_to_rounds`: the copy never competes with a round for the
-    interpreter); it raises `CopyStopped` to end the copy early (the ledger then stays for the
-    next open). Returns what it did.
+    interpreter); its False ends the copy early (`stopped`: the ledger stays for the next
+    open). Returns what it did.
 
     Raises:
         ShadowpointError: the shadow repository cannot be opened or written.
     """
     report = CopyReport()
+
+    def step() -> None:
+        if pause is not None and not pause():
+            raise _Stopped
+
     with locked():
         ledger = read_ledger(git_dir)
     if ledger is None:
@@ -154,65 +160,73 @@ def copy_borrowed(git_dir: Path, worktree: Path, locked: Callable[[], contextlib
         return report
     repo = ShadowRepo.open_existing(git_dir)
     try:
-        staging = git_dir / "objects" / f"{_STAGING_PREFIX}{os.getpid()}-{threading.get_ident()}"
-        for _ in range(_ATTEMPTS):
-            todo = _in_chunks(repo.own_missing, list(ledger.items), pause)
-            if not todo:
-                break
-            readable = _in_chunks(repo.readable, todo, pause)
-            found = set(readable)
-            for oid in todo:
-                if oid in found:
-                    continue
-                rel = ledger.items[oid]
-                data = _disk_content(worktree / rel)
-                if data is not None and _blob_id(data) == oid:
-                    repo.write_blob(data)
-                    report.rehashed += 1
-                    log.warning("borrowed.rehashed", git_dir=str(git_dir), path=rel, oid=oid,
-                                reason="the user's repository lost the blob before the copy")
-                elif rel not in report.lost:
-                    report.lost.append(rel)
-                    log.error("borrowed.object_lost", git_dir=str(git_dir), path=rel, oid=oid,
-                              reason="the user's repository lost the blob and the file changed since")
-            try:
-                repo.copy_objects(readable, staging, pause)
-                report.copied += len(readable)
-            except RepoError as exc:  # an object vanished while it was copied: look again
-                log.warning("borrowed.copy_retried", git_dir=str(git_dir), reason=str(exc))
-                repo.reopen()
-                continue
-        remaining = set(_in_chunks(repo.own_missing, list(ledger.items), pause))
-        if remaining - {oid for oid, p in ledger.items.items() if p in report.lost}:
-            log.warning("borrowed.copy_unfinished", git_dir=str(git_dir), missing=len(remaining))
-            return report
-        with locked():
-            # a later baseline may have borrowed more meanwhile: keep its part for the next copy
-            now = read_ledger(git_dir) or Ledger()
-            left = {oid: p for oid, p in now.items.items() if oid not in ledger.items}
-            if left:
-                alternate = now.alternates[-1] if now.alternates else None
-                write_atomic(ledger_path(git_dir),
-                             "".join(_lines(alternate, left.items())).encode("utf-8", "surrogateescape"))
-                return report
-            with contextlib.suppress(FileNotFoundError):
-                ledger_path(git_dir).unlink()
-        report.finished = True
-        log.info("borrowed.copied", git_dir=str(git_dir), copied=report.copied, rehashed=report.rehashed,
-                 lost=len(report.lost))
+        return _copy(repo, ledger, git_dir, worktree, locked, step, report)
+    except _Stopped:
+        report.stopped = True
         return report
     finally:
         repo.close()
 
 
-def _in_chunks(check: Callable[[list[str]], list[str]], oids: list[str],
-               pause: Callable[[], None] | None) -> list[str]:
+def _copy(repo: ShadowRepo, ledger: Ledger, git_dir: Path, worktree: Path,
+          locked: Callable[[], contextlib.AbstractContextManager[object]], step: Callable[[], None],
+          report: CopyReport) -> CopyReport:
+    """`copy_borrowed`'s work on an open repository."""
+    staging = git_dir / "objects" / f"{_STAGING_PREFIX}{os.getpid()}-{threading.get_ident()}"
+    for _ in range(_ATTEMPTS):
+        todo = _in_chunks(repo.own_missing, list(ledger.items), step)
+        if not todo:
+            break
+        readable = _in_chunks(repo.readable, todo, step)
+        found = set(readable)
+        for oid in todo:
+            if oid in found:
+                continue
+            rel = ledger.items[oid]
+            data = _disk_content(worktree / rel)
+            if data is not None and _blob_id(data) == oid:
+                repo.write_blob(data)
+                report.rehashed += 1
+                log.warning("borrowed.rehashed", git_dir=str(git_dir), path=rel, oid=oid,
+                            reason="the user's repository lost the blob before the copy")
+            elif rel not in report.lost:
+                report.lost.append(rel)
+                log.error("borrowed.object_lost", git_dir=str(git_dir), path=rel, oid=oid,
+                          reason="the user's repository lost the blob and the file changed since")
+        try:
+            repo.copy_objects(readable, staging, step)
+            report.copied += len(readable)
+        except RepoError as exc:  # an object vanished while it was copied: look again
+            log.warning("borrowed.copy_retried", git_dir=str(git_dir), reason=str(exc))
+            repo.reopen()
+            continue
+    remaining = set(_in_chunks(repo.own_missing, list(ledger.items), step))
+    if remaining - {oid for oid, p in ledger.items.items() if p in report.lost}:
+        log.warning("borrowed.copy_unfinished", git_dir=str(git_dir), missing=len(remaining))
+        return report
+    with locked():
+        # a later baseline may have borrowed more meanwhile: keep its part for the next copy
+        now = read_ledger(git_dir) or Ledger()
+        left = {oid: p for oid, p in now.items.items() if oid not in ledger.items}
+        if left:
+            alternate = now.alternates[-1] if now.alternates else None
+            write_atomic(ledger_path(git_dir),
+                         "".join(_lines(alternate, left.items())).encode("utf-8", "surrogateescape"))
+            return report
+        with contextlib.suppress(FileNotFoundError):
+            ledger_path(git_dir).unlink()
+    report.finished = True
+    log.info("borrowed.copied", git_dir=str(git_dir), copied=report.copied, rehashed=report.rehashed,
+             lost=len(report.lost))
+    return report
+
+
+def _in_chunks(check: Callable[[list[str]], list[str]], oids: list[str], pause: Callable[[], None]) -> list[str]:
     """`check(oids)`, a chunk at a time with `pause()` before each (a check of 87,000 ids holds
     the interpreter for ~2 s)."""
     out: list[str] = []
     for start in range(0, len(oids), _CHECK_CHUNK):
-        if pause is not None:
-            pause()
+        pause()
         out += check(oids[start:start + _CHECK_CHUNK])
     return out
 
