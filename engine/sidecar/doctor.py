@@ -107,7 +107,9 @@ def check_docs(docs: Path) -> Check:
         return _check("storage", "info", f"{docs} does not exist yet (created with the first checkpoint)")
     writable = os.access(docs, os.W_OK)
     repos = sorted(d for d in (docs / "checkpoints").iterdir()) if (docs / "checkpoints").is_dir() else []
-    tasks = sorted(d for d in (docs / "tasks").iterdir()) if (docs / "tasks").is_dir() else []
+    # a name starting with "." is no task's (the engine's `.file-pool`: ref_component never makes one)
+    tasks_dir = docs / "tasks"
+    tasks = sorted(d for d in tasks_dir.iterdir() if not d.name.startswith(".")) if tasks_dir.is_dir() else []
     repo_bytes = sum(disk_usage(r) for r in repos)
     task_bytes = disk_usage(docs / "tasks") if (docs / "tasks").is_dir() else 0
     details = [f"{len(repos)} shadow repo(s): {repo_bytes / 2**20:.1f} MiB",
