@@ -60,16 +60,30 @@ class Ledger:
 def read_ledger(git_dir: Path) -> Ledger | None:
     """The ledger, or None when there is none. A damaged line is skipped (the copy then checks
     every tree's blobs through `RootState._verify` instead: see `copy_borrowed`)."""
+    text = _ledger_text(git_dir)
+    return None if text is None else parse_ledger(text)
+
+
+def _ledger_text(git_dir: Path) -> str | None:
     try:
-        text = ledger_path(git_dir).read_text("utf-8", "surrogateescape")
+        return ledger_path(git_dir).read_text("utf-8", "surrogateescape")
     except FileNotFoundError:
         return None
+
+
+def parse_ledger(text: str) -> Ledger:
+    """The ledger's lines, read as one JSON array (one C-speed parse: 87,000 `json.loads` held
+    the interpreter ~0.3 s), or line by line when a damaged line fails it."""
+    lines = text.splitlines()
+    try:
+        records = json.loads("[" + ",".join(lines) + "]")
+    except ValueError:
+        records = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line))
     out = Ledger()
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
+    for rec in records:
         if isinstance(rec, dict):
             if isinstance(rec.get("alt"), str) and rec["alt"] not in out.alternates:
                 out.alternates.append(rec["alt"])
@@ -153,14 +167,15 @@ def copy_borrowed(git_dir: Path, worktree: Path, locked: Callable[[], contextlib
         if pause is not None and not pause():
             raise _Stopped
 
-    with locked():
-        ledger = read_ledger(git_dir)
-    if ledger is None:
+    with locked():  # only the read: a round may wait for this lock
+        text = _ledger_text(git_dir)
+    if text is None:
         report.finished = True
         return report
+    ledger = parse_ledger(text)
     repo = ShadowRepo.open_existing(git_dir)
     try:
-        return _copy(repo, ledger, git_dir, worktree, locked, step, report)
+        return _copy(repo, ledger, text, git_dir, worktree, locked, step, report)
     except _Stopped:
         report.stopped = True
         return report
@@ -168,10 +183,10 @@ def copy_borrowed(git_dir: Path, worktree: Path, locked: Callable[[], contextlib
         repo.close()
 
 
-def _copy(repo: ShadowRepo, ledger: Ledger, git_dir: Path, worktree: Path,
+def _copy(repo: ShadowRepo, ledger: Ledger, text: str, git_dir: Path, worktree: Path,
           locked: Callable[[], contextlib.AbstractContextManager[object]], step: Callable[[], None],
           report: CopyReport) -> CopyReport:
-    """`copy_borrowed`'s work on an open repository."""
+    """`copy_borrowed`'s work on an open repository (`text`: the ledger as it was read)."""
     staging = git_dir / "objects" / f"{_STAGING_PREFIX}{os.getpid()}-{threading.get_ident()}"
     for _ in range(_ATTEMPTS):
         todo = _in_chunks(repo.own_missing, list(ledger.items), step)
@@ -206,7 +221,8 @@ def _copy(repo: ShadowRepo, ledger: Ledger, git_dir: Path, worktree: Path,
         return report
     with locked():
         # a later baseline may have borrowed more meanwhile: keep its part for the next copy
-        now = read_ledger(git_dir) or Ledger()
+        now_text = _ledger_text(git_dir)
+        now = Ledger() if now_text is None or now_text == text else parse_ledger(now_text)
         left = {oid: p for oid, p in now.items.items() if oid not in ledger.items}
         if left:
             alternate = now.alternates[-1] if now.alternates else None

@@ -196,13 +196,17 @@ def open_blob_writer(git_dir: Path) -> Callable[[bytes], bytes]:
 BORROWED_LEDGER = "shadowpoint/borrowed"  # borrowed.py's ledger, relative to the git dir
 
 
-def _ledger_lines(git_dir: Path) -> list[dict[str, Any]]:
+def _ledger_alternates(git_dir: Path) -> list[dict[str, Any]]:
+    """The ledger's alternate lines (`borrowed._lines` writes them as `{"alt": …}`; the others,
+    one per borrowed blob, are `{"oid": …}` and not parsed here)."""
     try:
         text = (git_dir / BORROWED_LEDGER).read_text("utf-8", "surrogateescape")
     except OSError:
         return []
     out = []
     for line in text.splitlines():
+        if not line.startswith('{"alt"'):
+            continue
         with contextlib.suppress(ValueError):
             rec = json.loads(line)
             if isinstance(rec, dict):
@@ -552,7 +556,7 @@ class ShadowRepo:
 
     def _attach_recorded(self) -> None:
         self._borrowed = {}
-        for line in _ledger_lines(self.git_dir):
+        for line in _ledger_alternates(self.git_dir):
             alt = line.get("alt")
             if isinstance(alt, str) and os.path.isdir(alt):
                 with contextlib.suppress(RepoError):

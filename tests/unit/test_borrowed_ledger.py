@@ -1,0 +1,33 @@
+"""The borrowed-blob ledger (`shadowpoint.store.borrowed`): written by `_lines`, read back by
+`parse_ledger` in one parse, or line by line when a line is damaged."""
+
+from __future__ import annotations
+
+from shadowpoint.store import borrowed
+
+ITEMS = [("a" * 40, "src/app.py"), ("b" * 40, 'odd "quoted"\\name\nwith newline'),
+         ("c" * 40, "caf\udce9.txt"), ("d" * 40, "ünïcode/ファイル")]
+
+
+def ledger_text() -> str:
+    return "".join(borrowed._lines("/repo/.git/objects", ITEMS[:2])) + "".join(
+        borrowed._lines("/other/.git/objects", ITEMS[2:]))
+
+
+def test_round_trip() -> None:
+    ledger = borrowed.parse_ledger(ledger_text())
+    assert ledger.alternates == ["/repo/.git/objects", "/other/.git/objects"]
+    assert ledger.items == dict(ITEMS)
+
+
+def test_a_damaged_line_is_skipped_and_the_others_kept() -> None:
+    lines = ledger_text().splitlines(keepends=True)
+    lines.insert(2, '{"oid": "e' + "e" * 39 + '", "pa\n')  # a write cut short
+    ledger = borrowed.parse_ledger("".join(lines))
+    assert ledger.alternates == ["/repo/.git/objects", "/other/.git/objects"]
+    assert ledger.items == dict(ITEMS)
+
+
+def test_an_empty_ledger() -> None:
+    ledger = borrowed.parse_ledger("")
+    assert ledger.alternates == [] and ledger.items == {}
