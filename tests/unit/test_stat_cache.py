@@ -224,3 +224,33 @@ def test_a_file_state_is_one_small_object() -> None:
 
     state = FileState.packed(10**6, 2**61, 2**61 + 5, 0o100644, 2**40, 2**61 + 9, MODE_FILE, b"\1" * 20)
     assert len(state) == 76 and sys.getsizeof(state) <= 128
+
+
+def test_saved_columns_read_in_c_equal_saved_fields(tmp_path: Path) -> None:
+    """`save` reads its columns with `struct` a slice at a time; what it writes equals the
+    per-state `saved_fields` (the rule the load reads back), times at both edges included, and
+    a time past int64 nanoseconds anywhere sends the whole save the per-state way."""
+    import random
+
+    from shadowpoint.stage import stat_cache
+
+    rng = random.Random(7)
+    edge = stat_cache._SAFE_S * 1_000_000_000
+    times = [0, -1, 1, edge + 999_999_999, -edge, 2**62, -(2**62), time.time_ns()]
+    states = [FileState.packed(rng.choice([-1, 0, rng.randrange(2**40)]), rng.choice(times), rng.choice(times),
+                               rng.choice([0o100644, 0o100755, 0o120777]), rng.randrange(2**64),
+                               rng.randrange(-(2**63), 2**63), rng.choice([MODE_FILE, MODE_EXEC]),
+                               rng.randbytes(20)) for _ in range(9_000)]
+    assert stat_cache._times_fit(states)
+    for column, code in enumerate(stat_cache._COLUMN_TYPES):
+        assert list(stat_cache._column(states, column, code)) == [st.saved_fields()[column] for st in states]
+    beyond = FileState.packed(1, (stat_cache._SAFE_S + 1) * 1_000_000_000, 0, 0o100644, 1, 1, MODE_FILE, bytes(20))
+    assert not stat_cache._times_fit([*states, beyond])
+    cache = StatCache(tree="a" * 40, base_commit="b" * 40)
+    for i, st in enumerate([*states, beyond]):
+        cache.set(RepoPath(f"f{i}"), st)
+    cache.save(tmp_path / "c.bin")
+    loaded = StatCache.load(tmp_path / "c.bin", "b" * 40)
+    assert loaded is not None
+    assert loaded.entries[RepoPath("f0")] == states[0]
+    assert loaded.entries[RepoPath(f"f{len(states)}")].stat_fields() == beyond.stat_fields()
