@@ -26,6 +26,7 @@ import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 
 import structlog
@@ -95,8 +96,9 @@ def parse_ledger(text: str) -> Ledger:
 def _lines(alternate: str | None, items: Iterable[tuple[str, str]]) -> Iterator[str]:
     if alternate is not None:
         yield json.dumps({"alt": alternate}) + "\n"
+    quoted = encode_basestring_ascii  # json.dumps's own string encoder: one dumps per blob took ~0.2 s at 100k
     for oid, path in items:
-        yield json.dumps({"oid": oid, "path": path}) + "\n"
+        yield f'{{"oid": {quoted(oid)}, "path": {quoted(path)}}}\n'
 
 
 def begin(repo: ShadowRepo, objects_dir: Path) -> None:

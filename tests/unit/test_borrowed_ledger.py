@@ -31,3 +31,13 @@ def test_a_damaged_line_is_skipped_and_the_others_kept() -> None:
 def test_an_empty_ledger() -> None:
     ledger = borrowed.parse_ledger("")
     assert ledger.alternates == [] and ledger.items == {}
+
+
+def test_lines_are_what_json_dumps_writes() -> None:
+    """The ledger's lines keep the format of `json.dumps` (older ledgers, and `{"alt"` lines
+    that `ShadowRepo` finds by their start)."""
+    import json
+
+    expected = [json.dumps({"alt": "/repo/.git/objects"}) + "\n"]
+    expected += [json.dumps({"oid": oid, "path": path}) + "\n" for oid, path in ITEMS]
+    assert list(borrowed._lines("/repo/.git/objects", ITEMS)) == expected
