@@ -158,7 +158,8 @@ class Engine:
             hold=lambda: self.baseline_hold, save=self._save, warnings=self._warnings, built=self._baseline_built)
         self.restorer = Restorer(RestoreHost(
             roots=self.roots, resolver=self.resolver, store=self.store, first_root=self.first_root, task=self._task,
-            wait_ready=self._baselines.wait_ready, save=self._save, resolve_paths=self._resolve_paths))
+            wait_ready=self._baselines.wait_ready, save=self._save, append=self._append,
+            resolve_paths=self._resolve_paths))
         self._subscribe()
 
     def _subscribe(self) -> None:

@@ -70,6 +70,7 @@ class RestoreHost:
         task: the runtime of a task id, loaded or resumed (UnknownTaskError).
         wait_ready: blocks until the task's baseline is built; False if its checkpoints are off.
         save: writes the task's whole record.
+        append: writes what changed in the task's record since its last write (task.log).
         resolve_paths: requested paths as (root name, root-relative path) pairs
             (PathOutsideWorkspaceError).
     """
@@ -81,6 +82,7 @@ class RestoreHost:
     task: Callable[[Any], TaskRuntime]
     wait_ready: Callable[[TaskRuntime], bool]
     save: Callable[[TaskRuntime], None]
+    append: Callable[[TaskRuntime], None]
     resolve_paths: Callable[[Iterable[Any] | None], list[tuple[str, str]]]
 
 
@@ -216,12 +218,11 @@ class Restorer:
                 merged += [show(q) for q in stats.restored if q in merged_here]
                 deleted += [show(q) for q in stats.deleted]
                 errors += [f"{show(q)}: {why}" for q, why in stats.failed]
-            # The undo stack is saved before the journal goes: a kill between the two left a
-            # finished restore that could not be undone (tests/faults/test_crashes.py).
-            self._record_entry(rt, entry)
-            if mark is not None and not errors:
-                mark.restored = True  # a partly failed restore may be tried again
-            self.host.save(rt)
+            # The undo stack is written before the journal goes: a kill between the two left a
+            # finished restore that could not be undone (tests/faults/test_crashes.py). A partly
+            # failed restore does not mark its checkpoint: it may be tried again.
+            rt.record.record_restore(entry, mark.ts if mark is not None and not errors else None)
+            self.host.append(rt)
             self.host.store.clear_journal(task_id)
         log.info("restore.applied", task_id=task_id, ts=cp.ts, op=request.op, restored=len(restored),
                  deleted=len(deleted), merged=len(merged), failed=len(errors))
@@ -384,25 +385,6 @@ class Restorer:
         return entry
 
     @staticmethod
-    def _record_entry(rt: TaskRuntime, entry: dict[str, Any]) -> None:
-        """Put a written restore on the task's history and undo/redo stacks."""
-        record = rt.record
-        record.restores.append(entry)
-        if entry["op"] == "restore":
-            record.undo_stack.append(entry["n"])
-            record.redo_stack.clear()
-        elif entry["op"] == "undo":
-            for cp in record.checkpoints:
-                cp.restored = False  # the files are no longer as a restore left them
-            undone = record.restore_entry(entry["of"])
-            if undone is not None and all(r.get("after") for r in undone["roots"].values()):
-                record.redo_stack.append(entry["of"])
-        elif entry["op"] == "redo":
-            record.undo_stack.append(entry["of"])
-        record.base = {**(record.base or {}), **{name: r.get("base") or r["after"]
-                                                  for name, r in entry["roots"].items()}}
-
-    @staticmethod
     def _restore_inputs(root: LockedRoot, target_tree: str | None, scope: list[RepoPath] | None
                         ) -> tuple[dict[RepoPath, TreeEntry], dict[RepoPath, TreeEntry]]:
         """The target's and the current snapshot's entries that the restore may touch, found
@@ -489,7 +471,7 @@ class Restorer:
                 p["root"]: {"safety": safety.get(p["root"]), "after": None, "paths": [op[0] for op in p["ops"]]}
                 for p in journal.get("plans", [])}}
         if isinstance(entry, dict) and rt.record.restore_entry(entry.get("n", -1)) is None:
-            self._record_entry(rt, entry)
+            rt.record.record_restore(entry)
             if not all(r.get("after") for r in entry["roots"].values()):
                 rt.record.base = None
         self.host.save(rt)  # before the journal goes: a kill between keeps the undo record
@@ -564,15 +546,10 @@ class Restorer:
                             f"Restore {entry['n']} of task {task_id} cannot be {op}ne: its commit is lost from "
                             f"the shadow repository ({exc}).") from exc
                 scope[name] = [RepoPath(p) for p in info.get("paths", [])]
-            stack.pop()
             marker = rt.record.last_snapshot() or rt.record.checkpoints[0]
             request = RestoreRequest(paths=scope, targets=targets, op=op, of=entry["n"])
-            try:
-                files = self._restore_files(rt, marker, request)
-            except BaseException:
-                stack.append(entry["n"])
-                raise
-            return Restore(files)
+            # the restore's record takes entry n off its stack (`TaskRecord.record_restore`)
+            return Restore(self._restore_files(rt, marker, request))
 
     # ------------------------------------------------------------------ messages
 

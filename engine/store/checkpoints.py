@@ -5,7 +5,8 @@ files edit tools reported, the undo record of the last file restore and the rest
 journal. A task's record is `task.json` (its compacted form, written atomically: temp file,
 rename) plus `task.log`, an append-only log of what changed since: a round adds one line
 (one `write`), so a round costs the same at the 400th round of a task as at the 4th (SPEC
-§9). Structural changes (restores, cuts, forks) and a log grown past the size of task.json
+§9), and a file restore one line too. Structural changes (cuts, forks) and a log grown past
+the size of task.json
 rewrite task.json with the next generation number, then remove the log; a log line carries
 its generation, so one left by a kill between the two is never applied twice, and a torn
 last line (a kill mid-append) is ignored on load and cut off before the next append.
@@ -243,8 +244,41 @@ class TaskRecord:
             self.note_scope(str(op["root"]), [str(p) for p in op["paths"]], int(op["ts"]))
         elif kind == "edited":
             self.note_edited(str(op["root"]), str(op["path"]))
+        elif kind == "restore":
+            if not isinstance(op["entry"], dict) or not isinstance(op["mark"], int | None):
+                raise ValueError(f"a restore of the wrong shape: {op!r}")
+            self.record_restore(op["entry"], op["mark"])
         else:
             raise ValueError(f"unknown log operation {kind!r}")
+
+    def record_restore(self, entry: dict[str, Any], mark_ts: int | None = None) -> None:
+        """Put a written restore on the task's history and undo/redo stacks: an undo or redo
+        takes its restore off the top of its stack (`of`); the task's base becomes the state
+        the restore left; the checkpoint `mark_ts` (a whole restore to it) is marked restored.
+        One log operation (a restore costs a line of task.log, not a rewrite of task.json)."""
+        self.restores.append(entry)
+        op = entry["op"]
+        if op == "restore":
+            self.undo_stack.append(entry["n"])
+            self.redo_stack.clear()
+        elif op == "undo":
+            if self.undo_stack and self.undo_stack[-1] == entry.get("of"):
+                self.undo_stack.pop()
+            for cp in self.checkpoints:
+                cp.restored = False  # the files are no longer as a restore left them
+            undone = self.restore_entry(entry["of"])
+            if undone is not None and all(r.get("after") for r in undone["roots"].values()):
+                self.redo_stack.append(entry["of"])
+        elif op == "redo":
+            if self.redo_stack and self.redo_stack[-1] == entry.get("of"):
+                self.redo_stack.pop()
+            self.undo_stack.append(entry["of"])
+        self.base = {**(self.base or {}), **{name: r.get("base") or r["after"] for name, r in entry["roots"].items()}}
+        if mark_ts is not None:
+            for cp in self.checkpoints:
+                if cp.ts == mark_ts:
+                    cp.restored = True
+        self.pending.append({"op": "restore", "entry": entry, "mark": mark_ts})
 
     def scope_paths(self, root: str) -> list[str]:
         """The restore scope of `root`: every path the task changed (PROTOCOL 1.1 "Scope")."""

@@ -75,25 +75,27 @@ def test_kill_at_the_append_and_mid_line(tmp_path: Path, docs: Path) -> None:
 
 
 def test_kill_between_compaction_and_log_removal(tmp_path: Path, docs: Path) -> None:
-    """A file restore rewrites task.json (with the restored mark); killed before its log goes,
-    the log's older lines (which would clear the mark) are not applied again."""
+    """A restore of files and task rewrites task.json (its cut is structural; the file restore's
+    record and mark are a log line, then in task.json); killed before the log goes, the log's
+    older lines (which would clear the mark) are not applied again."""
     root = make_tree(tmp_path / "work" / "proj", {"a.txt": "a0\n"})
     sc, point = _paused(root, tmp_path, "compaction", DROP_LOG, "t")
     for ts in (2, 3):
         edit_round(sc, "t", ts, ["a.txt"], lambda ts=ts: (root / "a.txt").write_text(f"a{ts}\n"))
+    (root / "a.txt").write_text("a person's edit\n")
     before = [c["ts"] for c in _listed(sc, "t")]
     Path(point.arm or "").touch()
-    sc.send("checkpoint/restore", {"taskId": "t", "ts": 2, "mode": "files"})
+    sc.send("checkpoint/restore", {"taskId": "t", "ts": 3, "mode": "both"})  # cuts nothing after 3
     point.wait(sc.proc)
     sc.kill()
     assert _log(docs, "t").count(b"\n") >= 2, "the stale log is still there (the kill came before its removal)"
-    assert (root / "a.txt").read_text() == "a2\n"
+    assert (root / "a.txt").read_text() == "a3\n"
 
     sc = start_sidecar(root, "t", ts=1)
     try:
         listed = _listed(sc, "t")
         assert [c["ts"] for c in listed] == before
-        assert [c["ts"] for c in listed if c["restored"]] == [2], "the restore's mark survived the stale lines"
+        assert [c["ts"] for c in listed if c["restored"]] == [3], "the restore's mark survived the stale lines"
         cp = edit_round(sc, "t", 4, ["a.txt"], lambda: (root / "a.txt").write_text("a4\n"))
         assert cp["ts"] == 4
         assert [c["ts"] for c in _listed(sc, "t")] == [*before, 4]

@@ -397,6 +397,32 @@ def test_undo_restore_puts_back_exactly_the_restored_paths(make_engine: MakeEngi
         eng.undo_restore("t1")
 
 
+def test_restore_undo_redo_are_log_lines_that_a_reload_replays(make_engine: MakeEngine, ws: Path) -> None:
+    """A file restore, its undo and its redo each add one line to task.log (task.json is not
+    rewritten); the record read back from disk equals the one in memory after each."""
+    from shadowpoint.store.checkpoints import LOG_FILE, TASK_FILE, CheckpointStore
+
+    eng = make_engine(ws)
+    _three_rounds(eng, ws)
+    folder = eng.store.task_dir("t1")
+    task_json = (folder / TASK_FILE).read_bytes()
+    lines = (folder / LOG_FILE).read_bytes().count(b"\n")
+    for step in (lambda: eng.restore("t1", 0, "files"), lambda: eng.undo_restore("t1"),
+                 lambda: eng.redo_restore("t1")):
+        step()
+        assert (folder / TASK_FILE).read_bytes() == task_json
+        assert (folder / LOG_FILE).read_bytes().count(b"\n") == lines + 1
+        lines += 1
+        memory = eng._task("t1").record
+        disk = CheckpointStore(eng.options.docs_dir).load("t1")
+        assert disk.to_json() == memory.to_json()
+        assert [c.restored for c in disk.checkpoints] == [c.restored for c in memory.checkpoints]
+    record = eng._task("t1").record
+    assert [e["op"] for e in record.restores] == ["restore", "undo", "redo"]
+    assert record.undo_stack == [1] and record.redo_stack == []
+    assert (ws / "a.txt").read_text() == "a0"  # redone: as the restore left it
+
+
 def test_restore_of_unknown_checkpoint_or_task(make_engine: MakeEngine, ws: Path) -> None:
     eng = make_engine(ws)
     start(eng)
