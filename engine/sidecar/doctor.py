@@ -111,7 +111,7 @@ def check_docs(docs: Path) -> Check:
     tasks_dir = docs / "tasks"
     tasks = sorted(d for d in tasks_dir.iterdir() if not d.name.startswith(".")) if tasks_dir.is_dir() else []
     repo_bytes = sum(disk_usage(r) for r in repos)
-    task_bytes = disk_usage(docs / "tasks") if (docs / "tasks").is_dir() else 0
+    task_bytes = disk_usage(tasks_dir) if tasks_dir.is_dir() else 0
     details = [f"{len(repos)} shadow repo(s): {repo_bytes / 2**20:.1f} MiB",
                f"{len(tasks)} task folder(s): {task_bytes / 2**20:.1f} MiB",
                "`shadowpoint storage` shows each task; `shadowpoint storage --gc` reclaims space"]

@@ -5,11 +5,11 @@ files edit tools reported, the undo record of the last file restore and the rest
 journal. A task's record is `task.json` (its compacted form, written atomically: temp file,
 rename) plus `task.log`, an append-only log of what changed since: a round adds one line
 (one `write`), so a round costs the same at the 400th round of a task as at the 4th (SPEC
-§9), and a file restore one line too. Structural changes (cuts, forks) and a log grown past
-the size of task.json
-rewrite task.json with the next generation number, then remove the log; a log line carries
-its generation, so one left by a kill between the two is never applied twice, and a torn
-last line (a kill mid-append) is ignored on load and cut off before the next append.
+§9); a file restore, undo or redo adds one line too. Structural changes (cuts, forks) and a
+log grown past the size of task.json rewrite task.json with the next generation number,
+then remove the log; a log line carries its generation, so one left by a kill between the
+two is never applied twice, and a torn last line (a kill mid-append) is ignored on load and
+cut off before the next append.
 Not synced to disk: a power cut may lose the last changes, like the loose objects libgit2
 writes without fsync (only the user's files that a restore writes are synced, in safe_fs).
 Used by the engine under the task's lock; knows nothing of git.
@@ -421,8 +421,8 @@ class CheckpointStore:
     """Task folders under `<docs-root>/tasks/`."""
 
     def __init__(self, docs_dir: Path, *, made_ahead: bool = False) -> None:
-        """`made_ahead`: write the records a restore rewrites (journal, task.json) into files
-        made ahead by a thread (`loose.FilePool`; the engine's store, closed with `close`)."""
+        """`made_ahead`: write the restore journal and task.json into files made ahead by a
+        thread (`loose.FilePool`; the engine's store, closed with `close`)."""
         self.docs_dir = docs_dir
         self.tasks_dir = docs_dir / "tasks"
         # a task folder's name never starts with "." (ref_component)

@@ -345,14 +345,14 @@ def test_engine_baseline_borrows_then_copies_in_the_background(tmp_path: Path, m
         shadow_repo.close()
 
 
-def test_engine_copy_waits_while_a_round_is_open(tmp_path: Path, make_engine: Any,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The copy yields to the agent's rounds (a Python thread copying objects slowed every
-    hook's request 40-fold at 100k files): it does not read a batch while a round is open."""
+def _copy_behind_an_open_round(tmp_path: Path, make_engine: Any, monkeypatch: pytest.MonkeyPatch
+                               ) -> tuple[Engine, Any]:
+    """An engine whose baseline borrowed blobs, with a round open when its copy is let go (the
+    copy's yield limit an hour: only the round's end, or a close, lets it on)."""
     from shadowpoint import engine as engine_module
     from tests.integration.test_engine import wait_ready
 
-    monkeypatch.setattr(engine_module, "COPY_YIELD_MAX_S", 3600.0)  # only the round's end lets it on
+    monkeypatch.setattr(engine_module, "COPY_YIELD_MAX_S", 3600.0)
     root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
     eng: Engine = make_engine(root)
     (state,) = eng.roots.values()
@@ -362,6 +362,14 @@ def test_engine_copy_waits_while_a_round_is_open(tmp_path: Path, make_engine: An
     assert wait_ready(eng, "t1") == "ready"
     eng.begin_round("t1")
     gate.set()
+    return eng, state
+
+
+def test_engine_copy_waits_while_a_round_is_open(tmp_path: Path, make_engine: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy yields to the agent's rounds (a Python thread copying objects slowed every
+    hook's request 40-fold at 100k files): it does not read a batch while a round is open."""
+    eng, state = _copy_behind_an_open_round(tmp_path, make_engine, monkeypatch)
     assert not state.wait_copied(0.5)  # still waiting before its first batch
     assert borrowed.ledger_path(state.ws.git_dir).exists()
     eng.end_round("t1", 10)
@@ -411,27 +419,15 @@ def test_close_stops_a_waiting_copy_and_the_next_open_resumes_it(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A sidecar told to stop does not first copy every borrowed blob (at 100k files that kept
     `sidecar/stop` and SIGTERM waiting for tens of seconds): the copy ends at its next batch."""
-    from shadowpoint import engine as engine_module
-    from tests.integration.test_engine import wait_ready
-
-    monkeypatch.setattr(engine_module, "COPY_YIELD_MAX_S", 3600.0)
-    root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
-    eng: Engine = make_engine(root)
-    (state,) = eng.roots.values()
-    gate = threading.Event()
-    state.copy_gate = gate
-    eng.start_task("t1", 0)
-    assert wait_ready(eng, "t1") == "ready"
-    eng.begin_round("t1")  # the copy waits behind the open round ...
-    gate.set()
-    assert not state.wait_copied(0.2)
+    eng, state = _copy_behind_an_open_round(tmp_path, make_engine, monkeypatch)
+    assert not state.wait_copied(0.2)  # the copy waits behind the open round ...
     closing = threading.Thread(target=eng.close)
     closing.start()
     closing.join(60)
     assert not closing.is_alive()  # ... and the close ends it
     git_dir = state.ws.git_dir
     assert state.last_copy is None and borrowed.ledger_path(git_dir).exists()
-    eng2: Engine = make_engine(root)
+    eng2: Engine = make_engine(state.ws.root)
     (state2,) = eng2.roots.values()
     with state2.locked() as locked:
         locked.open()
