@@ -371,10 +371,13 @@ class Restorer:
             after = repo.commit(after_tree, [safety], f"after {request.op} {n}", record.task_id)
             # The task's base from now on (keepOutsideEdits): its previous base with this restore's
             # writes, which are never outside edits; the person's edits the restore left stay theirs.
+            # When that is what the restore leaves (the usual case: no outside edit kept), the
+            # after-state is the base: no commit of the same tree.
             base_before = (record.base or {}).get(name) or parent
             base_tree = repo.patch_tree(repo.commit_tree(base_before) if base_before else None, writes,
                                         expect_new=False)
-            base = repo.commit(base_tree, [after], f"base after {request.op} {n}", record.task_id)
+            base = after if base_tree == after_tree else repo.commit(
+                base_tree, [after], f"base after {request.op} {n}", record.task_id)
             repo.set_ref(restore_ref(record.task_id, n), base)  # reaches after and safety too
             roots[name] = {"safety": safety, "after": after, "base": base, "paths": [op.path for op in p.plan.ops]}
         entry: dict[str, Any] = {"n": n, "op": request.op, "ts": cp.ts if request.targets is None else None,

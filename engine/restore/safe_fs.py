@@ -37,8 +37,6 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NOT_A_DIR_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EMLINK})
 _SYMLINK_ERRNOS = frozenset({errno.ELOOP, errno.EMLINK})
 _NOT_EMPTY_ERRNOS = frozenset({errno.ENOTEMPTY, errno.EEXIST})
-# Some FUSE and network file systems refuse fsync on a directory; the file itself is synced.
-_DIR_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EBADF})
 # Bound on retries when an entry keeps changing type under us (an adversary racing the walk).
 _MAX_RACE_RETRIES = 8
 _READ_CHUNK_BYTES = 1 << 20
@@ -127,14 +125,6 @@ def _read_all(fd: int) -> bytes:
     while chunk := os.read(fd, _READ_CHUNK_BYTES):
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _fsync_dir(dir_fd: int) -> None:
-    try:
-        os.fsync(dir_fd)
-    except OSError as exc:
-        if exc.errno not in _DIR_FSYNC_UNSUPPORTED:
-            raise
 
 
 def _kind_name(mode: int) -> str:
@@ -429,7 +419,10 @@ class SafeWriter:
         except BaseException:
             _unlink_quietly(temp_name, dir_fd)
             raise
-        _fsync_dir(dir_fd)
+        # No fsync of the folder: the file's bytes were synced before the rename (a power cut
+        # never leaves a half-written file under the name), and a rename lost to a power cut
+        # leaves the person's own version there, as the task's record (not synced either,
+        # atomic.py) then says. Syncing the folder cost ~0.2 ms of a ~4.5 ms one-file restore.
 
     def _clear_empty_dir(self, dir_fd: int, name: str, path: RepoPath) -> None:
         st = _lstat_or_none(name, dir_fd)
