@@ -243,7 +243,7 @@ def test_saved_columns_read_in_c_equal_saved_fields(tmp_path: Path) -> None:
                                rng.randbytes(20)) for _ in range(9_000)]
     assert stat_cache._times_fit(states)
     for column, code in enumerate(stat_cache._COLUMN_TYPES):
-        assert list(stat_cache._column(states, column, code)) == [st.saved_fields()[column] for st in states]
+        assert list(stat_cache._column(states, column, code, True)) == [st.saved_fields()[column] for st in states]
     beyond = FileState.packed(1, (stat_cache._SAFE_S + 1) * 1_000_000_000, 0, 0o100644, 1, 1, MODE_FILE, bytes(20))
     assert not stat_cache._times_fit([*states, beyond])
     cache = StatCache(tree="a" * 40, base_commit="b" * 40)
