@@ -95,11 +95,10 @@ case $agent in
     claude) project_var=CLAUDE_PROJECT_DIR ;;
     *) _log "unknown agent '$agent'; expected one of claude, codex, gemini"; exit 0 ;;
 esac
-# The payload without a process: bash 5.2 reads `$(<file)` itself in blocks (older bash forks
-# a subshell, still no `cat`); `$(cat)` cost a fork and an exec, ~1-2 ms of every event, and
-# `read -d ''` reads a pipe a byte per system call (~25 ms for a 60 KB write). Trailing
-# newlines go, which JSON ignores.
-payload=$(</dev/stdin)
+# Not `$(</dev/stdin)` (no fork, but Gemini CLI hands the hook a socket, which /dev/stdin cannot
+# open: every event was lost) nor `read -d ''` (a byte per system call on a pipe or socket).
+payload=$(cat; printf x)
+payload=${payload%x}
 # Top-level keys only (no object opened before them); anything unusual goes to the Python client.
 top='^[^{]*\{[^{}]*"'
 [[ $payload =~ ${top}session_id\"[[:space:]]*:[[:space:]]*\"([^\"\\]+)\" ]] || _fallback ""
