@@ -111,12 +111,18 @@ class RootState:
             with rules_lock:
                 return rules.is_excluded(path, is_dir=True)
 
+        def placed() -> None:
+            # the decisions cached for every folder while the watches were placed (~20 MiB at
+            # 1M files, kept for good): a new folder's check reads its ancestors again
+            with rules_lock:
+                rules.invalidate(RepoPath(""))
+
         def degraded(reason: str) -> None:
             log.warning("watcher.degraded", root=str(self.ws.root), reason=reason)
             notify("watcher/degraded", {"root": str(self.ws.root), "reason": reason})
 
-        self.watcher = WorkspaceWatcher(self.ws.root, skip_dirs=skip_dirs, on_degraded=degraded, journal=journal,
-                                        observer_kind=self.options.watcher_observer)
+        self.watcher = WorkspaceWatcher(self.ws.root, skip_dirs=skip_dirs, on_placed=placed, on_degraded=degraded,
+                                        journal=journal, observer_kind=self.options.watcher_observer)
         self.watcher.start()
 
     @property

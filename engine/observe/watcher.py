@@ -187,6 +187,7 @@ class WorkspaceWatcher:
         root: Path,
         *,
         skip_dirs: Callable[[RepoPath], bool] | None = None,
+        on_placed: Callable[[], None] | None = None,
         on_degraded: Callable[[str], None] | None = None,
         journal: PathJournal | None = None,
         observer_kind: ObserverKind = "inotify",
@@ -198,6 +199,8 @@ class WorkspaceWatcher:
             skip_dirs: Returns True for a folder not worth an OS watch (excluded folders, nested
                 repositories); changes below it are not recorded. Called on the set-up and inotify
                 threads, so it may stat but must be quick. `.git` folders are always skipped.
+            on_placed: Called after each start (or restart) has placed the watches: what
+                `skip_dirs` cached for every folder can go (later calls are for new folders only).
             on_degraded: Called with a reason each time the watcher turns unhealthy. Called on
                 whichever thread noticed (possibly a watchdog thread): keep it short, never block.
             journal: The journal to record into; a fresh one by default.
@@ -208,6 +211,7 @@ class WorkspaceWatcher:
         self._root = os.path.abspath(root)
         self._label = Path(self._root).name or self._root
         self._skip_dirs = skip_dirs
+        self._on_placed = on_placed
         self._on_degraded = on_degraded
         self._journal = journal if journal is not None else PathJournal()
         self._portable = observer_kind == "portable" or not inotify.AVAILABLE
@@ -279,6 +283,8 @@ class WorkspaceWatcher:
                 backend=type(self._observer).__name__,
                 duration_ms=round(duration_ms, 1),
             )
+            if self._on_placed is not None:
+                self._on_placed()
         self._recover_if_clear()
 
     def stop(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import struct
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -45,6 +46,17 @@ _WORKSPACE_ROOT: Final = RepoPath("")
 # the kernel's coarse file clock (a jiffy) and small clock steps: an entry added in the same
 # clock tick as the listing would otherwise leave the times unchanged (git's racy-clean rule).
 _RACY_MARGIN_NS: Final = 1_000_000_000
+
+# a folder's (mtime, ctime, inode) as one small bytes: a tuple of three big ints took ~180 bytes
+_STAMP: Final = struct.Struct("<qqQ")
+
+
+def _stamp(st: os.stat_result) -> bytes | None:
+    """The folder's listing stamp, None if a time lies past what int64 nanoseconds hold."""
+    try:
+        return _STAMP.pack(st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    except struct.error:
+        return None
 
 
 # ---------------------------------------------------------------- the rules
@@ -112,12 +124,19 @@ def ignored_changes(root: Path, since: float, *, extra: Sequence[str] = (), max_
     return sorted(out, key=lambda e: e["path"])
 
 
+# The .gitignore files that decide a folder's entries, deepest first: (its rules, the length of
+# its folder's prefix, "a/b/" → 4), so that a path's part below that folder is `path[base:]`.
+# A folder without a .gitignore of its own shares its parent's chain (and `_DirInfo`): at 1M
+# files, one tuple with one prefix string per folder took ~50 MiB.
+Chain = tuple[tuple[PatternSet, int], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class _DirInfo:
     """What is known about one folder: why it is excluded, or the rule files for its entries."""
 
     reason: str | None  # set when the folder itself, or an ancestor, is excluded
-    chain: tuple[tuple[PatternSet, str], ...] = ()  # (.gitignore, path prefix), deepest first
+    chain: Chain = ()
     is_link: bool = False  # a symlink: nothing lies "under" it
 
 
@@ -134,15 +153,15 @@ class _Listing:
     by the same `chain` of rule files.
     """
 
-    stamp: tuple[int, int, int] | None  # None: listed too soon after a change to be trusted
-    parent_chain: tuple[tuple[PatternSet, str], ...]  # the parent's rules when it was listed
-    chain: tuple[tuple[PatternSet, str], ...]
+    stamp: bytes | None  # `_stamp` of the folder; None: listed too soon after a change to be trusted
+    parent_chain: Chain  # the parent's rules when it was listed
+    chain: Chain
     reason: str | None  # the folder itself is excluded (a nested repository)
     has_gitignore: bool
     # included entries that are not folders, joined by NAME_SEP: one string per folder, not
     # one per file (~5 MiB of a 100k-file sidecar's peak memory)
     files: str
-    dirs: tuple[str, ...]  # included sub-folders
+    dirs: str  # included sub-folders, joined by NAME_SEP like `files`
 
 
 class ExclusionRules:
@@ -300,12 +319,12 @@ class ExclusionRules:
             if listing.reason is not None:
                 infos[rel] = _DirInfo(listing.reason)
                 continue
-            info = _DirInfo(None, listing.chain)
+            info = parent_info if listing.chain is parent_info.chain else _DirInfo(None, listing.chain)
             infos[rel] = info
             prefix = f"{rel}/" if rel else ""
             if listing.files:
                 yield prefix, listing.files
-            for dir_name in listing.dirs:
+            for dir_name in listing.dirs.split(NAME_SEP) if listing.dirs else ():
                 pending.append((prefix + dir_name, dir_name, info))
         self._listings = new
         infos.pop("", None)
@@ -321,7 +340,7 @@ class ExclusionRules:
             st = os.lstat(folder)
         except OSError:
             return None
-        if (st.st_mtime_ns, st.st_ctime_ns, st.st_ino) != listing.stamp:
+        if _stamp(st) != listing.stamp:
             return None
         if listing.reason is not None:
             return listing
@@ -330,7 +349,7 @@ class ExclusionRules:
         if not listing.has_gitignore and parent_info.chain is listing.parent_chain:
             return listing  # the same rules reached it (the common case: an unchanged tree)
         own = self._load_gitignore(rel) if listing.has_gitignore else None
-        if self._child_chain(parent_info, name, own) != listing.chain:
+        if self._child_chain(parent_info, rel, own) != listing.chain:
             return None
         # keep the tuple the sub-folders' listings were made with (their identity check)
         return replace(listing, parent_chain=parent_info.chain)
@@ -348,14 +367,14 @@ class ExclusionRules:
         if not stat.S_ISDIR(st.st_mode):
             return None
         newest = max(st.st_mtime_ns, st.st_ctime_ns)
-        stamp = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino) if newest < listed_ns - _RACY_MARGIN_NS else None
+        stamp = _stamp(st) if newest < listed_ns - _RACY_MARGIN_NS else None
         has_gitignore = any(e.name == GITIGNORE for e in entries)
         info = self._listed_dir_info(rel, name, parent_info, folder, entries) if rel else parent_info
         if info.reason is not None:
-            return _Listing(stamp, parent_info.chain, (), info.reason, has_gitignore, "", ())
+            return _Listing(stamp, parent_info.chain, (), info.reason, has_gitignore, "", "")
         files, dirs = self._included(info, f"{rel}/" if rel else "", entries)
         return _Listing(stamp, parent_info.chain, info.chain, None, has_gitignore,
-                        NAME_SEP.join(e.name for e in files), tuple(e.name for e in dirs))
+                        NAME_SEP.join(e.name for e in files), NAME_SEP.join(e.name for e in dirs))
 
     def _included(self, info: _DirInfo, prefix: str, entries: Sequence[os.DirEntry[str]]
                   ) -> tuple[list[os.DirEntry[str]], list[os.DirEntry[str]]]:
@@ -537,8 +556,8 @@ class ExclusionRules:
             label = builtin.decide(rel, name, is_dir)
             if label:
                 return label
-        for rules, prefix in info.chain:
-            label = rules.decide(prefix + name, name, is_dir)
+        for rules, base in info.chain:
+            label = rules.decide(rel[base:], name, is_dir)
             if label is not None:
                 if label:
                     return label
@@ -556,7 +575,7 @@ class ExclusionRules:
         self._lfs_text, self._modules_text = attributes, modules
         self._submodules = submodule_paths(modules) if modules is not None else frozenset()
         own = self._load_gitignore("")
-        info = _DirInfo(None, ((own, ""),) if own is not None else ())
+        info = _DirInfo(None, ((own, 0),) if own is not None else ())
         with self._dirs_lock:
             self._dirs[""] = info
         return info
@@ -579,9 +598,16 @@ class ExclusionRules:
         return rules
 
     @staticmethod
-    def _child_chain(parent: _DirInfo, name: str, own: PatternSet | None) -> tuple[tuple[PatternSet, str], ...]:
-        chain = tuple((rules, f"{prefix}{name}/") for rules, prefix in parent.chain)
-        return ((own, ""), *chain) if own is not None else chain
+    def _child_chain(parent: _DirInfo, rel: str, own: PatternSet | None) -> Chain:
+        return ((own, len(rel) + 1), *parent.chain) if own is not None else parent.chain
+
+    @classmethod
+    def _child_info(cls, parent: _DirInfo, rel: str, own: PatternSet | None) -> _DirInfo:
+        """The info of folder `rel` (not excluded) below `parent`: the parent's own object when
+        `rel` has no .gitignore (shared, like its chain)."""
+        if own is None and parent.reason is None and not parent.is_link:
+            return parent
+        return _DirInfo(None, cls._child_chain(parent, rel, own))
 
     def _listed_dir_info(
         self, rel: str, name: str, parent: _DirInfo, folder: str, entries: Sequence[os.DirEntry[str]]
@@ -599,7 +625,7 @@ class ExclusionRules:
         own = None
         if gitignore is not None and gitignore.is_file(follow_symlinks=False):
             own = self._load_gitignore(rel)
-        return _DirInfo(None, self._child_chain(parent, name, own))
+        return self._child_info(parent, rel, own)
 
     def _probed_dir_info(self, rel: str, parent: _DirInfo) -> _DirInfo:
         """Info for a folder from a few lstat calls (the single-path check's way)."""
@@ -623,7 +649,7 @@ class ExclusionRules:
             if os.path.lexists(os.path.join(folder, GIT_DIR)):
                 return _DirInfo("nested_repo")
             own = self._load_gitignore(rel)
-        return _DirInfo(None, self._child_chain(parent, name, own))
+        return self._child_info(parent, rel, own)
 
     def _dir_info(self, rel: str) -> _DirInfo:
         info = self._dirs.get(rel)
