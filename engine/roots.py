@@ -28,7 +28,7 @@ from shadowpoint.stage.early_capture import EarlyCapture
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.scanner import Scanner, StageOptions, StageResult
 from shadowpoint.stage.stager import RootFacts, StagePlan, WatchView, staging_plan
-from shadowpoint.stage.stat_cache import StatCache
+from shadowpoint.stage.stat_cache import StatCache, state_entry, state_oid
 from shadowpoint.store import borrowed
 from shadowpoint.store.locking import WorkspaceLock
 from shadowpoint.store.shadow_repo import ShadowRepo
@@ -257,7 +257,7 @@ class RootState:
             repo.reopen()
             self._reopen = False
         entries = self.cache.entries
-        lost_blobs = [p for p, st in entries.items() if not repo.has_object(st.entry.oid)]
+        lost_blobs = [p for p, st in entries.items() if not repo.has_object(state_oid(st).hex())]
         lost_trees = repo.missing_trees(self.cache.tree, limit=1)
         self.verified = True
         if not (lost_blobs or lost_trees or damaged):
@@ -266,7 +266,7 @@ class RootState:
                     trees=len(lost_trees), action="rebuilding the tracked set from the workspace")
         for path in lost_blobs:
             self.cache.remove(path)
-        self.cache.tree = repo.patch_tree(None, {p: st.entry for p, st in self.cache.entries.items()})
+        self.cache.tree = repo.patch_tree(None, {p: state_entry(st) for p, st in self.cache.entries.items()})
         self.scanned = False
         return StagePlan(forced=plan.forced | frozenset(lost_blobs), watched=plan.watched, rescan=True)
 

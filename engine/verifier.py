@@ -29,7 +29,7 @@ from shadowpoint.roots import RootState
 from shadowpoint.stage.blob_workers import HashedFile, read_file, snapshot_file
 from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules
 from shadowpoint.stage.stager import is_rules_file
-from shadowpoint.stage.stat_cache import FileState
+from shadowpoint.stage.stat_cache import FileState, is_clean, state_entry
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
 from shadowpoint.workspace import RepoPath
 
@@ -154,10 +154,10 @@ class WatchVerifier:
             if known is not None:
                 run.differing.append(path)
             return
-        if known is not None and known.is_clean(st):
+        if known is not None and is_clean(known, st):
             return
         entry = self._entry(run, full, st)
-        if entry != (known.entry if known is not None else None):
+        if entry != (state_entry(known) if known is not None else None):
             run.differing.append(path)
 
     def _entry(self, run: _Pass, full: str, st: os.stat_result) -> TreeEntry | None:

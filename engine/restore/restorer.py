@@ -45,7 +45,7 @@ from shadowpoint.restore.safe_fs import cleanup_temp_files
 from shadowpoint.results import FilesRestored, KindError, Restore
 from shadowpoint.roots import LockedRoot, RootState
 from shadowpoint.stage.scanner import SkipReason
-from shadowpoint.stage.stat_cache import FileState
+from shadowpoint.stage.stat_cache import unknown_state
 from shadowpoint.store.checkpoints import CheckpointRecord, CheckpointStore, checkpoint_or_raise, now_iso
 from shadowpoint.store.values import MODE_TREE, TreeEntry, restore_ref, task_ref
 from shadowpoint.workspace import PathResolver, RepoPath
@@ -447,7 +447,7 @@ class Restorer:
             if op.entry is None:
                 root.cache.remove(op.path)
             else:
-                root.cache.set(op.path, FileState.unknown(op.entry))
+                root.cache.set(op.path, unknown_state(op.entry))
         if changes:
             root.cache.tree = root.repo.patch_tree(root.cache.tree, changes, expect_new=False)
             root.note_tracked(changes)

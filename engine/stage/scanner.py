@@ -14,7 +14,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from shadowpoint.stage.early_capture import EarlyCapture
 from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules
 from shadowpoint.stage.git_index import IndexProof
 from shadowpoint.stage.stager import StagePlan
-from shadowpoint.stage.stat_cache import FileState, StatCache
+from shadowpoint.stage.stat_cache import FileState, StatCache, is_clean, state_entry, state_mode, state_of, state_oid
 from shadowpoint.store import borrowed
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
@@ -173,9 +173,11 @@ class Scanner:
         for path in sorted(plan.forced):
             self._stage_path(run, path, forced=True)
         self._note_borrowed(run)
-        changed_paths = tuple(cache.entries) if run.fresh else tuple(run.changes)
+        # from nothing, every path changed: sorted once, for the trees too (at 1M files each
+        # list of the paths is 7 MiB, held at a baseline's peak memory)
+        changed_paths = tuple(sorted(cache.entries)) if run.fresh else tuple(run.changes)
         if changed_paths:
-            cache.tree = self._write_tree(run, cache)
+            cache.tree = self._write_tree(run, cache, changed_paths if run.fresh else None)
         run.stats.changed = len(changed_paths)
         run.stats.changed_paths = changed_paths
         run.stats.duration_ms = (time.perf_counter() - start) * 1e3
@@ -194,18 +196,20 @@ class Scanner:
 
     # ------------------------------------------------------------------ internals
 
-    def _write_tree(self, run: _Staging, cache: StatCache) -> str | None:
+    def _write_tree(self, run: _Staging, cache: StatCache, ordered: Sequence[RepoPath] | None) -> str | None:
         """The tree of `cache` after this staging: its old tree patched with the changes, or,
-        from nothing, every tree written as one pack (not thousands of loose objects)."""
+        from nothing, every tree written as one pack (not thousands of loose objects).
+        `ordered`: the tracked paths sorted, if the caller has them."""
         if cache.tree is not None:
             return self.repo.patch_tree(cache.tree, run.changes)
         if len(cache.entries) >= PACKED_TREES_MIN:
             entries = cache.entries
             try:
-                return self.repo.write_tree_packed((p, entries[p].mode, entries[p].raw_oid) for p in sorted(entries))
+                return self.repo.write_tree_packed((p, state_mode(entries[p]), state_oid(entries[p]))
+                                                   for p in (sorted(entries) if ordered is None else ordered))
             except ValueError:
                 pass  # a path that is both a file and a folder: patched, as below
-        return self.repo.patch_tree(None, {p: st.entry for p, st in cache.entries.items()})
+        return self.repo.patch_tree(None, {p: state_entry(st) for p, st in cache.entries.items()})
 
     def _invalidate_rules(self, paths: Iterable[RepoPath]) -> None:
         for p in paths:
@@ -262,7 +266,7 @@ class Scanner:
                     known = entries.get(path)
                     if known is not None:
                         reached += 1
-                        if known.is_clean(st):
+                        if is_clean(known, st):
                             clean += 1
                             continue
                     elif run.proof is not None and st.st_size <= self.options.max_file_bytes:
@@ -298,7 +302,7 @@ class Scanner:
         run.stats.examined += 1
         run.stats.borrowed += 1
         run.borrowed[path] = oid
-        self._record(run, path, entry, FileState.of(st, entry, run.now_ns))
+        self._record(run, path, entry, state_of(st, entry, run.now_ns))
 
     def _unborrow(self, run: _Staging) -> None:
         """Take no more ids from the index, and hash the files whose id was taken."""
@@ -462,7 +466,7 @@ class Scanner:
     def _stage_stat(self, run: _Staging, path: RepoPath, st: os.stat_result) -> None:
         run.stats.examined += 1
         known = run.cache.entries.get(path)
-        if known is not None and known.is_clean(st):
+        if known is not None and is_clean(known, st):
             return
         mode = st.st_mode
         if stat.S_ISLNK(mode):
@@ -474,7 +478,7 @@ class Scanner:
                 return
             entry = TreeEntry(self.repo.write_blob(os.fsencode(target)), MODE_LINK)
             run.stats.hashed += 1
-            self._record(run, path, entry, FileState.of(st, entry, run.now_ns))
+            self._record(run, path, entry, state_of(st, entry, run.now_ns))
         elif stat.S_ISREG(mode):
             if st.st_size > self.options.max_file_bytes:
                 self._skip(run, path, SkipReason.TOO_LARGE, f"{st.st_size} bytes")
@@ -503,7 +507,7 @@ class Scanner:
     def _record_file(self, run: _Staging, path: RepoPath, oid: str, st: os.stat_result) -> None:
         entry = TreeEntry(oid, MODE_EXEC if st.st_mode & 0o100 else MODE_FILE)
         run.stats.hashed += 1
-        self._record(run, path, entry, FileState.of(st, entry, run.now_ns))
+        self._record(run, path, entry, state_of(st, entry, run.now_ns))
 
     def _read_file(self, path: RepoPath) -> tuple[bytes, os.stat_result]:
         return read_file(self.root / path, self.options.max_file_bytes)

@@ -23,7 +23,7 @@ from typing import BinaryIO, TypeVar
 import structlog
 
 from shadowpoint.store.atomic import atomic_writer
-from shadowpoint.store.values import TreeEntry
+from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_GITLINK, MODE_LINK, TreeEntry
 from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
@@ -39,111 +39,82 @@ CACHE_VERSION = 3
 _SORTED_EDITS_MAX = 512
 
 
-# One tracked file's state packed into 76 bytes: size, mtime and ctime (each as seconds and
-# nanoseconds, so that any time the kernel reports fits, past 2262 too), st_mode, inode,
-# checked_ns, then the git mode and the raw blob id. As a dataclass holding an entry, a hex id
-# and five big ints it took ~360 bytes per file: 30 MiB of a 100k-file sidecar's peak.
-_STATE = struct.Struct("<qqIqIIQqI20s")
-_STAT_PART = struct.Struct("<qqIqIIQq")
-_ENTRY_MODE = struct.Struct("<I")
+# One tracked file's state: a plain `bytes` of 63: size, mtime_ns, ctime_ns, st_mode (16 bits),
+# inode, checked_ns, the git mode's code and the raw blob id. 96 bytes with its header (a size
+# class of Python's allocator; one byte more costs 16) and no field objects, never tracked by the
+# garbage collector: a subclass with methods took 128 (874k of them at 1M files), a dataclass
+# holding an entry, a hex id and five big ints ~360. Read with the functions below.
+FileState = bytes
+
+_STATE = struct.Struct("<qqqHQqB20s")
+_STAT_PART = struct.Struct("<qqqHQq")
 _MODE_AT = _STAT_PART.size
-_OID_AT = _MODE_AT + _ENTRY_MODE.size
-_NS = 1_000_000_000
-_INT64 = range(-2**63, 2**63)
+_OID_AT = _MODE_AT + 1
+# the git modes a snapshot's file can have, by their code in a state
+_GIT_MODES = (MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK)
+_MODE_CODES = {mode: code for code, mode in enumerate(_GIT_MODES)}
 
 
-class FileState(bytes):
-    """Stat data of one tracked path when it was last hashed, and what it hashed to.
-
-    Immutable and compact (a `bytes` of fixed layout, no per-field objects); the fields are
-    read on demand.
-    """
-
-    __slots__ = ()
-
-    def is_clean(self, st: os.stat_result) -> bool:
-        """True if `st` proves the file still holds `entry` (racy-clean rule)."""
-        size, mtime_ns, ctime_ns, st_mode, ino, checked_ns = self.stat_fields()
-        return (
-            st.st_size == size
-            and st.st_mtime_ns == mtime_ns
-            and st.st_ctime_ns == ctime_ns
-            and st.st_mode == st_mode
-            and st.st_ino == ino
-            and mtime_ns < checked_ns - RACY_MARGIN_NS
-        )
-
-    @classmethod
-    def packed(cls, size: int, mtime_ns: int, ctime_ns: int, st_mode: int, ino: int, checked_ns: int,
+def pack_state(size: int, mtime_ns: int, ctime_ns: int, st_mode: int, ino: int, checked_ns: int,
                mode: int, raw_oid: bytes) -> FileState:
-        m_s, m_ns = divmod(mtime_ns, _NS)
-        c_s, c_ns = divmod(ctime_ns, _NS)
-        return cls(_STATE.pack(size, m_s, m_ns, c_s, c_ns, st_mode, ino, checked_ns, mode, raw_oid))
+    """A state from its fields. A field its column cannot hold (a time past the year 2262, a
+    mode over 16 bits) makes the stat unknown: the file is hashed again at each scan.
 
-    @classmethod
-    def of(cls, st: os.stat_result, entry: TreeEntry, checked_ns: int) -> FileState:
-        return cls.packed(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino, checked_ns,
-                          entry.mode, bytes.fromhex(entry.oid))
+    Raises:
+        ValueError: `mode` is no git mode of a file.
+    """
+    code = _MODE_CODES.get(mode)
+    if code is None:
+        raise ValueError(f"{mode:o} is not the git mode of a file")
+    try:
+        return _STATE.pack(size, mtime_ns, ctime_ns, st_mode, ino, checked_ns, code, raw_oid)
+    except struct.error:
+        return _STATE.pack(-1, 0, 0, 0, 0, 0, code, raw_oid)
 
-    @classmethod
-    def unknown(cls, entry: TreeEntry) -> FileState:
-        """A tracked path whose stat is not known: never clean until hashed again."""
-        return cls.packed(-1, 0, 0, 0, 0, 0, entry.mode, bytes.fromhex(entry.oid))
 
-    def stat_fields(self) -> tuple[int, int, int, int, int, int]:
-        """size, mtime_ns, ctime_ns, st_mode, ino, checked_ns."""
-        size, m_s, m_ns, c_s, c_ns, st_mode, ino, checked_ns = _STAT_PART.unpack_from(self)
-        return size, m_s * _NS + m_ns, c_s * _NS + c_ns, st_mode, ino, checked_ns
+def state_of(st: os.stat_result, entry: TreeEntry, checked_ns: int) -> FileState:
+    """The state of a file whose stat is `st`, hashed to `entry` at `checked_ns`."""
+    return pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino, checked_ns,
+                      entry.mode, bytes.fromhex(entry.oid))
 
-    def saved_fields(self) -> tuple[int, int, int, int, int, int, int]:
-        """The columns of the saved cache (int64 each: the stat fields, then the git mode); a
-        time past what int64 nanoseconds hold is saved as an unknown stat (hashed again)."""
-        fields = self.stat_fields()
-        if fields[1] not in _INT64 or fields[2] not in _INT64:
-            return -1, 0, 0, 0, 0, 0, self.mode
-        return (*fields, self.mode)
 
-    @property
-    def size(self) -> int:
-        return self.stat_fields()[0]
+def unknown_state(entry: TreeEntry) -> FileState:
+    """A tracked path whose stat is not known: never clean until hashed again."""
+    return pack_state(-1, 0, 0, 0, 0, 0, entry.mode, bytes.fromhex(entry.oid))
 
-    @property
-    def mtime_ns(self) -> int:
-        return self.stat_fields()[1]
 
-    @property
-    def ctime_ns(self) -> int:
-        return self.stat_fields()[2]
+def stat_fields(state: FileState) -> tuple[int, int, int, int, int, int]:
+    """size, mtime_ns, ctime_ns, st_mode, ino, checked_ns."""
+    fields: tuple[int, int, int, int, int, int] = _STAT_PART.unpack_from(state)
+    return fields
 
-    @property
-    def st_mode(self) -> int:
-        return self.stat_fields()[3]
 
-    @property
-    def ino(self) -> int:
-        return self.stat_fields()[4]
+def is_clean(state: FileState, st: os.stat_result) -> bool:
+    """True if `st` proves the file still holds the state's blob (racy-clean rule)."""
+    fields: tuple[int, int, int, int, int, int] = _STAT_PART.unpack_from(state)
+    size, mtime_ns, ctime_ns, st_mode, ino, checked_ns = fields
+    return (
+        st.st_size == size
+        and st.st_mtime_ns == mtime_ns
+        and st.st_ctime_ns == ctime_ns
+        and st.st_mode == st_mode
+        and st.st_ino == ino
+        and mtime_ns < checked_ns - RACY_MARGIN_NS
+    )
 
-    @property
-    def checked_ns(self) -> int:
-        return self.stat_fields()[5]
 
-    @property
-    def mode(self) -> int:
-        """The git file mode of the blob."""
-        return int(_ENTRY_MODE.unpack_from(self, _MODE_AT)[0])
+def state_mode(state: FileState) -> int:
+    """The git mode of the state's blob."""
+    return _GIT_MODES[state[_MODE_AT]]
 
-    @property
-    def raw_oid(self) -> bytes:
-        return self[_OID_AT:]
 
-    @property
-    def entry(self) -> TreeEntry:
-        return TreeEntry(self[_OID_AT:].hex(), self.mode)
+def state_oid(state: FileState) -> bytes:
+    """The raw id of the state's blob."""
+    return state[_OID_AT:]
 
-    def __repr__(self) -> str:
-        size, mtime_ns, ctime_ns, st_mode, ino, checked_ns = self.stat_fields()
-        return (f"FileState(size={size}, mtime_ns={mtime_ns}, ctime_ns={ctime_ns}, st_mode={st_mode:o}, "
-                f"ino={ino}, checked_ns={checked_ns}, entry={self.entry!r})")
+
+def state_entry(state: FileState) -> TreeEntry:
+    return TreeEntry(state[_OID_AT:].hex(), _GIT_MODES[state[_MODE_AT]])
 
 
 @dataclass(slots=True)
@@ -161,7 +132,7 @@ class StatCache:
 
     def entry(self, path: RepoPath) -> TreeEntry | None:
         st = self.entries.get(path)
-        return st.entry if st else None
+        return state_entry(st) if st else None
 
     def set(self, path: RepoPath, state: FileState) -> None:
         if path not in self.entries and self._sorted is not None:
@@ -201,7 +172,7 @@ class StatCache:
         self.entries = {}
         for path, entry in listing.items():
             prev = old.get(path)
-            self.entries[path] = prev if prev is not None and prev.entry == entry else FileState.unknown(entry)
+            self.entries[path] = prev if prev is not None and state_entry(prev) == entry else unknown_state(entry)
         self.tree = tree
         self.base_commit = base_commit
         self._sorted = None
@@ -226,11 +197,9 @@ class StatCache:
             with atomic_writer(path) as fh:
                 fh.write(header)
                 _write_chunked(fh, (b"\0".join(os.fsencode(p) for p in part) for part in _slices(entries)), b"\0")
-                fits = _times_fit(entries.values())
                 for column, code in enumerate(_COLUMN_TYPES):  # the stat fields, then the git mode
-                    _write_chunked(fh, (_column(part, column, code, fits).tobytes()
-                                        for part in _slices(entries.values())))
-                _write_chunked(fh, (b"".join(st.raw_oid for st in part) for part in _slices(entries.values())))
+                    _write_chunked(fh, (_column(part, column, code).tobytes() for part in _slices(entries.values())))
+                _write_chunked(fh, (b"".join(st[_OID_AT:] for st in part) for part in _slices(entries.values())))
         except (OSError, ValueError, OverflowError, RuntimeError) as exc:  # RuntimeError: the map changed
             log.warning("stat_cache.save_failed", path=str(path), reason=str(exc))
 
@@ -251,15 +220,15 @@ class StatCache:
                 oids = _read_section(fh)
                 if len(paths) != count or len(oids) != 20 * count:
                     raise ValueError("section sizes disagree")
+                entries: dict[RepoPath, FileState] = {}
+                for i, p in enumerate(paths):
+                    entries[p] = pack_state(size[i], mtime[i], ctime[i], st_mode[i], ino[i], checked[i], modes[i],
+                                            oids[20 * i: 20 * i + 20])
         except FileNotFoundError:
             return None
         except Exception as exc:  # a damaged file raises almost anything
             log.warning("stat_cache.unreadable", path=str(path), reason=repr(exc), action="re-hashing the workspace")
             return None
-        entries: dict[RepoPath, FileState] = {}
-        for i, p in enumerate(paths):
-            entries[p] = FileState.packed(size[i], mtime[i], ctime[i], st_mode[i], ino[i], checked[i], modes[i],
-                                          oids[20 * i: 20 * i + 20])
         log.debug("stat_cache.loaded", entries=len(entries), duration_ms=(time.perf_counter() - start) * 1e3)
         return cls(tree=header.get("tree"), base_commit=header.get("base"), entries=entries)
 
@@ -269,35 +238,21 @@ _T = TypeVar("_T")
 # array type codes of the saved columns: size, mtime_ns, ctime_ns, st_mode, ino, checked_ns and
 # the git mode; the inode unsigned (older files wrote it signed: the same bytes below 2**63)
 _COLUMN_TYPES = "qqqqQqq"
-# Each saved column's fields in a packed state (`_STATE`'s layout): read by `struct` in C for a
-# slice of states at a time, where a call of `saved_fields` per state and column took ~0.65 s
-# of a 100k-file baseline's end (the first command of a task waits for it)
-_SAVED_COLUMNS = (struct.Struct("<q68x"), struct.Struct("<8xqI56x"), struct.Struct("<20xqI44x"),
-                  struct.Struct("<32xI40x"), struct.Struct("<36xQ32x"), struct.Struct("<44xq24x"),
-                  struct.Struct("<52xI20x"))
-_TIMES = (_SAVED_COLUMNS[1], _SAVED_COLUMNS[2])  # (seconds, nanoseconds) of mtime and ctime
-_SAFE_S = 9_223_372_035  # a time within this many seconds of 1970 fits int64 nanoseconds
+# Each saved column's field in a packed state (`_STATE`'s layout): read by `struct` in C for a
+# slice of states at a time, where a call per state and column took ~0.65 s of a 100k-file
+# baseline's end (the first command of a task waits for it)
+_SAVED_COLUMNS = (struct.Struct("<q55x"), struct.Struct("<8xq47x"), struct.Struct("<16xq39x"),
+                  struct.Struct("<24xH37x"), struct.Struct("<26xQ29x"), struct.Struct("<34xq21x"),
+                  struct.Struct("<42xB20x"))
+_MODE_COLUMN = len(_SAVED_COLUMNS) - 1
 
 
-def _times_fit(states: Iterable[FileState]) -> bool:
-    """True if every state's times fit the saved int64 nanoseconds (else `saved_fields`' rule
-    for the few that do not: see `_column`)."""
-    for part in _slices(states):
-        data = b"".join(part)
-        for layout in _TIMES:
-            seconds = [s for s, _ in layout.iter_unpack(data)]
-            if seconds and (max(seconds) > _SAFE_S or min(seconds) < -_SAFE_S):
-                return False
-    return True
-
-
-def _column(states: list[FileState], column: int, code: str, fits: bool) -> array.array[int]:
-    """Column `column` of `FileState.saved_fields` for `states`: read in C when `fits` (see
-    `_times_fit`), else state by state."""
-    if not fits:
-        return array.array(code, (st.saved_fields()[column] for st in states))
+def _column(states: list[FileState], column: int, code: str) -> array.array[int]:
+    """Column `column` of the saved cache for `states`: a stat field, or the git mode."""
     rows = _SAVED_COLUMNS[column].iter_unpack(b"".join(states))
-    return array.array(code, [s * _NS + ns for s, ns in rows] if column in (1, 2) else [v for (v,) in rows])
+    if column == _MODE_COLUMN:
+        return array.array(code, [_GIT_MODES[c] for (c,) in rows])
+    return array.array(code, [v for (v,) in rows])
 
 
 def _slices(items: Iterable[_T], size: int = 4096) -> Iterator[list[_T]]:

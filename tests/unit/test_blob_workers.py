@@ -25,7 +25,7 @@ from shadowpoint.stage.blob_workers import BlobWorkerOptions, default_worker_cou
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.scanner import Scanner, SkipReason, StageOptions, StageResult
 from shadowpoint.stage.stager import StagePlan
-from shadowpoint.stage.stat_cache import StatCache
+from shadowpoint.stage.stat_cache import StatCache, stat_fields, state_entry
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.workspace import RepoPath
 from tests.conftest import Exe, Link, make_tree, read_tree, wait_for
@@ -54,7 +54,7 @@ def scan(root: Path, git_dir: Path, workers: BlobWorkerOptions, cache: StatCache
 
 def stat_view(cache: StatCache) -> dict[str, tuple[Any, ...]]:
     """The cache without the per-scan check time: what each path's stat and blob were."""
-    return {p: (s.size, s.mtime_ns, s.ctime_ns, s.st_mode, s.ino, s.entry) for p, s in cache.entries.items()}
+    return {p: (*stat_fields(s)[:5], state_entry(s)) for p, s in cache.entries.items()}
 
 
 def varied_tree(n: int = 240) -> dict[str, Any]:

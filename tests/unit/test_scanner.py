@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.scanner import Scanner, SkipReason, StageOptions, StageResult
 from shadowpoint.stage.stager import StagePlan
-from shadowpoint.stage.stat_cache import FileState, StatCache
+from shadowpoint.stage.stat_cache import StatCache, state_entry, state_of
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
 from shadowpoint.workspace import RepoPath
@@ -75,7 +75,7 @@ def env(tmp_path: Path, workspace: Path) -> Iterator[Env]:
 def assert_consistent(env: Env, cache: StatCache) -> None:
     """The tracked set and the tree it claims to mirror hold the same paths and entries."""
     listing = env.repo.list_tree(cache.tree)
-    assert {p: s.entry for p, s in cache.entries.items()} == listing
+    assert {p: state_entry(s) for p, s in cache.entries.items()} == listing
 
 
 # ---- basics -----------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def test_racy_entry_with_identical_stat_is_rehashed(env: Env) -> None:
     p.write_bytes(b"new!")
     st = os.lstat(p)
     # the cache claims this very stat hashed to the old blob, observed in the write's tick
-    cache.set(RepoPath("f.txt"), FileState.of(st, old_entry, checked_ns=st.st_mtime_ns))
+    cache.set(RepoPath("f.txt"), state_of(st, old_entry, checked_ns=st.st_mtime_ns))
     res = env.stage(cache, rescan=True)
     assert env.snapshot(res.tree) == {"f.txt": b"new!"}
     assert res.stats.hashed == 1
