@@ -100,7 +100,7 @@ class StageStats:
     # rescans only: tracked paths the walk did not reach (excluded, yet tracked: force-added)
     outside_walk: list[RepoPath] = field(default_factory=list)
     # the paths whose entry changed (added, modified, deleted): a round's part of the restore scope
-    changed_paths: tuple[RepoPath, ...] = ()
+    changed_paths: Sequence[RepoPath] = ()
 
 
 @dataclass(slots=True)
@@ -175,7 +175,7 @@ class Scanner:
         self._note_borrowed(run)
         # from nothing, every path changed: sorted once, for the trees too (at 1M files each
         # list of the paths is 7 MiB, held at a baseline's peak memory)
-        changed_paths = tuple(sorted(cache.entries)) if run.fresh else tuple(run.changes)
+        changed_paths = sorted(cache.entries) if run.fresh else tuple(run.changes)
         if changed_paths:
             cache.tree = self._write_tree(run, cache, changed_paths if run.fresh else None)
         run.stats.changed = len(changed_paths)

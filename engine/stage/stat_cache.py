@@ -33,43 +33,58 @@ log = structlog.get_logger(__name__)
 # (a jiffy, 1-10 ms) and small clock steps; younger files are always re-hashed.
 RACY_MARGIN_NS = 1_000_000_000
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
+# version 3 saved each stat's check time where version 4 saves whether it is trusted: still read
+_CHECKED_VERSION = 3
 
 # additions and removals `StatCache` sorts in one by one before it sorts anew when asked
 _SORTED_EDITS_MAX = 512
 
 
-# One tracked file's state: a plain `bytes` of 63: size, mtime_ns, ctime_ns, st_mode (16 bits),
-# inode, checked_ns, the git mode's code and the raw blob id. 96 bytes with its header (a size
-# class of Python's allocator; one byte more costs 16) and no field objects, never tracked by the
-# garbage collector: a subclass with methods took 128 (874k of them at 1M files), a dataclass
-# holding an entry, a hex id and five big ints ~360. Read with the functions below.
+# One tracked file's state: a plain `bytes` of 47, read with the functions below: size and inode
+# (their low 32 bits, as git's index keeps them), mtime_ns and ctime_ns, st_mode (16 bits), a
+# flags byte (the git mode's code; `_TRUSTED`: the stat is known and was not racy when recorded)
+# and the raw blob id. 80 bytes with its header (a size class of Python's allocator: one byte
+# more costs 16), no field objects, never tracked by the garbage collector: a bytes subclass with
+# methods took 128 (874k of them at 1M files), a dataclass with an entry, a hex id and five big
+# ints ~360.
 FileState = bytes
 
-_STATE = struct.Struct("<qqqHQqB20s")
-_STAT_PART = struct.Struct("<qqqHQq")
-_MODE_AT = _STAT_PART.size
-_OID_AT = _MODE_AT + 1
+_STATE = struct.Struct("<IqqHIB20s")
+_STAT_PART = struct.Struct("<IqqHIB")
+_FLAGS_AT = _STAT_PART.size - 1
+_OID_AT = _STAT_PART.size
+_U32 = 0xFFFF_FFFF
+_TRUSTED = 0x80  # in the flags byte; the git mode's code is the low two bits
 # the git modes a snapshot's file can have, by their code in a state
 _GIT_MODES = (MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK)
 _MODE_CODES = {mode: code for code, mode in enumerate(_GIT_MODES)}
 
 
-def pack_state(size: int, mtime_ns: int, ctime_ns: int, st_mode: int, ino: int, checked_ns: int,
-               mode: int, raw_oid: bytes) -> FileState:
-    """A state from its fields. A field its column cannot hold (a time past the year 2262, a
-    mode over 16 bits) makes the stat unknown: the file is hashed again at each scan.
-
-    Raises:
-        ValueError: `mode` is no git mode of a file.
-    """
+def _pack(size: int, mtime_ns: int, ctime_ns: int, st_mode: int, ino: int, trusted: int, mode: int,
+          raw_oid: bytes) -> FileState:
     code = _MODE_CODES.get(mode)
     if code is None:
         raise ValueError(f"{mode:o} is not the git mode of a file")
     try:
-        return _STATE.pack(size, mtime_ns, ctime_ns, st_mode, ino, checked_ns, code, raw_oid)
-    except struct.error:
-        return _STATE.pack(-1, 0, 0, 0, 0, 0, code, raw_oid)
+        return _STATE.pack(size & _U32, mtime_ns, ctime_ns, st_mode, ino & _U32, code | (_TRUSTED if trusted else 0),
+                           raw_oid)
+    except struct.error:  # a time past the year 2262, a mode over 16 bits: hashed at each scan
+        return _STATE.pack(0, 0, 0, 0, 0, code, raw_oid)
+
+
+def pack_state(size: int, mtime_ns: int, ctime_ns: int, st_mode: int, ino: int, checked_ns: int,
+               mode: int, raw_oid: bytes) -> FileState:
+    """A state of a file whose stat was recorded at `checked_ns`. The racy-clean rule is decided
+    here: only a file whose mtime is older than `checked_ns` by the margin can ever be clean. A
+    field its column cannot hold (a time past the year 2262, a mode over 16 bits) makes the
+    stat unknown: the file is hashed again at each scan.
+
+    Raises:
+        ValueError: `mode` is no git mode of a file.
+    """
+    return _pack(size, mtime_ns, ctime_ns, st_mode, ino, size >= 0 and mtime_ns < checked_ns - RACY_MARGIN_NS,
+                 mode, raw_oid)
 
 
 def state_of(st: os.stat_result, entry: TreeEntry, checked_ns: int) -> FileState:
@@ -80,32 +95,32 @@ def state_of(st: os.stat_result, entry: TreeEntry, checked_ns: int) -> FileState
 
 def unknown_state(entry: TreeEntry) -> FileState:
     """A tracked path whose stat is not known: never clean until hashed again."""
-    return pack_state(-1, 0, 0, 0, 0, 0, entry.mode, bytes.fromhex(entry.oid))
+    return _pack(0, 0, 0, 0, 0, False, entry.mode, bytes.fromhex(entry.oid))
 
 
-def stat_fields(state: FileState) -> tuple[int, int, int, int, int, int]:
-    """size, mtime_ns, ctime_ns, st_mode, ino, checked_ns."""
-    fields: tuple[int, int, int, int, int, int] = _STAT_PART.unpack_from(state)
-    return fields
+def stat_fields(state: FileState) -> tuple[int, int, int, int, int, bool]:
+    """size (low 32 bits), mtime_ns, ctime_ns, st_mode, inode (low 32 bits), trusted."""
+    size, mtime_ns, ctime_ns, st_mode, ino, flags = _STAT_PART.unpack_from(state)
+    return size, mtime_ns, ctime_ns, st_mode, ino, flags >= _TRUSTED
 
 
 def is_clean(state: FileState, st: os.stat_result) -> bool:
     """True if `st` proves the file still holds the state's blob (racy-clean rule)."""
     fields: tuple[int, int, int, int, int, int] = _STAT_PART.unpack_from(state)
-    size, mtime_ns, ctime_ns, st_mode, ino, checked_ns = fields
+    size, mtime_ns, ctime_ns, st_mode, ino, flags = fields
     return (
-        st.st_size == size
+        flags >= _TRUSTED
         and st.st_mtime_ns == mtime_ns
         and st.st_ctime_ns == ctime_ns
+        and st.st_size & _U32 == size
         and st.st_mode == st_mode
-        and st.st_ino == ino
-        and mtime_ns < checked_ns - RACY_MARGIN_NS
+        and st.st_ino & _U32 == ino
     )
 
 
 def state_mode(state: FileState) -> int:
     """The git mode of the state's blob."""
-    return _GIT_MODES[state[_MODE_AT]]
+    return _GIT_MODES[state[_FLAGS_AT] & 3]
 
 
 def state_oid(state: FileState) -> bytes:
@@ -114,7 +129,7 @@ def state_oid(state: FileState) -> bytes:
 
 
 def state_entry(state: FileState) -> TreeEntry:
-    return TreeEntry(state[_OID_AT:].hex(), _GIT_MODES[state[_MODE_AT]])
+    return TreeEntry(state[_OID_AT:].hex(), _GIT_MODES[state[_FLAGS_AT] & 3])
 
 
 @dataclass(slots=True)
@@ -210,20 +225,22 @@ class StatCache:
         try:
             with open(path, "rb") as fh:
                 header = json.loads(fh.readline())
-                if header.get("version") != CACHE_VERSION or header.get("base") != base_commit:
+                version = header.get("version")
+                if version not in (CACHE_VERSION, _CHECKED_VERSION) or header.get("base") != base_commit:
                     return None
                 count = int(header["count"])
                 raw_paths = _read_section(fh)
                 paths = [RepoPath(os.fsdecode(p)) for p in raw_paths.split(b"\0")] if count else []
-                size, mtime, ctime, st_mode, ino, checked, modes = (
+                size, mtime, ctime, st_mode, ino, trusted, modes = (
                     _int_array(_read_section(fh), count, code) for code in _COLUMN_TYPES)
                 oids = _read_section(fh)
                 if len(paths) != count or len(oids) != 20 * count:
                     raise ValueError("section sizes disagree")
                 entries: dict[RepoPath, FileState] = {}
+                pack = pack_state if version == _CHECKED_VERSION else _pack
                 for i, p in enumerate(paths):
-                    entries[p] = pack_state(size[i], mtime[i], ctime[i], st_mode[i], ino[i], checked[i], modes[i],
-                                            oids[20 * i: 20 * i + 20])
+                    entries[p] = pack(size[i], mtime[i], ctime[i], st_mode[i], ino[i], trusted[i], modes[i],
+                                      oids[20 * i: 20 * i + 20])
         except FileNotFoundError:
             return None
         except Exception as exc:  # a damaged file raises almost anything
@@ -235,23 +252,25 @@ class StatCache:
 
 _T = TypeVar("_T")
 
-# array type codes of the saved columns: size, mtime_ns, ctime_ns, st_mode, ino, checked_ns and
-# the git mode; the inode unsigned (older files wrote it signed: the same bytes below 2**63)
+# array type codes of the saved columns: size, mtime_ns, ctime_ns, st_mode, inode, trusted (0 or
+# 1; version 3: checked_ns) and the git mode
 _COLUMN_TYPES = "qqqqQqq"
 # Each saved column's field in a packed state (`_STATE`'s layout): read by `struct` in C for a
 # slice of states at a time, where a call per state and column took ~0.65 s of a 100k-file
 # baseline's end (the first command of a task waits for it)
-_SAVED_COLUMNS = (struct.Struct("<q55x"), struct.Struct("<8xq47x"), struct.Struct("<16xq39x"),
-                  struct.Struct("<24xH37x"), struct.Struct("<26xQ29x"), struct.Struct("<34xq21x"),
-                  struct.Struct("<42xB20x"))
-_MODE_COLUMN = len(_SAVED_COLUMNS) - 1
+_SAVED_COLUMNS = (struct.Struct("<I43x"), struct.Struct("<4xq35x"), struct.Struct("<12xq27x"),
+                  struct.Struct("<20xH25x"), struct.Struct("<22xI21x"), struct.Struct("<26xB20x"),
+                  struct.Struct("<26xB20x"))
+_TRUSTED_COLUMN, _MODE_COLUMN = 5, 6
 
 
 def _column(states: list[FileState], column: int, code: str) -> array.array[int]:
-    """Column `column` of the saved cache for `states`: a stat field, or the git mode."""
+    """Column `column` of the saved cache for `states`: a stat field, trusted, or the git mode."""
     rows = _SAVED_COLUMNS[column].iter_unpack(b"".join(states))
+    if column == _TRUSTED_COLUMN:
+        return array.array(code, [flags >> 7 for (flags,) in rows])
     if column == _MODE_COLUMN:
-        return array.array(code, [_GIT_MODES[c] for (c,) in rows])
+        return array.array(code, [_GIT_MODES[flags & 3] for (flags,) in rows])
     return array.array(code, [v for (v,) in rows])
 
 

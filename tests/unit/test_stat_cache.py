@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import array
+import json
 import os
 import pickle
+import struct
 import time
 from pathlib import Path
 
@@ -140,6 +143,31 @@ def test_load_of_missing_corrupt_or_old_cache_is_none(tmp_path: Path) -> None:
     assert StatCache.load(path, None) is None
 
 
+def test_a_version_3_cache_is_read_with_its_check_times(tmp_path: Path) -> None:
+    """A cache saved by version 3 (a check time per stat where version 4 saves whether the stat
+    is trusted) still loads: the racy-clean rule is decided from its check times."""
+    from shadowpoint.stage import stat_cache
+
+    old, racy = 10 * RACY_MARGIN_NS, 20 * RACY_MARGIN_NS
+    paths = [b"old.txt", b"racy.txt"]
+    columns = [[3, 4], [old, racy], [old, racy], [0o100644, 0o100644], [7, 8], [old + 2 * RACY_MARGIN_NS, racy],
+               [MODE_FILE, MODE_EXEC]]
+    header = {"version": 3, "tree": "a" * 40, "base": "b" * 40, "count": 2}
+    path = tmp_path / "statcache.bin"
+    with open(path, "wb") as fh:
+        fh.write(json.dumps(header).encode() + b"\n")
+        saved = [array.array(code, col).tobytes() for code, col in zip(stat_cache._COLUMN_TYPES, columns, strict=True)]
+        for data in [b"\0".join(paths), *saved, b"\1" * 20 + b"\2" * 20]:
+            fh.write(struct.pack("<Q", len(data)) + data)
+    loaded = StatCache.load(path, "b" * 40)
+    assert loaded is not None
+    assert loaded.entries == {
+        RepoPath("old.txt"): pack_state(3, old, old, 0o100644, 7, old + 2 * RACY_MARGIN_NS, MODE_FILE, b"\1" * 20),
+        RepoPath("racy.txt"): pack_state(4, racy, racy, 0o100644, 8, racy, MODE_EXEC, b"\2" * 20)}
+    trusted = {p: stat_fields(st)[5] for p, st in loaded.entries.items()}
+    assert trusted == {"old.txt": True, "racy.txt": False}
+
+
 def test_save_failure_is_not_raised(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -169,11 +197,14 @@ def test_file_state_keeps_every_field_exactly(tmp_path: Path) -> None:
     """The packed state reads back each stat field and the entry, at their extremes too (an
     inode above 2**63, a size of -1 for unknown), also through a save and load."""
     entry = TreeEntry("0123456789abcdef0123456789abcdef01234567", MODE_EXEC)
-    state = pack_state(-1, -5, 2**62, 0o120777, 2**64 - 3, 7, entry.mode, bytes.fromhex(entry.oid))
-    assert stat_fields(state) == (-1, -5, 2**62, 0o120777, 2**64 - 3, 7)
+    state = pack_state(2**40 + 5, -5, 2**62, 0o120777, 2**64 - 3, 2**62 + RACY_MARGIN_NS + 1, entry.mode,
+                       bytes.fromhex(entry.oid))
+    # size and inode keep their low 32 bits, as git's index does; the stat was not racy: trusted
+    assert stat_fields(state) == (5, -5, 2**62, 0o120777, 2**32 - 3, True)
     assert state_entry(state) == entry and state_mode(state) == MODE_EXEC
     assert state_oid(state) == bytes.fromhex(entry.oid)
-    assert state_entry(unknown_state(entry)) == entry and stat_fields(unknown_state(entry))[0] == -1
+    assert state_entry(unknown_state(entry)) == entry and stat_fields(unknown_state(entry))[5] is False
+    assert stat_fields(pack_state(1, 10, 10, 0o100644, 1, 10 + RACY_MARGIN_NS, MODE_FILE, bytes(20)))[5] is False
     for mode in (MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK):
         assert state_mode(pack_state(1, 2, 3, 4, 5, 6, mode, bytes(20))) == mode
     with pytest.raises(ValueError):
@@ -233,14 +264,14 @@ def test_under_stays_exact_through_additions_and_removals() -> None:
 
 
 def test_a_file_state_is_one_small_object() -> None:
-    """The sidecar keeps one state per tracked file (874k at 1M files): a plain bytes of 63
-    (96 with its header, a size class of the allocator), no field objects, not tracked by the
+    """The sidecar keeps one state per tracked file (874k at 1M files): a plain bytes of 47
+    (80 with its header, a size class of the allocator), no field objects, not tracked by the
     garbage collector (a bytes subclass took 128 and a dataclass ~360)."""
     import gc
     import sys
 
     state = pack_state(10**6, 2**61, 2**61 + 5, 0o100644, 2**40, 2**61 + 9, MODE_FILE, b"\1" * 20)
-    assert type(state) is bytes and len(state) == 63 and sys.getsizeof(state) <= 96
+    assert type(state) is bytes and len(state) == 47 and sys.getsizeof(state) <= 80
     assert not gc.is_tracked(state)
 
 
@@ -259,7 +290,7 @@ def test_saved_columns_read_in_c_equal_each_state(tmp_path: Path) -> None:
                          rng.randrange(-(2**63), 2**63), rng.choice([MODE_FILE, MODE_EXEC, MODE_LINK]),
                          rng.randbytes(20)) for _ in range(9_000)]
     for column, code in enumerate(stat_cache._COLUMN_TYPES):
-        expected = [(*stat_fields(st), state_mode(st))[column] for st in states]
+        expected = [(*stat_fields(st), state_mode(st))[column] for st in states]  # trusted: True is 1
         assert list(stat_cache._column(states, column, code)) == expected
     cache = StatCache(tree="a" * 40, base_commit="b" * 40)
     for i, st in enumerate(states):
