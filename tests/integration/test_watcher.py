@@ -636,3 +636,29 @@ def test_a_stopped_watcher_can_start_again(ws: Path, watchers: MakeWatcher) -> N
 def test_loggers_are_not_cached() -> None:
     # capture_logs in these tests relies on the module logger staying a lazy proxy.
     assert not structlog.get_config()["cache_logger_on_first_use"]
+
+
+@inotify_only  # skip_dirs: the stock observer has no skipped folders
+def test_on_placed_follows_each_placement_of_the_watches(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    """`on_placed` (where a root drops the exclusion decisions it cached for every folder) is
+    called once per start or restart, after every folder was asked about; later questions
+    are about new folders only, and still decide their watches."""
+    asked: list[str] = []
+    placed: list[int] = []
+
+    def skip(path: RepoPath) -> bool:
+        asked.append(path)
+        return _node_modules(path)
+
+    watcher = started({"src/a.py": "1", "node_modules/pkg/x.js": "m"}, skip_dirs=skip,
+                      on_placed=lambda: placed.append(len(asked)))
+    assert placed == [len(asked)] and {"src", "node_modules"} <= set(asked)
+    asked.clear()
+    (ws / "src/new").mkdir()
+    (ws / "node_modules/later").mkdir()  # below a skipped folder: never asked about
+    next_round(watcher)
+    assert asked == ["src/new"]
+    (ws / "src/new/b.py").write_text("b")
+    assert "src/new/b.py" in next_round(watcher).paths
+    watcher.restart()
+    assert len(placed) == 2 and watcher.is_healthy
