@@ -30,7 +30,7 @@ from shadowpoint.stage.blob_workers import (
     snapshot_file,
 )
 from shadowpoint.stage.early_capture import EarlyCapture
-from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules
+from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules, unwalked
 from shadowpoint.stage.git_index import IndexProof
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import FileState, StatCache, is_clean, state_entry, state_mode, state_of, state_oid
@@ -285,8 +285,7 @@ class Scanner:
             return  # every tracked path was walked
         # Tracked paths the walk did not reach: deleted, or tracked despite an exclusion
         # (force-added earlier); git semantics: exclusions apply to untracked files only.
-        seen = {prefix + name for prefix, joined in walked for name in joined.split(NAME_SEP)}
-        for path in [p for p in entries if p not in seen and p not in pinned]:
+        for path in [RepoPath(p) for p in unwalked(entries, walked) if p not in pinned]:
             run.stats.outside_walk.append(path)
             self._stage_path(run, path, forced=True, expand_dirs=False)
 

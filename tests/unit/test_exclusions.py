@@ -681,3 +681,19 @@ def test_walk_folders_lists_again_what_changed_within_the_racy_margin(tmp_path: 
     # listed right after they were made: not trusted, so a same-tick addition is still seen
     (root / "a/z.txt").write_text("z")
     assert folders_walked(rules) == {"a/x.txt", "a/z.txt", "b/y.txt"}
+
+
+def test_unwalked_finds_exactly_the_paths_a_walk_did_not_yield(tmp_path: Path) -> None:
+    """`unwalked` looks paths up in the walk's own (prefix, joined names) pairs: a name that is
+    part of another name, or the first or last of its folder, is told apart exactly; a real
+    walk agrees with the set of paths it yielded."""
+    walked_pairs = [("", NAME_SEP.join(["ab", "b.txt", "c"])), ("d/", "x"), ("d/e/", NAME_SEP.join(["xy", "z"]))]
+    paths = ["ab", "a", "b", "b.txt", "c", "ab.txt", "d/x", "d/xy", "d/e/xy", "d/e/x", "d/e/z", "f/x", "d/e"]
+    assert exclusions.unwalked(paths, walked_pairs) == ["a", "b", "ab.txt", "d/xy", "d/e/x", "f/x", "d/e"]
+    root = make_tree(tmp_path / "ws", {"a/b.txt": "1", "a/bb.txt": "2", "node_modules/m.js": "3", "top": "4",
+                                       ".gitignore": "*.log\n", "k.log": "5"})
+    pairs = list(ExclusionRules(root).walk_folders())
+    yielded = {prefix + name for prefix, joined in pairs for name in joined.split(NAME_SEP)}
+    candidates = ["a/b.txt", "a/bb.txt", "a/b", "node_modules/m.js", "top", "k.log", "gone", ".gitignore"]
+    assert exclusions.unwalked(candidates, pairs) == [p for p in candidates if p not in yielded]
+    assert "a/b.txt" in yielded and "node_modules/m.js" not in yielded
