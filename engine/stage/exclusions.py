@@ -308,7 +308,7 @@ class ExclusionRules:
             for entry in files:
                 yield RepoPath(prefix + entry.name), entry
 
-    def walk_folders(self) -> Iterator[tuple[str, str]]:
+    def walk_folders(self, keep: bool = True) -> Iterator[tuple[str, str]]:
         """Every included non-folder entry of the workspace, like `walk()` from the root, as
         (folder path with a trailing "/", or "" for the root; the names of its included entries,
         joined by `NAME_SEP`: the listing's own string, so that a caller that keeps it holds no copy).
@@ -317,6 +317,10 @@ class ExclusionRules:
         previous `walk_folders` (no directory read, no pattern matching there): a rescan of an
         unchanged tree then costs one lstat per folder. Folders changed less than a second
         before they were listed are listed again next time.
+
+        `keep=False` keeps nothing for the next walk (no listings, no folder decisions: at 1M
+        files those are ~70 MiB), so every folder is read again each time: for a walk that
+        runs seldom and off the agent's path (the watcher's verification).
 
         Returns:
             An iterator of (folder prefix, entry names joined by NAME_SEP; never empty); their
@@ -330,6 +334,8 @@ class ExclusionRules:
             self._listings.clear()  # LFS patterns or submodules changed: every decision may have
             self._root_files = root_files
         old = self._listings
+        if not keep:
+            self._listings = old = {}
         new: dict[str, _Listing] = {}
         infos: dict[str, _DirInfo] = {}
         pending: list[tuple[str, str, _DirInfo]] = [("", "", root_info)]
@@ -341,12 +347,13 @@ class ExclusionRules:
                 listing = self._list_folder(rel, name, parent_info, folder)
                 if listing is None:
                     continue
-            new[rel] = listing
             if listing.reason is not None:
-                infos[rel] = _DirInfo(listing.reason)
+                if keep:
+                    new[rel], infos[rel] = listing, _DirInfo(listing.reason)
                 continue
             info = parent_info if listing.chain is parent_info.chain else _DirInfo(None, listing.chain)
-            infos[rel] = info
+            if keep:
+                new[rel], infos[rel] = listing, info
             prefix = f"{rel}/" if rel else ""
             if listing.files:
                 yield prefix, listing.files

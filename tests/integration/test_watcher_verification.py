@@ -156,6 +156,31 @@ def test_changes_the_watcher_heard_are_not_misses(workspace: Path, make_engine: 
 
 
 @inotify_only  # verification runs only for a watcher with a flush barrier
+def test_a_miss_is_found_once_while_tracked_files_lie_outside_the_walk(
+        workspace: Path, make_engine: Any, tmp_path: Path, observer: ObserverKind) -> None:
+    """A force-added file in an excluded folder makes the tracked set larger than the walk: the
+    pass then looks at every tracked path again. A change without an event is reported once,
+    and the excluded file (which rounds look at themselves) is never a miss, changed or not."""
+    eng = _ready(workspace, make_engine, observer)
+    (workspace / "node_modules/dep").mkdir(parents=True)
+    eng.begin_round("t")
+    eng.tool_began("t", "write_to_file", "edit", ["node_modules/dep/index.js"])
+    (workspace / "node_modules/dep/index.js").write_text("v1\n")
+    eng.tool_ended("t", "write_to_file", ["node_modules/dep/index.js"], "edit")
+    eng.end_round("t", 3)
+    assert eng.verify_watchers()["proj"].verdict is Verdict.CLEAN
+    for name, data in (("pkg07/mod0007.py", b"changed behind its back\n"), ("node_modules/dep/index.js", b"v2\n")):
+        outside = tmp_path / name.replace("/", "_")
+        os.link(workspace / name, outside)
+        _write_behind_the_watchers_back(outside, data)
+    outcome = eng.verify_watchers()["proj"]
+    assert outcome.verdict is Verdict.MISSED and outcome.missed == ("pkg07/mod0007.py",), outcome
+    cp, _ = _command_round(eng, 4)  # the rescan fallback takes both
+    assert cp is not None and _file_at(eng, 4, "pkg07/mod0007.py") == b"changed behind its back\n"
+    assert _file_at(eng, 4, "node_modules/dep/index.js") == b"v2\n"
+
+
+@inotify_only  # verification runs only for a watcher with a flush barrier
 def test_the_verification_gives_way_to_a_round(
         workspace: Path, make_engine: Any, tmp_path: Path, observer: ObserverKind) -> None:
     eng = _ready(workspace, make_engine, observer)

@@ -697,3 +697,17 @@ def test_unwalked_finds_exactly_the_paths_a_walk_did_not_yield(tmp_path: Path) -
     candidates = ["a/b.txt", "a/bb.txt", "a/b", "node_modules/m.js", "top", "k.log", "gone", ".gitignore"]
     assert exclusions.unwalked(candidates, pairs) == [p for p in candidates if p not in yielded]
     assert "a/b.txt" in yielded and "node_modules/m.js" not in yielded
+
+
+def test_walk_folders_without_keep_yields_the_same_and_keeps_nothing(tmp_path: Path) -> None:
+    """`keep=False` (the verifier's walks) yields what a keeping walk yields, and leaves no
+    listing or folder decision behind, also none an earlier keeping walk made."""
+    root = make_tree(tmp_path / "ws", {"a/b.txt": "1", "a/c/d.txt": "2", "node_modules/m.js": "3",
+                                       "e/.gitignore": "*.tmp\n", "e/x.tmp": "4", "e/y.txt": "5"})
+    rules = ExclusionRules(root)
+    kept = folders_walked(rules)
+    assert rules._listings and rules._dirs
+    unkept = {prefix + name for prefix, joined in rules.walk_folders(keep=False) for name in joined.split(NAME_SEP)}
+    assert unkept == kept == {"a/b.txt", "a/c/d.txt", "e/.gitignore", "e/y.txt"}
+    assert not rules._listings and set(rules._dirs) <= {""}  # the root's own rules only
+    assert rules.is_excluded(RepoPath("e/z.tmp"), is_dir=False)  # single checks still decide
