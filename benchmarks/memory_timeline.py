@@ -1,11 +1,13 @@
-"""`python -m benchmarks.memory_timeline TREE [--every 30]`: the sidecar's memory over time on an
-existing tree (issue 14: the 1M tree is generated once and reused; `benchmarks.treegen`).
+"""`python -m benchmarks.memory_timeline TREE [--every 30] [--verify N]`: the sidecar's memory over
+time on an existing tree (issue 14: the 1M tree is generated once and reused; `benchmarks.treegen`).
 
 Runs `sidecar_probe.measure_sidecar` (a baseline, three edit rounds, two command rounds and a
 diff) on TREE with a new docs dir, samples the sidecar's VmRSS, RssAnon and RssFile from
 /proc every 0.2 s, and prints one line per `--every` seconds, the highest sample and the
-kernel's peak (VmHWM). Linux only. The rounds append a comment line to the first text files
-the walk finds and leave it there.
+kernel's peak (VmHWM). `--verify N` then waits for N passes of the watcher's verification
+(SPEC §4; run every second, unthrottled, instead of every minute at 5% of a core), which a
+sidecar runs while it is idle, and reads the peak after them. Linux only. The rounds append
+a comment line to the first text files the walk finds and leave it there.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("tree", type=Path)
     p.add_argument("--every", type=float, default=30.0, help="seconds between printed lines")
+    p.add_argument("--verify", type=int, default=0, metavar="N",
+                   help="wait for N verification passes before reading the peak")
     p.add_argument("--docs", type=Path, help="docs dir for the sidecar, kept afterwards (default: a temp dir, "
                    "removed; removing a 1M-file shadow repository takes longer than the run)")
     args = p.parse_args(argv)
@@ -71,9 +75,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     thread = threading.Thread(target=sampler, name="memory-sampler", daemon=True)
     thread.start()
     work = Path(tempfile.mkdtemp(prefix="shadowpoint-memory-"))
+    log_file = work / "sidecar.log"
+    settings: dict[str, str] = {}
+    passes: list[float] = []
+
+    def verified() -> None:
+        """Until the sidecar logged `--verify` finished passes (its log is the marker)."""
+        while True:
+            with open(log_file, encoding="utf-8", errors="replace") as fh:
+                done_passes = [text for text in fh if "watcher.verification_finished" in text]
+            if len(done_passes) >= args.verify:
+                passes.append(time.perf_counter() - start)
+                return
+            time.sleep(0.5)
+
+    if args.verify:
+        settings = {"SHADOWPOINT_VERIFY_INTERVAL_S": "1", "SHADOWPOINT_VERIFY_CPU_SHARE": "1",
+                    "SHADOWPOINT_LOG_LEVEL": "info", "SHADOWPOINT_LOG_FORMAT": "json"}
     try:
         stats = measure_sidecar(args.tree, args.docs or work / "docs", _text_files(args.tree, 4), touch,
-                                work / "sidecar.log", started=pids.append)
+                                log_file, started=pids.append, settings=settings,
+                                before_shutdown=verified if args.verify else None)
+        if args.verify:
+            with open(log_file, encoding="utf-8", errors="replace") as fh:
+                for text in fh:
+                    if "watcher.verification_finished" in text:
+                        print("verification:", text.strip())
     finally:
         done.set()
         thread.join()
@@ -86,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if samples:
         top = max(samples, key=lambda s: s[1])
         print(f"highest sample at {top[0]:.1f} s: RSS {top[1]:.1f} MiB (anon {top[2]:.1f}, file {top[3]:.1f})")
-    print(f"peak (VmHWM) {stats.peak_rss_mb:.1f} MiB; baseline {stats.baseline_s:.1f} s; {stats.rounds} rounds")
+    print(f"peak (VmHWM) {stats.peak_rss_mb:.1f} MiB; baseline {stats.baseline_s:.1f} s; {stats.rounds} rounds"
+          + (f"; {args.verify} verification passes done at {passes[0]:.1f} s" if passes else ""))
     return 0
 
 

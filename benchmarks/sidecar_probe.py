@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -77,6 +77,8 @@ def measure_sidecar(
     touch: Callable[[Sequence[str], str], None],
     log_file: Path,
     started: Callable[[int], None] | None = None,
+    settings: Mapping[str, str] | None = None,
+    before_shutdown: Callable[[], None] | None = None,
 ) -> SidecarStats:
     """Run the sidecar through a baseline, rounds and a compare; return its peak RSS.
 
@@ -87,6 +89,9 @@ def measure_sidecar(
         touch: writes new content into the given paths (the benchmark's edit).
         log_file: where the sidecar's stderr goes.
         started: called with the sidecar's pid once it runs (e.g. to sample its memory).
+        settings: more `SHADOWPOINT_*` variables for the sidecar.
+        before_shutdown: called after the rounds and the compare, before the peak is read
+            (e.g. to wait for a verification pass).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWPOINT_", "GIT_"))}
     env.update({
@@ -94,6 +99,7 @@ def measure_sidecar(
         "SHADOWPOINT_CONFIG_FILE": str(docs_dir / "no-config.toml"),
         "SHADOWPOINT_INIT_WARN_S": "86400",
         "SHADOWPOINT_INIT_TIMEOUT_S": "86400",
+        **(settings or {}),
     })
     docs_dir.mkdir(parents=True, exist_ok=True)
     with open(log_file, "wb") as err:
@@ -136,6 +142,8 @@ def measure_sidecar(
                 rpc.call("round/end", {"taskId": task, "ts": ts})
                 rounds += 1
             rpc.call("checkpoint/diff", {"taskId": task, "from": base_ts})
+            if before_shutdown is not None:
+                before_shutdown()
             peak = read_vm_hwm_mb(proc.pid)
             rpc.call("shutdown", {})
         except SidecarError as exc:

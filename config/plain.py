@@ -145,6 +145,8 @@ FIELDS: dict[str, _Kind] = {
     "hash_workers": _number(int, ge=0, le=16),
     "watcher": _Kind(_bool_env, _bool_toml),
     "watcher_observer": _choice("inotify", "portable"),
+    "verify_interval_s": _number(float, ge=0),
+    "verify_cpu_share": _number(float, gt=0, le=1),
     "watch_debounce_s": _POSITIVE_FLOAT,
     "lock_timeout_s": _POSITIVE_FLOAT,
     "retention_max_age_days": _POSITIVE_FLOAT,

@@ -41,6 +41,9 @@ class Settings(BaseSettings):
         default="inotify",
         description="inotify: our own observer on Linux (elsewhere the portable one); "
                     "portable: watchdog's stock observer, as on macOS and Windows, every command round rescans")
+    verify_interval_s: float = Field(
+        default=60.0, ge=0, description="seconds between the verification passes of a healthy watcher (0: none)")
+    verify_cpu_share: float = Field(default=0.05, gt=0, le=1, description="share of one core a verification pass takes")
     watch_debounce_s: float = Field(default=2.0, gt=0, description="quiet period of `shadowpoint watch`")
     lock_timeout_s: float = Field(default=30.0, gt=0)
     retention_max_age_days: float | None = Field(default=None, gt=0, description="delete older tasks")

@@ -50,4 +50,6 @@ class EngineOptions:
             lock_timeout_s=s.lock_timeout_s,
             retention=RetentionLimits(s.retention_max_age_days, s.retention_max_tasks, s.retention_max_bytes),
             gc_grace_s=s.gc_grace_s,
+            verify_interval_s=s.verify_interval_s,
+            verify_cpu_share=s.verify_cpu_share,
         )

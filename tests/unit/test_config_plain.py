@@ -26,7 +26,7 @@ from shadowpoint.config.plain import FIELDS, PlainSettings, read_plain_settings,
 CATEGORY = {
     "docs_dir": "path", "log_file": "path",
     "init_warn_s": "float", "init_timeout_s": "float", "watch_debounce_s": "float", "lock_timeout_s": "float",
-    "retention_max_age_days": "float", "gc_grace_s": "float",
+    "retention_max_age_days": "float", "gc_grace_s": "float", "verify_interval_s": "float", "verify_cpu_share": "float",
     "max_file_bytes": "int", "hash_workers": "int", "retention_max_tasks": "int", "retention_max_bytes": "int",
     "read_only_tools": "strings", "extra_exclusions": "strings",
     "watcher": "bool", "log_format": "format", "log_level": "level", "watcher_observer": "observer",
@@ -217,3 +217,21 @@ def test_reading_plain_settings_imports_no_pydantic() -> None:
              "'pydantic_settings', 'click', 'rich')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_verification_settings_reach_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`verify_interval_s` (0: no verification pass) and `verify_cpu_share` (a share of one
+    core, above 0 and at most 1) reach the engine's options; a share out of range is refused."""
+    from pydantic import ValidationError
+
+    from shadowpoint.options import EngineOptions
+
+    assert (EngineOptions.from_settings(Settings()).verify_interval_s, Settings().verify_cpu_share) == (60.0, 0.05)
+    monkeypatch.setenv("SHADOWPOINT_VERIFY_INTERVAL_S", "0")
+    monkeypatch.setenv("SHADOWPOINT_VERIFY_CPU_SHARE", "0.5")
+    options = EngineOptions.from_settings(Settings())
+    assert (options.verify_interval_s, options.verify_cpu_share) == (0.0, 0.5)
+    for bad in ("0", "1.5"):
+        monkeypatch.setenv("SHADOWPOINT_VERIFY_CPU_SHARE", bad)
+        with pytest.raises(ValidationError):
+            Settings()
