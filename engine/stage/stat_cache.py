@@ -129,7 +129,8 @@ def state_oid(state: FileState) -> bytes:
 
 
 def state_entry(state: FileState) -> TreeEntry:
-    return TreeEntry(state[_OID_AT:].hex(), _GIT_MODES[state[_FLAGS_AT] & 3])
+    """The state's blob as a tree entry."""
+    return TreeEntry(state[_OID_AT:].hex(), state_mode(state))
 
 
 @dataclass(slots=True)
