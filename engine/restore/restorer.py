@@ -114,6 +114,7 @@ class _RootPlan:
     merged: list[RepoPath] = field(default_factory=list)
     conflicts: list[RepoPath] = field(default_factory=list)
     held: list[str] = field(default_factory=list)  # why paths the plan leaves alone are left
+    after_tree: str | None = None  # the safety tree with the plan's writes (`_commit_states`)
 
 
 class Restorer:
@@ -211,7 +212,7 @@ class Restorer:
             errors = [why for p in plans.values() for why in p.held]
             for name, p in plans.items():
                 root = locked[name]
-                stats = self._apply_restore(root, p.plan)
+                stats = self._apply_restore(root, p.plan, (p.safety_tree, p.after_tree))
                 show = self._shower(root)
                 merged_here = set(p.merged)
                 restored += [show(q) for q in stats.restored if q not in merged_here]
@@ -369,13 +370,16 @@ class Restorer:
             writes = {op.path: op.entry for op in p.plan.ops}
             after_tree = repo.patch_tree(p.safety_tree, writes, expect_new=False)
             after = repo.commit(after_tree, [safety], f"after {request.op} {n}", record.task_id)
+            p.after_tree = after_tree
             # The task's base from now on (keepOutsideEdits): its previous base with this restore's
             # writes, which are never outside edits; the person's edits the restore left stay theirs.
             # When that is what the restore leaves (the usual case: no outside edit kept), the
             # after-state is the base: no commit of the same tree.
             base_before = (record.base or {}).get(name) or parent
-            base_tree = repo.patch_tree(repo.commit_tree(base_before) if base_before else None, writes,
-                                        expect_new=False)
+            before_tree = repo.commit_tree(base_before) if base_before else None
+            # the same writes on the same tree: the same tree again, not worked out twice
+            base_tree = after_tree if before_tree == p.safety_tree else repo.patch_tree(
+                before_tree, writes, expect_new=False)
             base = after if base_tree == after_tree else repo.commit(
                 base_tree, [after], f"base after {request.op} {n}", record.task_id)
             repo.set_ref(restore_ref(record.task_id, n), base)  # reaches after and safety too
@@ -429,17 +433,19 @@ class Restorer:
         prefix = root.ws.name + "/"
         return {RepoPath(p[len(prefix):]) for p in shown if p and p.startswith(prefix)}
 
-    def _apply_restore(self, root: LockedRoot, plan: RestorePlan) -> RestoreStats:
+    def _apply_restore(self, root: LockedRoot, plan: RestorePlan,
+                       patched: tuple[str | None, str | None] | None = None) -> RestoreStats:
         """Write the plan's files, then make the head name what the workspace now holds
-        (for other processes and restarts)."""
-        repo = root.repo
-        stats = apply_plan(root.ws.root, repo, plan)
-        self._mirror_restore(root, plan)
+        (for other processes and restarts). `patched`: a tree and that tree with the plan's
+        writes, when already worked out (`_mirror_restore`)."""
+        stats = apply_plan(root.ws.root, root.repo, plan)
+        self._mirror_restore(root, plan, patched)
         root.set_head(root.cache.tree)
         return stats
 
     @staticmethod
-    def _mirror_restore(root: LockedRoot, plan: RestorePlan) -> None:
+    def _mirror_restore(root: LockedRoot, plan: RestorePlan,
+                        patched: tuple[str | None, str | None] | None = None) -> None:
         """The tracked set now holds what the restore wrote (stat unknown: re-verified on rescan)."""
         changes: dict[RepoPath, TreeEntry | None] = {}
         for op in plan.ops:
@@ -449,7 +455,10 @@ class Restorer:
             else:
                 root.cache.set(op.path, unknown_state(op.entry))
         if changes:
-            root.cache.tree = root.repo.patch_tree(root.cache.tree, changes, expect_new=False)
+            if patched is not None and patched[0] == root.cache.tree:
+                root.cache.tree = patched[1]  # the tracked set is the safety state: its after-state
+            else:
+                root.cache.tree = root.repo.patch_tree(root.cache.tree, changes, expect_new=False)
             root.note_tracked(changes)
 
     def recover(self, rt: TaskRuntime) -> None:
