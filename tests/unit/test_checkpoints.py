@@ -256,6 +256,26 @@ def test_journal_write_read_clear(tmp_path: Path) -> None:
     assert store.read_journal("t") is None
 
 
+def test_a_journal_cut_short_is_none_and_a_cleared_one_is_empty(tmp_path: Path) -> None:
+    """The journal is written in place (no rename): a kill or a full disk that cuts it short
+    must leave no journal a restart would act on, at any length."""
+    store = CheckpointStore(tmp_path / "docs")
+    journal = {"plans": [{"root": "proj", "ops": [["a.txt", "1" * 40, "100644"], ["b/c.txt", None, None]]}],
+               "entry": {"n": 3, "op": "restore", "roots": {"proj": {"safety": "a" * 40}}}}
+    store.write_journal("t", journal)
+    path = store.task_dir("t") / JOURNAL_FILE
+    whole = path.read_bytes()
+    assert store.read_journal("t") == journal
+    for cut in range(len(whole)):
+        path.write_bytes(whole[:cut])
+        assert store.read_journal("t") is None, f"a journal cut at byte {cut} was read as one"
+    store.write_journal("t", journal)
+    store.clear_journal("t")
+    assert path.is_file() and path.stat().st_size == 0 and store.read_journal("t") is None
+    store.write_journal("t", {"plans": [], "entry": {"n": 4}})  # the next restore's, over the emptied file
+    assert store.read_journal("t") == {"plans": [], "entry": {"n": 4}}
+
+
 def test_a_1_0_undo_record_becomes_the_undo_stack() -> None:
     data = task(cp(0, "baseline"), cp(10)).to_json()
     data.pop("restores"), data.pop("undo_stack")
