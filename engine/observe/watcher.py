@@ -84,7 +84,8 @@ def _has_git_component(rel: str) -> bool:
 
 
 class _RecordingHandler(FileSystemEventHandler):
-    """Turns watchdog events into journal entries; runs on the observer thread, never raises."""
+    """Turns watchdog events into journal entries; never raises. Runs on the emitter thread
+    (inotify: `_InotifyHooks.dispatch`) or on the observer thread (the portable observer)."""
 
     def __init__(self, root: str, journal: PathJournal, on_marker: Callable[[str], None]) -> None:
         super().__init__()
@@ -96,7 +97,7 @@ class _RecordingHandler(FileSystemEventHandler):
         self.marker_prefix: str | None = None
 
     def dispatch(self, event: FileSystemEvent) -> None:
-        # A handler exception would kill the observer thread (it runs under the observer's lock).
+        # A handler exception would kill the thread it runs on (and with it all watching).
         try:
             if isinstance(event, DirModifiedEvent):
                 return
@@ -158,6 +159,9 @@ class _InotifyHooks:
 
     def bookkeeping_failed(self) -> None:
         self._watcher._journal.mark_unhealthy("inotify bookkeeping failed; events of this round may be lost")
+
+    def dispatch(self, event: FileSystemEvent) -> None:
+        self._watcher._handler.dispatch(event)
 
 
 class WorkspaceWatcher:

@@ -294,6 +294,31 @@ def test_flush_markers_are_files_made_ahead_and_renamed(ws: Path, started: Calla
     assert not [n for n in os.listdir(pool.folder) if n.startswith("flush-")]  # every marker went
 
 
+@inotify_only
+def test_events_are_recorded_on_the_emitter_thread_not_through_the_observers_queue(
+    ws: Path, started: Callable[..., WorkspaceWatcher]
+) -> None:
+    # One thread wake-up less per event and per flush barrier: recording and the barrier must
+    # not wait for the observer's dispatcher, held here by its lock (what it takes to dispatch).
+    watcher = started({"src/": ""})
+    observer = thread_named("shadowpoint-watcher:ws")
+    recorded_on: list[str] = []
+    handler = watcher._handler
+    plain = handler.dispatch
+
+    def noting(event: Any) -> None:
+        recorded_on.append(threading.current_thread().name)
+        plain(event)
+
+    handler.dispatch = noting  # type: ignore[method-assign]
+    with observer._lock:  # type: ignore[attr-defined]
+        (ws / "src/a.txt").write_text("a")
+        assert watcher.flush(WAIT_S)
+        snapshot = watcher.swap()
+    assert snapshot.healthy and "src/a.txt" in snapshot.paths
+    assert recorded_on and set(recorded_on) == {"shadowpoint-watcher-emitter:ws"}, recorded_on
+
+
 @pytest.mark.parametrize("observer", ["portable"])
 def test_the_portable_observer_never_proves_a_round_complete(
     ws: Path, started: Callable[..., WorkspaceWatcher]
