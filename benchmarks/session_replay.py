@@ -16,6 +16,12 @@ project is: it runs `git status`), in one run:
 Reports every hook's latency (median, p95, per transport), each mode's wall time, the
 session's checkpoint overhead (mode minus `none`, also after the sidecar drained its queue),
 writes JSON and an SVG chart. Runs on the main thread; the sidecar is a separate process.
+
+`--model-s S` waits S seconds before each model response (every batch of tool calls, a
+subagent's included, and each turn's closing answer), in every mode alike: the time a real
+model takes, which the replay otherwise leaves out. The seed engine's commits run on the
+agent's path whatever the model does; what it changes for ours is how much of the baseline
+is still building when the first shell command comes. The default, 0, is the figure of record.
 """
 
 from __future__ import annotations
@@ -76,13 +82,19 @@ class Replayer:
     """Applies the session to one tree; `hook(event, fields)` is the mode's hook transport."""
 
     def __init__(self, root: Path, hook: Callable[[str, dict[str, Any]], None] | None = None,
-                 matcher: re.Pattern[str] | None = None, on_batch: Callable[[], None] | None = None) -> None:
+                 matcher: re.Pattern[str] | None = None, on_batch: Callable[[], None] | None = None,
+                 model_s: float = 0.0) -> None:
         self.root = root
         self.sources = _existing_sources(root)
         self.hook = hook
         self.matcher = matcher
         self.on_batch = on_batch
+        self.model_s = model_s
         self._ids = iter(range(1, 10_000))
+
+    def _model_responds(self) -> None:
+        if self.model_s > 0:
+            time.sleep(self.model_s)
 
     def path(self, rel: str) -> str:
         if rel.startswith("@"):
@@ -117,6 +129,7 @@ class Replayer:
             self._send(event, tool_name=call.tool, tool_input=self._inputs(call), tool_use_id=tool_id, **extra, **more)
 
     def batch(self, b: Batch, extra: dict[str, Any]) -> None:
+        self._model_responds()
         for call in b.calls:
             tool_id = f"toolu_{next(self._ids):04d}"
             self._tool_event("PreToolUse", call, extra, tool_id)
@@ -137,6 +150,7 @@ class Replayer:
             self._send("UserPromptSubmit", prompt=turn.prompt)
             for b in turn.batches:
                 self.batch(b, {})
+            self._model_responds()
             self._send("Stop", stop_hook_active=False, last_assistant_message="done")
 
 
@@ -159,13 +173,13 @@ def _fresh_tree(base: Path, name: str, files: int) -> tuple[Path, list[str]]:
     return root, list(stats.nested_repos)
 
 
-def run_none(root: Path) -> ModeResult:
+def run_none(root: Path, model_s: float = 0.0) -> ModeResult:
     start = time.perf_counter()
-    Replayer(root).session()
+    Replayer(root, model_s=model_s).session()
     return ModeResult("none", time.perf_counter() - start)
 
 
-def run_seed(root: Path, git_dir: Path, nested: list[str]) -> ModeResult:
+def run_seed(root: Path, git_dir: Path, nested: list[str], model_s: float = 0.0) -> ModeResult:
     seed = SeedGit(root, git_dir, nested)
     seed.init()
     rounds = 0
@@ -176,7 +190,7 @@ def run_seed(root: Path, git_dir: Path, nested: list[str]) -> ModeResult:
         rounds += 1
 
     start = time.perf_counter()
-    replay = Replayer(root, on_batch=commit)
+    replay = Replayer(root, on_batch=commit, model_s=model_s)
     commit()  # the seed's baseline at session start
     replay.session()
     result = ModeResult("seed", time.perf_counter() - start, checkpoints=rounds)
@@ -255,7 +269,7 @@ def hook_floor(ours: _Ours, n: int = 25) -> dict[str, list[float]]:
             "http (Notification)": http_}
 
 
-def run_ours(root: Path, state: Path) -> ModeResult:
+def run_ours(root: Path, state: Path, model_s: float = 0.0) -> ModeResult:
     from shadowpoint import hookrun
     from shadowpoint.adapters import claude
     from shadowpoint.adapters.install import install_hooks
@@ -274,7 +288,7 @@ def run_ours(root: Path, state: Path) -> ModeResult:
         ours = _Ours(root, env, config.port, config.secret, [sys.executable, "-I", "-S", hookrun.__file__])
         matcher = re.compile(claude.EVENTS["PreToolUse"] or ".*")
         start = time.perf_counter()
-        Replayer(root, ours.send, matcher).session()
+        Replayer(root, ours.send, matcher, model_s=model_s).session()
         wall = time.perf_counter() - start
         with SidecarClient(socket_path(root), timeout_s=600) as client:
             client.request("initialize", {"roots": [str(root)]})
@@ -312,12 +326,13 @@ def _ms(values: list[float]) -> dict[str, float]:
             "total_ms": round(sum(values) * 1e3, 1)}
 
 
-def summarize(files: int, none: ModeResult, ours: ModeResult, seed: ModeResult) -> dict[str, Any]:
+def summarize(files: int, none: ModeResult, ours: ModeResult, seed: ModeResult, model_s: float = 0.0) -> dict[str, Any]:
     hooks = {k: _ms(v) for k, v in ours.hooks.items()}
     ours_overhead = ours.wall_s - none.wall_s
     seed_overhead = seed.wall_s - none.wall_s
     return {
         "tree": size_label(files), "files": files, "tool_calls": len(all_calls()), "turns": len(SESSION),
+        "model_s": model_s,
         "wall_s": {"none": round(none.wall_s, 3), "shadowpoint": round(ours.wall_s, 3),
                    "shadowpoint_drained": round(ours.drained_s, 3), "seed": round(seed.wall_s, 3)},
         "overhead_s": {"shadowpoint": round(ours_overhead, 3),
@@ -367,21 +382,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--keep", action="store_true", help="keep the trees")
+    parser.add_argument("--model-s", type=float, default=0.0,
+                        help="seconds the model takes for each response, in every mode (default 0)")
     args = parser.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="sp-replay-"))
     try:
         trees = {name: _fresh_tree(base, name, args.files) for name in ("none", "ours", "seed")}
         print(f"trees ready under {base}", file=sys.stderr)
-        none = run_none(trees["none"][0])
-        seed = run_seed(trees["seed"][0], base / "seed-git" / ".git", trees["seed"][1])
-        ours = run_ours(trees["ours"][0], base / "ours-state")
-        summary = summarize(args.files, none, ours, seed)
+        none = run_none(trees["none"][0], args.model_s)
+        seed = run_seed(trees["seed"][0], base / "seed-git" / ".git", trees["seed"][1], args.model_s)
+        ours = run_ours(trees["ours"][0], base / "ours-state", args.model_s)
+        summary = summarize(args.files, none, ours, seed, args.model_s)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d")
-    out = args.out / f"session-replay-{summary['tree']}-{stamp}.json"
+    model = f"-model{args.model_s:g}s" if args.model_s > 0 else ""
+    out = args.out / f"session-replay-{summary['tree']}{model}-{stamp}.json"
     out.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     svg_chart(summary, out.with_suffix(".svg"))
     print(json.dumps(summary, indent=2))

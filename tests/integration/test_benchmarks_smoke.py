@@ -56,3 +56,29 @@ def test_benchmarks_run_on_a_tiny_tree(tmp_path: Path) -> None:
         assert check["only_ours"] == check["only_git"] == check["differing"] == 0, check
     assert "300" in proc.stdout  # the table was printed
     assert not list(work.iterdir()), "temporary trees are removed without --keep"
+
+
+def test_the_session_replay_runs_every_hook_on_a_tiny_tree(tmp_path: Path) -> None:
+    """`benchmarks.session_replay` end to end (real hooks, a real sidecar, the seed's git CLI),
+    with a model time per response: every mode waits for each response, and ours makes a
+    baseline, one checkpoint per batch that changed files and one per turn."""
+    from benchmarks.session_data import SESSION
+
+    model_s = 0.02
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.session_replay", "--files", "300", "--out", str(tmp_path),
+         "--model-s", str(model_s)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (result,) = tmp_path.glob("session-replay-300-model0.02s-*.json")
+    data = json.loads(result.read_text())
+    assert data["model_s"] == model_s
+    assert data["checkpoints"] == {"shadowpoint": {"baseline": 1, "round": 22, "completion": 6}, "seed_commits": 27}
+
+    def batches(calls_batches: Any) -> int:
+        return sum(1 + sum(batches(c.subagent) for c in b.calls) for b in calls_batches)
+
+    responses = sum(batches(turn.batches) + 1 for turn in SESSION)  # each batch, and each turn's answer
+    for mode in ("none", "shadowpoint", "seed"):
+        assert data["wall_s"][mode] >= responses * model_s, (mode, data["wall_s"])
