@@ -119,6 +119,7 @@ class _Staging:
     # a baseline of a git repository: the user's index, which proves files unchanged
     proof: IndexProof | None = None
     borrowed: dict[RepoPath, str] = field(default_factory=dict)  # path -> the index's blob id
+    restaged: set[RepoPath] = field(default_factory=set)  # borrowed paths recorded again since
     alternate_added: bool = False
     # a rescan from nothing (an empty cache, no tree): every path it records is new, so the
     # cache alone says what changed; `changes` and `originals` stay empty (they cost ~11 MiB
@@ -300,8 +301,8 @@ class Scanner:
         entry = TreeEntry(oid, mode)
         run.stats.examined += 1
         run.stats.borrowed += 1
-        run.borrowed[path] = oid
         self._record(run, path, entry, state_of(st, entry, run.now_ns))
+        run.borrowed[path] = oid
 
     def _unborrow(self, run: _Staging) -> None:
         """Take no more ids from the index, and hash the files whose id was taken."""
@@ -309,7 +310,7 @@ class Scanner:
         log.info("git_index.doubted", root=str(self.root), reason=run.proof.doubt, action="hashing every file",
                  rehashing=len(run.borrowed))
         run.proof = None
-        taken, run.borrowed = run.borrowed, {}
+        taken, run.borrowed, run.restaged = run.borrowed, {}, set()
         run.stats.borrowed -= len(taken)
         for path in taken:
             run.stats.examined -= 1
@@ -328,9 +329,10 @@ class Scanner:
             return
         if run.batch is not None:
             self._finish(run, run.batch.flush())
-        kept: dict[str, str] = {p: oid for p, oid in run.borrowed.items()
-                                if (e := run.cache.entry(p)) is not None and e.oid == oid}
-        borrowed.record(self.repo.git_dir, kept)
+        for path in run.restaged:
+            if (e := run.cache.entry(path)) is None or e.oid != run.borrowed[path]:
+                del run.borrowed[path]
+        borrowed.record(self.repo.git_dir, run.borrowed)
 
     def _capture_early(self, run: _Staging) -> None:
         """Record the current content of the paths edit tools asked for, and pin them (SPEC §3).
@@ -450,6 +452,8 @@ class Scanner:
                 state: FileState | None = None) -> None:
         """Note the new content of `path`; a path back at its original content is no change."""
         cache = run.cache
+        if run.borrowed and path in run.borrowed:
+            run.restaged.add(path)  # borrowed, then staged again: `_note_borrowed` checks it
         if not run.fresh:  # from nothing, the cache alone holds what changed
             if path not in run.originals:
                 run.originals[path] = cache.entry(path)

@@ -34,6 +34,7 @@ import structlog
 from shadowpoint.errors import RepoError
 from shadowpoint.store.atomic import write_atomic
 from shadowpoint.store.shadow_repo import BORROWED_LEDGER, ShadowRepo
+from shadowpoint.workspace import RepoPath
 
 log = structlog.get_logger(__name__)
 
@@ -113,7 +114,7 @@ def begin(repo: ShadowRepo, objects_dir: Path) -> None:
     repo.borrow_from(objects_dir)
 
 
-def record(git_dir: Path, items: Mapping[str, str]) -> None:
+def record(git_dir: Path, items: Mapping[RepoPath, str]) -> None:
     """Append the borrowed blobs (path -> oid), durably, before a commit names them. Lock held."""
     if not items:
         return

@@ -20,12 +20,14 @@ from typing import Any
 import pytest
 
 from shadowpoint.engine import Engine
+from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.scanner import Scanner, StageOptions, StageResult
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import StatCache
 from shadowpoint.store import borrowed
 from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.workspace import RepoPath
 from tests.gitrepo import backdate, git, git_dir_state, make_repo
 
 FILES = {
@@ -250,6 +252,36 @@ def test_nested_attributes_file_takes_back_ids_already_taken(tmp_path: Path, sha
     result = sh.baseline()
     assert (result.stats.borrowed, result.stats.hashed) == (0, len(files))
     assert_byte_exact(sh, result.tree)
+
+
+def test_a_borrowed_file_staged_again_with_new_content_leaves_the_ledger(tmp_path: Path, shadow: Any) -> None:
+    """The ledger names a blob only while the snapshot's path still holds the index's id: an
+    edit tool's early capture of a file the scan already took from the index re-stages it."""
+    files = {f"m/f{i:03d}.txt": f"file {i}\n".encode() for i in range(40)}
+    root = make_repo(tmp_path / "repo", files)
+    sh = shadow(root)
+    hold = ScanHold(after_files=20)
+    capture, cache = EarlyCapture(hold), StatCache()
+    done: dict[str, StageResult] = {}
+    scan = threading.Thread(target=lambda: done.update(
+        result=sh.scanner.stage(StagePlan(rescan=True), cache, capture, borrow=True)))
+    scan.start()
+    try:
+        assert hold.reached.wait(60), "the scan never reached the hold"
+        changed, same = sorted(cache.entries)[:2]  # both taken from the index already
+        (root / changed).write_bytes(b"changed since the index, before the edit\n")
+        request = capture.request([RepoPath(changed), RepoPath(same)])
+        assert request.done.wait(60)
+    finally:
+        hold.release()
+        scan.join(60)
+    result = done["result"]
+    # every id was taken once; the changed file was then hashed
+    assert (result.stats.borrowed, result.stats.hashed) == (len(files), 1)
+    ledger = borrowed.read_ledger(sh.git_dir)
+    assert ledger is not None
+    assert sorted(ledger.items.values()) == sorted(p for p in files if p != changed)
+    assert assert_byte_exact(sh, result.tree)[changed] not in ledger.items
 
 
 def test_split_index_is_doubt_and_hashes(tmp_path: Path, shadow: Any) -> None:
