@@ -461,7 +461,12 @@ class LockedRoot:
                 state.watcher.journal.put_back(snap)
             elif snap.opened:
                 state.watcher.journal.open_round()  # a round is still open: what follows is its own
-        return stager.safety_plan(forced, watch, state.facts)
+        entries, rules = state.cache.entries, state.rules
+
+        def reported(path: RepoPath) -> bool:  # the watcher sees its folder (and the path counts)
+            return path in entries and not rules.is_excluded(path, is_dir=False)
+
+        return stager.safety_plan(forced, watch, state.facts, reported)
 
     def note_tracked(self, paths: Iterable[RepoPath]) -> None:
         """`RootState.note_tracked`."""

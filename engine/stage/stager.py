@@ -15,6 +15,7 @@ the plan out. Every fallback to a whole-workspace rescan is decided here, with i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shadowpoint.workspace import RepoPath, is_git_component
@@ -91,11 +92,18 @@ def round_plan(forced: frozenset[RepoPath], unknown_changes: bool, watch: WatchV
     return Decision(StagePlan(forced=forced, watched=watch.paths))
 
 
-def safety_plan(forced: frozenset[RepoPath], watch: WatchView | None, facts: RootFacts) -> StagePlan:
+def safety_plan(forced: frozenset[RepoPath], watch: WatchView | None, facts: RootFacts,
+                reported: Callable[[RepoPath], bool] | None = None) -> StagePlan:
     """What a safety checkpoint (or a compare with the workspace) stages: with a healthy watcher
-    only what it recorded since the last round, O(changes); else a rescan."""
-    if watch is not None and facts.scanned and watch.flushed and watch.healthy \
+    only what it recorded since the last round, O(changes); else a rescan. `forced` (the task's
+    edited paths, the paths to restore) is staged as well, but for the paths `reported` says the
+    watcher reports every change of (tracked, not excluded) and that it recorded none of: a
+    healthy watcher is authoritative (SPEC §4), as git trusts fsmonitor over a stat too recent to
+    prove a file unchanged (an agent's file, edited a moment ago, was hashed again each time)."""
+    if watch is not None and facts.scanned and facts.watched_since_scan and watch.flushed and watch.healthy \
             and not any(is_rules_file(p) for p in watch.paths):
+        if reported is not None:
+            forced = frozenset(p for p in forced if p in watch.paths or not reported(p))
         return StagePlan(forced=forced, watched=watch.paths)
     return StagePlan(forced=forced, rescan=True)
 

@@ -77,6 +77,29 @@ def test_scope_with_a_watcher_takes_the_round_changes_not_those_between_rounds(
     assert tree["f.txt"] == LINES.encode() and "made.txt" not in tree
 
 
+def test_with_a_watcher_the_safety_checkpoint_holds_the_persons_edits_of_the_tasks_files(
+        make_engine: MakeEngine, ws: Path) -> None:
+    """The task's edited paths the watcher did not record are not staged again before a restore
+    (SPEC §4): the person's edits it recorded are, and so are force-added files the rules hide
+    from it (`build/` gets no watch), which it does not report."""
+    eng = make_engine(ws, watcher=True)
+    start(eng)
+    edit_round(eng, ws, 10, {"g.txt": "g1", "f.txt": lines(l01="task"), ".env": "TOKEN=task",
+                             "build/gen.txt": "task"})
+    make_tree(ws, {"g.txt": "the person's g", ".env": "TOKEN=the person's", "build/gen.txt": "the person's"})
+    out = eng.restore("t1", 0, "files").to_wire()
+    assert sorted(out["files"]["restored"]) == ["f.txt", "g.txt"]
+    assert sorted(out["files"]["deleted"]) == [".env", "build/gen.txt"]
+    safety = files_of(eng, out["files"]["safety"])
+    assert safety["g.txt"] == b"the person's g" and safety[".env"] == b"TOKEN=the person's"
+    assert safety["build/gen.txt"] == b"the person's"
+    assert safety["f.txt"] == lines(l01="task").encode()
+    assert read_tree(ws) == {"f.txt": LINES.encode(), "g.txt": b"g0", "keep.txt": b"k"}
+    eng.undo_restore("t1")
+    assert read_tree(ws) == {"f.txt": lines(l01="task").encode(), "g.txt": b"the person's g",
+                             "keep.txt": b"k", ".env": b"TOKEN=the person's", "build/gen.txt": b"the person's"}
+
+
 def test_a_round_of_reported_edits_does_not_take_what_changed_meanwhile(
         make_engine: MakeEngine, ws: Path) -> None:
     """Another task (or the person) writing while a round of reported edits is open: the write

@@ -79,6 +79,23 @@ def test_safety_plan() -> None:
     assert safety_plan(EDITED, WatchView(flushed=False, healthy=True), FRESH) == rescan
     assert safety_plan(EDITED, WatchView(flushed=True, healthy=False), FRESH) == rescan
     assert safety_plan(EDITED, WatchView(flushed=True, healthy=True, paths=frozenset({G})), FRESH) == rescan
+    # a change between the latest scan and the watcher's start is unknown to it
+    assert safety_plan(EDITED, HEALTHY, RootFacts(watched_since_scan=False)) == rescan
+
+
+def test_safety_plan_trusts_the_watchers_silence_about_paths_it_reports() -> None:
+    """A forced path the watcher would have reported and did not is not staged again; one it
+    recorded, or one it may not see (untracked, excluded), is."""
+    quiet, recorded, hidden = RepoPath("quiet.py"), B, RepoPath(".env")
+    forced = frozenset({quiet, recorded, hidden})
+    sees = {quiet, recorded}.__contains__
+    assert safety_plan(forced, HEALTHY, FRESH, sees) == StagePlan(forced=frozenset({recorded, hidden}),
+                                                                  watched=frozenset({B}))
+    # an unhealthy watcher proves nothing: everything forced, and a rescan
+    sick = WatchView(flushed=True, healthy=False, paths=frozenset({B}))
+    assert safety_plan(forced, sick, FRESH, sees) == StagePlan(forced=forced, rescan=True)
+    assert safety_plan(forced, WatchView(flushed=False, healthy=True), FRESH, sees) == \
+        StagePlan(forced=forced, rescan=True)
 
 
 def test_staging_plan() -> None:
