@@ -33,7 +33,16 @@ from shadowpoint.stage.early_capture import EarlyCapture
 from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules, unwalked
 from shadowpoint.stage.git_index import IndexProof
 from shadowpoint.stage.stager import StagePlan
-from shadowpoint.stage.stat_cache import FileState, StatCache, is_clean, state_entry, state_mode, state_of, state_oid
+from shadowpoint.stage.stat_cache import (
+    FileState,
+    StatCache,
+    is_clean,
+    same_stat,
+    state_entry,
+    state_mode,
+    state_of,
+    state_oid,
+)
 from shadowpoint.store import borrowed
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
@@ -121,6 +130,8 @@ class _Staging:
     borrowed: dict[RepoPath, str] = field(default_factory=dict)  # path -> the index's blob id
     restaged: set[RepoPath] = field(default_factory=set)  # borrowed paths recorded again since
     alternate_added: bool = False
+    # paths whose unchanged stat proves them unchanged even when racy (`StagePlan.vouched`)
+    vouched: frozenset[RepoPath] = frozenset()
     # a rescan from nothing (an empty cache, no tree): every path it records is new, so the
     # cache alone says what changed; `changes` and `originals` stay empty (they cost ~11 MiB
     # of a 100k-file baseline's peak memory)
@@ -155,7 +166,7 @@ class Scanner:
         """
         start = time.perf_counter()
         run = _Staging(cache, StageStats(rescan=plan.rescan), time.time_ns(), capture=capture if plan.rescan else None,
-                       fresh=plan.rescan and cache.tree is None and not cache.entries)
+                       vouched=plan.vouched, fresh=plan.rescan and cache.tree is None and not cache.entries)
         if borrow and plan.rescan:
             run.proof = IndexProof.load(self.root)
         self._invalidate_rules(plan.forced | plan.watched)
@@ -469,7 +480,7 @@ class Scanner:
     def _stage_stat(self, run: _Staging, path: RepoPath, st: os.stat_result) -> None:
         run.stats.examined += 1
         known = run.cache.entries.get(path)
-        if known is not None and is_clean(known, st):
+        if known is not None and (is_clean(known, st) or (path in run.vouched and same_stat(known, st))):
             return
         mode = st.st_mode
         if stat.S_ISLNK(mode):

@@ -16,7 +16,7 @@ the plan out. Every fallback to a whole-workspace rescan is decided here, with i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shadowpoint.workspace import RepoPath, is_git_component
 
@@ -30,6 +30,9 @@ class StagePlan:
     forced: frozenset[RepoPath] = frozenset()
     watched: frozenset[RepoPath] = frozenset()
     rescan: bool = False
+    # forced paths a healthy watcher recorded no change of (a safety checkpoint's): their stat,
+    # if still the snapshot's, proves them unchanged even when too recent to prove it alone
+    vouched: frozenset[RepoPath] = frozenset()
 
     @property
     def is_empty(self) -> bool:
@@ -96,15 +99,16 @@ def safety_plan(forced: frozenset[RepoPath], watch: WatchView | None, facts: Roo
                 reported: Callable[[RepoPath], bool] | None = None) -> StagePlan:
     """What a safety checkpoint (or a compare with the workspace) stages: with a healthy watcher
     only what it recorded since the last round, O(changes); else a rescan. `forced` (the task's
-    edited paths, the paths to restore) is staged as well, but for the paths `reported` says the
-    watcher reports every change of (tracked, not excluded) and that it recorded none of: a
-    healthy watcher is authoritative (SPEC §4), as git trusts fsmonitor over a stat too recent to
-    prove a file unchanged (an agent's file, edited a moment ago, was hashed again each time)."""
+    edited paths, the paths to restore) is always looked at. Those that `reported` says the
+    watcher reports every change of (tracked, not excluded) and that it recorded none of are
+    vouched for: their unchanged stat is proof enough, even when too recent to prove it alone (an
+    agent's file, edited a moment ago, was hashed again each time), as git trusts fsmonitor over
+    a racy stat (SPEC §4). The stat is still compared: a change no event reported (a network
+    file system) is never taken for the snapshot's content."""
     if watch is not None and facts.scanned and facts.watched_since_scan and watch.flushed and watch.healthy \
             and not any(is_rules_file(p) for p in watch.paths):
-        if reported is not None:
-            forced = frozenset(p for p in forced if p in watch.paths or not reported(p))
-        return StagePlan(forced=forced, watched=watch.paths)
+        vouched = frozenset(p for p in forced if p not in watch.paths and reported(p)) if reported else frozenset()
+        return StagePlan(forced=forced, watched=watch.paths, vouched=vouched)
     return StagePlan(forced=forced, rescan=True)
 
 
@@ -117,5 +121,5 @@ def staging_plan(plan: StagePlan, facts: RootFacts, has_watcher: bool,
     if not facts.scanned and not plan.rescan:
         return StagePlan(forced=plan.forced, watched=plan.watched, rescan=True)
     if has_watcher and not plan.rescan and excluded_tracked:
-        return StagePlan(forced=plan.forced, watched=plan.watched | excluded_tracked)
+        return replace(plan, watched=plan.watched | excluded_tracked)
     return plan

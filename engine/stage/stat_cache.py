@@ -106,11 +106,16 @@ def stat_fields(state: FileState) -> tuple[int, int, int, int, int, bool]:
 
 def is_clean(state: FileState, st: os.stat_result) -> bool:
     """True if `st` proves the file still holds the state's blob (racy-clean rule)."""
+    return state[_FLAGS_AT] >= _TRUSTED and same_stat(state, st)
+
+
+def same_stat(state: FileState, st: os.stat_result) -> bool:
+    """True if `st` is the stat the state recorded, trusted or not (a racy one: recorded too
+    soon after the file's last change to prove its content alone)."""
     fields: tuple[int, int, int, int, int, int] = _STAT_PART.unpack_from(state)
-    size, mtime_ns, ctime_ns, st_mode, ino, flags = fields
+    size, mtime_ns, ctime_ns, st_mode, ino, _ = fields
     return (
-        flags >= _TRUSTED
-        and st.st_mtime_ns == mtime_ns
+        st.st_mtime_ns == mtime_ns
         and st.st_ctime_ns == ctime_ns
         and st.st_size & _U32 == size
         and st.st_mode == st_mode

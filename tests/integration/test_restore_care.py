@@ -79,9 +79,9 @@ def test_scope_with_a_watcher_takes_the_round_changes_not_those_between_rounds(
 
 def test_with_a_watcher_the_safety_checkpoint_holds_the_persons_edits_of_the_tasks_files(
         make_engine: MakeEngine, ws: Path) -> None:
-    """The task's edited paths the watcher did not record are not staged again before a restore
-    (SPEC §4): the person's edits it recorded are, and so are force-added files the rules hide
-    from it (`build/` gets no watch), which it does not report."""
+    """The watcher vouches for the task's edited paths it did not record (their stat is proof
+    enough, racy or not: SPEC §4); the person's edits it recorded are staged, and so are
+    force-added files the rules hide from it (`build/` gets no watch)."""
     eng = make_engine(ws, watcher=True)
     start(eng)
     edit_round(eng, ws, 10, {"g.txt": "g1", "f.txt": lines(l01="task"), ".env": "TOKEN=task",

@@ -34,9 +34,10 @@ class Env:
     rules: ExclusionRules
     scanner: Scanner
 
-    def stage(self, cache: StatCache, *, rescan: bool = False, watched: Any = (), forced: Any = ()) -> StageResult:
+    def stage(self, cache: StatCache, *, rescan: bool = False, watched: Any = (), forced: Any = (),
+              vouched: Any = ()) -> StageResult:
         plan = StagePlan(forced=frozenset(map(RepoPath, forced)), watched=frozenset(map(RepoPath, watched)),
-                         rescan=rescan)
+                         rescan=rescan, vouched=frozenset(map(RepoPath, vouched)))
         return self.scanner.stage(plan, cache)
 
     def snapshot(self, tree: str | None) -> dict[str, Any]:
@@ -184,6 +185,29 @@ def test_racy_entry_with_identical_stat_is_rehashed(env: Env) -> None:
     res = env.stage(cache, rescan=True)
     assert env.snapshot(res.tree) == {"f.txt": b"new!"}
     assert res.stats.hashed == 1
+
+
+def test_a_vouched_racy_entry_is_trusted_only_while_its_stat_is_the_same(env: Env) -> None:
+    """A path a healthy watcher vouches for (no event since its snapshot) is not hashed again
+    when its stat is the recorded one, racy or not; any stat difference (a change no event
+    reported) still hashes it."""
+    p = env.root / "f.txt"
+    p.write_bytes(b"old!")
+    cache = StatCache()
+    env.stage(cache, forced=["f.txt"])
+    st = os.lstat(p)
+    entry = cache.entry(RepoPath("f.txt"))
+    assert entry is not None
+    cache.set(RepoPath("f.txt"), state_of(st, entry, checked_ns=st.st_mtime_ns))  # racy: the write's tick
+    assert env.stage(cache, forced=["f.txt"]).stats.hashed == 1, "racy and not vouched for: hashed"
+    cache.set(RepoPath("f.txt"), state_of(st, entry, checked_ns=st.st_mtime_ns))
+    res = env.stage(cache, forced=["f.txt"], vouched=["f.txt"])
+    assert res.stats.hashed == 0 and not res.changed
+    while os.lstat(p).st_ctime_ns == st.st_ctime_ns:  # until the coarse clock moves (a condition, not a delay)
+        p.write_bytes(b"new!")
+    res = env.stage(cache, forced=["f.txt"], vouched=["f.txt"])
+    assert res.stats.hashed == 1 and env.snapshot(res.tree) == {"f.txt": b"new!"}
+    assert_consistent(env, cache)
 
 
 def _old_file_staged_twice(env: Env, content: bytes) -> tuple[Path, int, StatCache]:

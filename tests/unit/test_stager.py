@@ -83,14 +83,14 @@ def test_safety_plan() -> None:
     assert safety_plan(EDITED, HEALTHY, RootFacts(watched_since_scan=False)) == rescan
 
 
-def test_safety_plan_trusts_the_watchers_silence_about_paths_it_reports() -> None:
-    """A forced path the watcher would have reported and did not is not staged again; one it
-    recorded, or one it may not see (untracked, excluded), is."""
+def test_safety_plan_vouches_for_what_the_watcher_reports_and_did_not_record() -> None:
+    """Every forced path is staged; the watcher vouches for those it would have reported and did
+    not, not for one it recorded nor one it may not see (untracked, excluded)."""
     quiet, recorded, hidden = RepoPath("quiet.py"), B, RepoPath(".env")
     forced = frozenset({quiet, recorded, hidden})
     sees = {quiet, recorded}.__contains__
-    assert safety_plan(forced, HEALTHY, FRESH, sees) == StagePlan(forced=frozenset({recorded, hidden}),
-                                                                  watched=frozenset({B}))
+    assert safety_plan(forced, HEALTHY, FRESH, sees) == StagePlan(forced=forced, watched=frozenset({B}),
+                                                                  vouched=frozenset({quiet}))
     # an unhealthy watcher proves nothing: everything forced, and a rescan
     sick = WatchView(flushed=True, healthy=False, paths=frozenset({B}))
     assert safety_plan(forced, sick, FRESH, sees) == StagePlan(forced=forced, rescan=True)

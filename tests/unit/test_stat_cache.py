@@ -18,6 +18,7 @@ from shadowpoint.stage.stat_cache import (
     StatCache,
     is_clean,
     pack_state,
+    same_stat,
     stat_fields,
     state_entry,
     state_mode,
@@ -47,6 +48,18 @@ def test_clean_only_when_mtime_older_than_check_minus_margin(tmp_path: Path) -> 
     assert not is_clean(same_tick, st)
     assert not is_clean(within_margin, st)
     assert is_clean(later, st)
+
+
+def test_same_stat_ignores_only_the_racy_flag(tmp_path: Path) -> None:
+    """A racy state is never clean, but its stat is still compared field by field."""
+    p = tmp_path / "f"
+    p.write_bytes(b"data")
+    st = os.lstat(p)
+    racy = state_of(st, E1, checked_ns=st.st_mtime_ns)
+    assert not is_clean(racy, st) and same_stat(racy, st)
+    p.write_bytes(b"other")
+    assert not same_stat(racy, os.lstat(p))
+    assert not same_stat(unknown_state(E1), st)
 
 
 def test_any_stat_difference_is_dirty(tmp_path: Path) -> None:
