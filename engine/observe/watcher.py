@@ -48,7 +48,7 @@ log = structlog.get_logger(__name__)
 
 _THREAD_PREFIX = inotify.THREAD_PREFIX
 _MARKER_PREFIX = "flush-"
-MARKER_POOL_SIZE = 8  # files made ahead in the marker folder (one per flush)
+MARKER_POOL_SIZE = 8  # files made ahead for the flush markers (one per flush)
 _STOP_JOIN_TIMEOUT_S = 10.0
 # A problem that a restart alone does not clear: the verification scan found a change the watcher
 # never reported; only a clean verification after a restart clears it (SPEC §4).
@@ -345,8 +345,11 @@ class WorkspaceWatcher:
                 self._marker_dir = tempfile.mkdtemp(prefix="shadowpoint-flush-")
                 if self._marker_pool is not None:
                     self._marker_pool.close()
-                # markers are renamed from files made ahead: a rename costs a tenth of a create
-                self._marker_pool = FilePool(Path(self._marker_dir), size=MARKER_POOL_SIZE)
+                # markers are renamed from files made ahead: a rename costs a tenth of a create;
+                # made in an unwatched folder of their own, they make no event until renamed
+                ahead = Path(self._marker_dir) / "ahead"
+                ahead.mkdir(exist_ok=True)
+                self._marker_pool = FilePool(ahead, size=MARKER_POOL_SIZE)
             self._handler.marker_prefix = os.path.join(self._marker_dir, _MARKER_PREFIX)
             hooks = _InotifyHooks(self, self._root, self._marker_dir)
             observer = inotify.ShadowObserver(hooks, self._label)

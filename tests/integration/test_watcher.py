@@ -291,7 +291,36 @@ def test_flush_markers_are_files_made_ahead_and_renamed(ws: Path, started: Calla
         assert snapshot.healthy and snapshot.paths == {f"src/f{i}.txt"}  # the pool's files are not the workspace's
         if ahead is not None:
             assert not os.path.exists(ahead)
-    assert not [n for n in os.listdir(pool.folder) if n.startswith("flush-")]  # every marker went
+    assert watcher._marker_dir is not None
+    assert not [n for n in os.listdir(watcher._marker_dir) if n.startswith("flush-")]  # every marker went
+
+
+@inotify_only
+def test_a_flush_makes_one_event_and_none_after_it(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+    """Only the marker's appearance reaches the emitter: the marker's removal after its flush and
+    the files made ahead of it (refilled after each flush) make no event that would take the
+    interpreter from the flush's caller while it goes on."""
+    watcher = started({"src/": ""})
+    pool, marker_dir = watcher._marker_pool, watcher._marker_dir
+    assert pool is not None and marker_dir is not None
+    seen: list[str] = []
+    plain = watcher._handler.dispatch
+
+    def noting(event: Any) -> None:
+        for path in (event.src_path, getattr(event, "dest_path", "")):
+            if os.fsdecode(path).startswith(marker_dir):
+                seen.append(os.fsdecode(path))
+        plain(event)
+
+    watcher._handler.dispatch = noting  # type: ignore[method-assign]
+    flushes = pool.size + 2  # the pool runs dry and refills (a marker made afresh too)
+    for i in range(flushes):
+        if i == 3:
+            pool.fill()
+        assert watcher.flush(WAIT_S)
+    assert watcher.flush(WAIT_S)  # the barrier: whatever earlier flushes caused is in by now
+    markers = [p for p in seen if os.path.basename(p).startswith("flush-")]
+    assert seen == markers and len(markers) == flushes + 1, seen
 
 
 @inotify_only
