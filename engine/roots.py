@@ -463,7 +463,7 @@ class LockedRoot:
                 state.watcher.journal.open_round()  # a round is still open: what follows is its own
         entries, rules = state.cache.entries, state.rules
 
-        def reported(path: RepoPath) -> bool:  # the watcher sees its folder (and the path counts)
+        def reported(path: RepoPath) -> bool:  # tracked, and no rule hides it (or a folder above) from the watcher
             return path in entries and not rules.is_excluded(path, is_dir=False)
 
         return stager.safety_plan(forced, watch, state.facts, reported)
