@@ -116,7 +116,7 @@ class _RecordingHandler(FileSystemEventHandler):
             self._on_marker(path[len(marker) :])
             return
         if marker is not None and path.startswith(os.path.dirname(marker) + os.sep):
-            return  # a file made ahead for a marker (or its move away)
+            return  # anything else in the marker folder is none of the workspace's
         if not path.startswith(self._prefix):
             return  # the root itself, or a stale watch outside it
         rel = path[len(self._prefix) :]
