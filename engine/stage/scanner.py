@@ -14,9 +14,10 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import structlog
 
@@ -43,6 +44,7 @@ from shadowpoint.stage.stat_cache import (
     state_of,
     state_oid,
 )
+from shadowpoint.stage.stat_pass import default_split_min, split_pass
 from shadowpoint.store import borrowed
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
@@ -92,6 +94,8 @@ class StageOptions:
 
     max_file_bytes: int = 100 * 1024 * 1024
     workers: BlobWorkerOptions = field(default_factory=BlobWorkerOptions)
+    # a rescan of at least this many files makes its stat pass on two cores (None: never)
+    split_min_files: int | None = field(default_factory=default_split_min)
 
 
 @dataclass(slots=True)
@@ -231,6 +235,49 @@ class Scanner:
                 self.rules.invalidate(parent)
 
     def _rescan(self, run: _Staging) -> None:
+        if run.fresh or run.capture is not None or run.proof is not None:
+            self._first_scan(run)
+            return
+        entries = run.cache.entries
+        tracked_before = len(entries)
+        folders = list(self.rules.walk_folders())
+        # looked up by plain str: a RepoPath is one
+        found = split_pass(os.path.join(self.root, ""), folders, cast(Mapping[str, FileState], entries),
+                           self.options.split_min_files)
+        run.stats.examined += found.clean
+        for path in found.unproven:
+            st = self._lstat_in_folder(RepoPath(path))
+            if st is None:
+                self._record(run, RepoPath(path), None)  # gone since its folder was listed
+            else:
+                self._stage_stat(run, RepoPath(path), st)
+        if found.reached < tracked_before:
+            self._stage_unwalked(run, unwalked(entries, folders), set())
+
+    def _lstat_in_folder(self, path: RepoPath) -> os.stat_result | None:
+        """lstat `path` from its folder, never through a symlink that replaced a parent folder."""
+        folder, _, name = path.rpartition("/")
+        try:
+            fd = os.open(self.root / folder, _DIR_FLAGS)
+        except OSError:
+            return None
+        try:
+            return os.lstat(name, dir_fd=fd)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def _stage_unwalked(self, run: _Staging, paths: Iterable[str], pinned: set[RepoPath]) -> None:
+        """Tracked paths the walk did not reach: deleted, or tracked despite an exclusion
+        (force-added earlier); git semantics: exclusions apply to untracked files only."""
+        for path in [RepoPath(p) for p in paths if p not in pinned]:
+            run.stats.outside_walk.append(path)
+            self._stage_path(run, path, forced=True, expand_dirs=False)
+
+    def _first_scan(self, run: _Staging) -> None:
+        """The rescan of a baseline: few or no paths are known yet, edit tools' paths may be
+        captured along the way, and the user's git index may prove files unchanged."""
         entries = run.cache.entries
         tracked_before = len(entries)
         # (prefix, the names joined), to find tracked paths the walk misses; none are tracked
@@ -246,7 +293,7 @@ class Scanner:
         def serve() -> None:
             self._capture_early(run)
 
-        # The hot loop of a rescan (100k files): one lstat and one stat comparison per file.
+        # The hot loop of a baseline (100k files): one lstat per file, and its index entry.
         for prefix, joined in self.rules.walk_folders():
             if walked is not None:
                 walked.append((prefix, joined))
@@ -295,11 +342,7 @@ class Scanner:
             serve()  # a request that came after the last file
         if reached == tracked_before or walked is None:
             return  # every tracked path was walked
-        # Tracked paths the walk did not reach: deleted, or tracked despite an exclusion
-        # (force-added earlier); git semantics: exclusions apply to untracked files only.
-        for path in [RepoPath(p) for p in unwalked(entries, walked) if p not in pinned]:
-            run.stats.outside_walk.append(path)
-            self._stage_path(run, path, forced=True, expand_dirs=False)
+        self._stage_unwalked(run, unwalked(entries, walked), pinned)
 
     def _borrow(self, run: _Staging, path: RepoPath, st: os.stat_result, oid: str) -> None:
         """Record the index's blob id for `path` (proven unchanged), with our own mode."""

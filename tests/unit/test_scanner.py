@@ -60,10 +60,12 @@ class Env:
         return {p: v for p, v in read_tree(self.root).items() if not fresh.is_excluded(RepoPath(p), is_dir=False)}
 
 
-def make_env(root: Path, tmp_path: Path, max_file_bytes: int = 100 * 1024 * 1024) -> Env:
+def make_env(root: Path, tmp_path: Path, max_file_bytes: int = 100 * 1024 * 1024,
+             split_min_files: int | None = None) -> Env:
     repo = ShadowRepo.open_or_init(tmp_path / "shadow" / ".git", root)
     rules = ExclusionRules(root)
-    return Env(root, repo, rules, Scanner(root, repo, rules, StageOptions(max_file_bytes=max_file_bytes)))
+    options = StageOptions(max_file_bytes=max_file_bytes, split_min_files=split_min_files)
+    return Env(root, repo, rules, Scanner(root, repo, rules, options))
 
 
 @pytest.fixture
@@ -324,8 +326,18 @@ class Workload:
         return touched
 
 
+@pytest.mark.parametrize("split", [None, 1], ids=["one-pass", "forked-half"])
 @pytest.mark.parametrize("seed", range(8))
-def test_rescan_and_explicit_paths_agree(env: Env, seed: int) -> None:
+def test_rescan_and_explicit_paths_agree(tmp_path: Path, workspace: Path, seed: int, split: int | None) -> None:
+    """`forked-half`: every rescan's stat pass gives half of the folders to a forked child."""
+    env = make_env(workspace, tmp_path, split_min_files=split)
+    try:
+        agree_through_random_changes(env, seed)
+    finally:
+        env.repo.close()
+
+
+def agree_through_random_changes(env: Env, seed: int) -> None:
     (env.root / "outside").mkdir()  # a link target that is a real folder somewhere
     wl = Workload(env.root, seed)
     for _ in range(6):

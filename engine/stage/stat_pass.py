@@ -1,0 +1,209 @@
+"""The stat pass of a rescan: which walked files the stat cache cannot prove unchanged.
+
+A rescan of an unchanged tree is one lstat per file and one comparison with the stat cache.
+At 100k files the lstats alone are half of it (about 3.5 µs each here, nearly all of it in
+the kernel). `git status` spreads its lstats over threads (core.preloadIndex); Python threads
+would take turns at the GIL between every two lstats, so `split_pass` gives about half of the
+folders to a forked child of this process instead. The child holds the stat cache as it was
+at the fork (copy-on-write: nothing is sent), does only lstats and comparisons, and answers
+with the few paths it could not prove unchanged; the caller examines those itself (hashing,
+recording), as it does its own.
+
+Nothing depends on the child: if it cannot be started, dies, or answers anything but a
+complete answer, this process does the child's folders itself.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from shadowpoint.stage.exclusions import NAME_SEP
+from shadowpoint.stage.stat_cache import FileState, is_clean
+
+log = structlog.get_logger(__name__)
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_COUNTS = struct.Struct("<QQQ")  # reached, clean, bytes of the paths that follow
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+# Below this many files a rescan's stat pass stays in this process: a fork and the child's
+# copy-on-write faults cost a few milliseconds, which half of a smaller pass does not repay.
+SPLIT_MIN_FILES = 20_000
+
+# (folder prefix with a trailing "/" or "" for the root, its file names joined by NAME_SEP),
+# as ExclusionRules.walk_folders yields them
+Folder = tuple[str, str]
+
+
+@dataclass(slots=True)
+class StatPass:
+    """What the stat pass found over some folders."""
+
+    reached: int = 0  # files that are tracked (in the stat cache)
+    clean: int = 0  # of those, the ones their stat proves unchanged
+    # every other walked file: new, changed, racy, or gone since its folder was listed
+    unproven: list[str] = field(default_factory=list)
+
+    def add(self, other: StatPass) -> None:
+        self.reached += other.reached
+        self.clean += other.clean
+        self.unproven.extend(other.unproven)
+
+
+def default_split_min() -> int | None:
+    """`SPLIT_MIN_FILES` where a second core is usable, else None (never split)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return SPLIT_MIN_FILES if cpus > 1 else None
+
+
+def check_folders(root: str, folders: Sequence[Folder], entries: Mapping[str, FileState]) -> StatPass:
+    """lstat every file of `folders` (under `root`, which ends with "/") and compare it with
+    its entry. The hot loop of a rescan."""
+    reached = clean = 0
+    unproven: list[str] = []
+    lstat = os.lstat
+    known_state = entries.get
+    for prefix, joined in folders:
+        folder = root + prefix
+        try:
+            # names looked up from the folder itself: shorter lookups, and never through a
+            # symlink that replaced one of its parents since the listing
+            fd = os.open(folder, _DIR_FLAGS)
+        except OSError:
+            fd = -1
+        try:
+            for name in joined.split(NAME_SEP):
+                path = prefix + name
+                try:
+                    st = lstat(name, dir_fd=fd) if fd >= 0 else lstat(folder + name)
+                except OSError:
+                    unproven.append(path)  # gone since its folder was listed
+                    continue
+                known = known_state(path)
+                if known is not None:
+                    reached += 1
+                    if is_clean(known, st):
+                        clean += 1
+                        continue
+                unproven.append(path)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return StatPass(reached, clean, unproven)
+
+
+Check = Callable[[str, Sequence[Folder], Mapping[str, FileState]], StatPass]
+
+
+def split_pass(root: str, folders: Sequence[Folder], entries: Mapping[str, FileState],
+               min_files: int | None, child_check: Check = check_folders) -> StatPass:
+    """`check_folders` over all `folders`, the half of them in a forked child when there are
+    at least `min_files` files (None: never, as on a single core).
+
+    `child_check` is what the child runs (a seam for fault tests)."""
+    if min_files is None or sum(joined.count(NAME_SEP) + 1 for _, joined in folders) < min_files:
+        return check_folders(root, folders, entries)
+    mine, theirs = _halves(folders)
+    child = _Child.start(root, theirs, entries, child_check)
+    found = check_folders(root, mine, entries)
+    answer = child.answer() if child is not None else None
+    if answer is None:
+        answer = check_folders(root, theirs, entries)
+    found.add(answer)
+    return found
+
+
+def _halves(folders: Sequence[Folder]) -> tuple[list[Folder], list[Folder]]:
+    """The folders in two parts with about as many files each."""
+    parts: tuple[list[Folder], list[Folder]] = ([], [])
+    files = [0, 0]
+    for folder in folders:
+        side = 0 if files[0] <= files[1] else 1
+        parts[side].append(folder)
+        files[side] += folder[1].count(NAME_SEP) + 1
+    return parts
+
+
+@dataclass(slots=True)
+class _Child:
+    pid: int
+    read_fd: int
+
+    @classmethod
+    def start(cls, root: str, folders: Sequence[Folder], entries: Mapping[str, FileState],
+              check: Check) -> _Child | None:
+        """Fork a child that runs `check` over `folders` and writes its answer to a pipe;
+        None if it could not be started."""
+        # Blocked on this thread across the fork: a signal that lands in the child before it
+        # drops this process's handlers would run them there (and write to their wake-up fd).
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            read_fd, write_fd = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                os.close(read_fd)
+                os.close(write_fd)
+                log.info("stat_pass.fork_failed", error=str(exc))
+                return None
+            if pid == 0:
+                _child_main(read_fd, write_fd, root, folders, entries, check)  # never returns
+            os.close(write_fd)
+            return cls(pid, read_fd)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+    def answer(self) -> StatPass | None:
+        """The child's answer once it exited; None if it is not complete."""
+        chunks: list[bytes] = []
+        try:
+            while chunk := os.read(self.read_fd, 1 << 20):
+                chunks.append(chunk)
+        except OSError:
+            chunks = []
+        finally:
+            os.close(self.read_fd)
+        _, status = os.waitpid(self.pid, 0)
+        data = b"".join(chunks)
+        if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0 or len(data) < _COUNTS.size:
+            log.info("stat_pass.child_failed", status=status, answer_bytes=len(data))
+            return None
+        reached, clean, size = _COUNTS.unpack_from(data)
+        if len(data) != _COUNTS.size + size:
+            log.info("stat_pass.child_failed", status=status, answer_bytes=len(data))
+            return None
+        names = data[_COUNTS.size:]
+        return StatPass(reached, clean, [os.fsdecode(p) for p in names.split(b"\0")] if names else [])
+
+
+def _child_main(read_fd: int, write_fd: int, root: str, folders: Sequence[Folder],
+                entries: Mapping[str, FileState], check: Check) -> None:
+    """The forked child: only this thread exists here. It touches no lock another thread of
+    the parent may have held (no logging, no imports), never returns into the parent's
+    stack, and exits without flushing the parent's buffers (the sidecar's stdout)."""
+    code = 70
+    try:
+        gc.disable()  # a collection would touch, and so copy, every object of the parent
+        signal.set_wakeup_fd(-1)
+        for sig in _SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        os.close(read_fd)
+        found = check(root, folders, entries)
+        paths = b"\0".join(os.fsencode(p) for p in found.unproven)
+        view = memoryview(_COUNTS.pack(found.reached, found.clean, len(paths)) + paths)
+        while view:
+            view = view[os.write(write_fd, view):]
+        code = 0
+    finally:
+        os._exit(code)
