@@ -40,6 +40,8 @@ log = structlog.get_logger(__name__)
 _HEADER = struct.Struct(">4sII")
 # ctime s, ns, mtime s, ns, dev, ino, mode, uid, gid, size, oid, flags
 _ENTRY = struct.Struct(">10I20sH")
+_FLAGS_AT = _ENTRY.size - 2
+_EXT = struct.Struct(">H")  # the extended flags after the entry's own (version 3 and later)
 _FLAG_ASSUME_VALID = 0x8000
 _FLAG_EXTENDED = 0x4000
 _FLAG_STAGE = 0x3000
@@ -48,7 +50,9 @@ _EXT_SKIP_WORKTREE = 0x4000
 _EXT_INTENT_TO_ADD = 0x2000
 _EXT_KNOWN = _EXT_SKIP_WORKTREE | _EXT_INTENT_TO_ADD
 # optional extensions git writes (an upper-case first letter means "optional" anyway)
-_EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+_EMPTY_BLOB = bytes.fromhex("e69de29bb2d1d6434b8b29ae775ad8c2e48c5391")
+_STAGE_HIGH = _FLAG_STAGE >> 8  # the stage bits in the flags' first byte
+_ATTRIBUTES = ".gitattributes"
 _U32 = 0xFFFFFFFF
 
 # words whose mention in an attributes file may mean a conversion on `git add`
@@ -101,10 +105,28 @@ class IndexEntry:
 
 @dataclass(frozen=True, slots=True)
 class GitIndex:
+    """A parsed index. Its entries stay in `body` until asked for: building an object for each
+    of 100k entries was most of a git repository's baseline start (~0.4 s); a proof reads the
+    fields of the entries the walk reaches, once each."""
+
     version: int
-    entries: list[IndexEntry]
+    body: bytes
+    offsets: list[tuple[str, int]]  # (path, where its entry starts in `body`), in the index's order
     extensions: tuple[str, ...]
     mtime_ns: int  # the index file's own mtime (git's racy-git rule)
+
+    @property
+    def entries(self) -> list[IndexEntry]:
+        return [entry_at(self.body, path, at) for path, at in self.offsets]
+
+
+def entry_at(body: bytes, path: str, at: int) -> IndexEntry:
+    """The entry of `path` that starts at `at` in an index's `body`."""
+    (ctime_s, ctime_ns, mtime_s, mtime_ns, dev, ino, mode, uid, gid, size, raw_oid,
+     flags) = _ENTRY.unpack_from(body, at)
+    ext = _EXT.unpack_from(body, at + _ENTRY.size)[0] if flags & _FLAG_EXTENDED else 0
+    return IndexEntry(path, ctime_s, ctime_ns, mtime_s, mtime_ns, dev, ino, mode, uid, gid, size, raw_oid.hex(),
+                      flags, ext)
 
 
 def read_index(path: Path) -> GitIndex:
@@ -152,19 +174,17 @@ def _parse(data: bytes, index_mtime_ns: int) -> GitIndex:
     if version not in (2, 3, 4):
         raise IndexDoubt(f"index version {version} is not supported")
     pos = _HEADER.size
-    entries: list[IndexEntry] = []
+    offsets: list[tuple[str, int]] = []
     prev = b""
-    unpack = _ENTRY.unpack_from
+    unpack_flags = _EXT.unpack_from  # the same 16-bit layout
     for _ in range(count):
         start = pos
-        (ctime_s, ctime_ns, mtime_s, mtime_ns, dev, ino, mode, uid, gid, size, raw_oid,
-         flags) = unpack(body, pos)
+        (flags,) = unpack_flags(body, pos + _FLAGS_AT)
         pos += _ENTRY.size
-        ext = 0
         if flags & _FLAG_EXTENDED:
             if version < 3:
                 raise IndexDoubt("an extended entry in a version-2 index")
-            (ext,) = struct.unpack_from(">H", body, pos)
+            (ext,) = unpack_flags(body, pos)
             pos += 2
             if ext & ~_EXT_KNOWN:
                 raise IndexDoubt(f"unknown extended entry flags {ext:#x}")
@@ -188,9 +208,10 @@ def _parse(data: bytes, index_mtime_ns: int) -> GitIndex:
             pos = start + ((end - start + 8) & ~7)
         if not name or b"\0" in name:
             raise IndexDoubt("an empty entry name")
+        if pos > len(body):
+            raise IndexDoubt("the index is truncated")
         prev = name
-        entries.append(IndexEntry(name.decode("utf-8", "surrogateescape"), ctime_s, ctime_ns, mtime_s, mtime_ns,
-                                  dev, ino, mode, uid, gid, size, raw_oid.hex(), flags, ext))
+        offsets.append((name.decode("utf-8", "surrogateescape"), start))
     exts: list[str] = []
     while pos < len(body):
         if pos + 8 > len(body):
@@ -203,7 +224,7 @@ def _parse(data: bytes, index_mtime_ns: int) -> GitIndex:
         pos += 8 + size
     if pos != len(body):
         raise IndexDoubt("index extensions overrun the file")
-    return GitIndex(version, entries, tuple(exts), index_mtime_ns)
+    return GitIndex(version, body, offsets, tuple(exts), index_mtime_ns)
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -311,7 +332,8 @@ class IndexProof:
 
     git_dir: Path
     objects_dir: Path
-    entries: dict[str, IndexEntry]
+    body: bytes  # the index's entries, read by `prove` (`GitIndex.body`)
+    entries: dict[str, int]  # path -> where its entry starts in `body` (stage 0 only)
     racy_before_ns: int  # an entry's mtime must be older than this
     checked: set[str] = field(default_factory=set)  # folders whose .gitattributes was read
     doubt: str | None = None  # why no more ids may be taken (set by attributes_clear)
@@ -338,15 +360,14 @@ class IndexProof:
         except IndexDoubt as exc:
             log.info("git_index.doubted", root=str(root), reason=str(exc), action="hashing every file")
             return None
-        entries: dict[str, IndexEntry] = {}
-        attributes: list[str] = []
-        for e in index.entries:
-            if e.stage != 0:
-                entries.pop(e.path, None)
+        body = index.body
+        entries: dict[str, int] = {}
+        for path, at in index.offsets:
+            if body[at + _FLAGS_AT] & _STAGE_HIGH:
+                entries.pop(path, None)  # unmerged: no stage proves anything
                 continue
-            entries[e.path] = e
-            if e.path.rsplit("/", 1)[-1] == ".gitattributes":
-                attributes.append(e.path)
+            entries[path] = at
+        attributes = [p for p in entries if p == _ATTRIBUTES or p.endswith("/" + _ATTRIBUTES)]
         for path in attributes:
             # git reads a tracked attributes file from the index when the worktree lacks it
             if not os.path.isfile(root / path) or os.path.islink(root / path):
@@ -355,7 +376,7 @@ class IndexProof:
                 return None
         log.info("git_index.loaded", root=str(root), version=index.version, entries=len(entries),
                  extensions=list(index.extensions))
-        return cls(git_dir, objects.resolve(), entries, index.mtime_ns - RACY_MARGIN_NS)
+        return cls(git_dir, objects.resolve(), body, entries, index.mtime_ns - RACY_MARGIN_NS)
 
     def attributes_clear(self, root: Path, prefix: str) -> bool:
         """False if the folder `prefix` ("" or "a/b/") or one of its parents holds a
@@ -389,23 +410,28 @@ class IndexProof:
 
     def prove(self, path: str, st: os.stat_result) -> str | None:
         """The index's blob id for `path` if its entry proves the file at `st` unchanged."""
-        e = self.entries.get(path)
-        if e is None or e.assume_valid or e.ext_flags:
+        at = self.entries.get(path)
+        if at is None:
             return None
+        (ctime_s, ctime_ns, mtime_s, mtime_ns, _dev, ino, e_mode, uid, gid, e_size, raw_oid,
+         flags) = _ENTRY.unpack_from(self.body, at)
+        if flags & (_FLAG_ASSUME_VALID | _FLAG_EXTENDED):
+            return None  # assume-valid, skip-worktree or intent-to-add: the stat proves nothing
         mode = st.st_mode
-        if stat.S_IFMT(mode) != stat.S_IFMT(e.mode) or not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        if stat.S_IFMT(mode) != stat.S_IFMT(e_mode) or not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
             return None
-        if stat.S_ISREG(mode) and (mode & 0o100) != (e.mode & 0o100):
+        if stat.S_ISREG(mode) and (mode & 0o100) != (e_mode & 0o100):
             return None
         size = st.st_size
-        if size > _U32 or size != e.size or (size == 0 and e.oid != _EMPTY_BLOB):
+        if size > _U32 or size != e_size or (size == 0 and raw_oid != _EMPTY_BLOB):
             return None  # a 0 size may be git's racy smudge; >4 GiB sizes are truncated
-        if ((st.st_mtime_ns // 1_000_000_000) & _U32 != e.mtime_s or st.st_mtime_ns % 1_000_000_000 != e.mtime_ns
-                or (st.st_ctime_ns // 1_000_000_000) & _U32 != e.ctime_s
-                or st.st_ctime_ns % 1_000_000_000 != e.ctime_ns
-                or st.st_ino & _U32 != e.ino or st.st_uid & _U32 != e.uid or st.st_gid & _U32 != e.gid):
+        if ((st.st_mtime_ns // 1_000_000_000) & _U32 != mtime_s or st.st_mtime_ns % 1_000_000_000 != mtime_ns
+                or (st.st_ctime_ns // 1_000_000_000) & _U32 != ctime_s
+                or st.st_ctime_ns % 1_000_000_000 != ctime_ns
+                or st.st_ino & _U32 != ino or st.st_uid & _U32 != uid or st.st_gid & _U32 != gid):
             return None
         # racy: recorded too close to the index write for the stat to prove the content
-        if e.mtime_s * 1_000_000_000 + e.mtime_ns >= self.racy_before_ns:
+        if mtime_s * 1_000_000_000 + mtime_ns >= self.racy_before_ns:
             return None
-        return e.oid
+        oid: str = raw_oid.hex()
+        return oid

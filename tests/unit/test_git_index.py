@@ -182,3 +182,24 @@ def test_proof_per_file(tmp_path: Path) -> None:
     os.chmod(root / "exec.sh", 0o755)  # the exec bit differs from the entry's mode
     assert proof.prove("exec.sh", os.lstat(root / "exec.sh")) is None
     assert proof.prove("absent.txt", os.lstat(root / "same.txt")) is None
+
+
+def test_proof_refuses_flagged_entries(tmp_path: Path) -> None:
+    """Assume-valid, skip-worktree and intent-to-add entries prove nothing, though their stat
+    data may match the file: git itself does not look at the file behind them."""
+    files = {name: name.encode() + b"\n" for name in ("plain.txt", "valid.txt", "skip.txt")}
+    root = make_repo(tmp_path / "repo", files)
+    (root / "ita.txt").write_bytes(b"")
+    git(root, "add", "-N", "ita.txt")
+    git(root, "update-index", "--assume-unchanged", "valid.txt")
+    git(root, "update-index", "--skip-worktree", "skip.txt")
+    index = read_index(root / ".git" / "index")
+    flagged = {e.path: (e.assume_valid, e.skip_worktree, e.intent_to_add) for e in index.entries}
+    assert flagged == {"plain.txt": (False, False, False), "valid.txt": (True, False, False),
+                       "skip.txt": (False, True, False), "ita.txt": (False, False, True)}
+    proof = IndexProof.load(root)
+    assert proof is not None
+    oids = {e.path: e.oid for e in index.entries}
+    assert proof.prove("plain.txt", os.lstat(root / "plain.txt")) == oids["plain.txt"]
+    for path in ("valid.txt", "skip.txt", "ita.txt"):
+        assert proof.prove(path, os.lstat(root / path)) is None, path
