@@ -267,6 +267,9 @@ class OidSet:
                 self.add(raw)
 
 
+_STORED_WBITS = 9  # the smallest window: level 0 never looks back in it
+
+
 class PackStream:
     """A pack written object by object, for objects made one at a time (a baseline's trees).
 
@@ -274,12 +277,17 @@ class PackStream:
     memory (holding a million-file baseline's 171k trees until the end took ~120 MiB); the
     object count goes into the header at the end and the checksum is read back from disk.
     Objects added twice are written once.
+
+    Objects are stored in zlib streams without deflating them (level 0, the smallest window):
+    a tree is mostly raw 20-byte ids, which deflate does not shrink, and deflating each of a
+    100k-file baseline's ~17k small trees cost ~20 us apiece, 0.35 s of the baseline, for
+    ~30% less tree data (3.2 MB against 4.6 MB). A garbage collection that rewrites the pack
+    compresses them.
     """
 
-    def __init__(self, folder: Path, level: int = 6) -> None:
+    def __init__(self, folder: Path) -> None:
         self._folder = folder
         self._tmp = folder / "tmp_pack_sp"
-        self._level = level
         self._fh: BinaryIO | None = open(self._tmp, "w+b")  # closed by finish or close
         self._fh.write(b"PACK" + struct.pack(">II", 2, 0))
         self._offset = 12
@@ -290,7 +298,8 @@ class PackStream:
         assert self._fh is not None, "the pack is finished"
         if not self._seen.add(raw_oid):
             return
-        blob = _object_header(kind, len(data)) + zlib.compress(data, self._level)
+        stream = zlib.compressobj(0, zlib.DEFLATED, _STORED_WBITS, 1)
+        blob = _object_header(kind, len(data)) + stream.compress(data) + stream.flush()
         self._fh.write(blob)
         self._entries.append(_index_record(raw_oid, blob, self._offset))
         self._offset += len(blob)

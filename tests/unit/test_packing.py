@@ -174,6 +174,12 @@ def test_a_pack_written_object_by_object_is_one_git_verifies(tmp_path: Path) -> 
             raw = hashlib.sha1(b"blob %d\0" % len(data) + data).digest()
             pack.add(raw, 3, data)
             made[raw.hex()] = data
+        # larger than the stored stream's window, and than one stored block (64 KiB)
+        for size in (513, 70_000, 300_000):
+            data = random.Random(size).randbytes(size)
+            raw = hashlib.sha1(b"blob %d\0" % len(data) + data).digest()
+            pack.add(raw, 3, data)
+            made[raw.hex()] = data
         idx = pack.finish()
     assert sorted(packing.pack_objects(idx)) == sorted(made)
     out = subprocess.run(["git", "verify-pack", "-v", str(idx)], capture_output=True, text=True, check=True).stdout
