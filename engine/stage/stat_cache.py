@@ -33,8 +33,10 @@ log = structlog.get_logger(__name__)
 # (a jiffy, 1-10 ms) and small clock steps; younger files are always re-hashed.
 RACY_MARGIN_NS = 1_000_000_000
 
-CACHE_VERSION = 4
-# version 3 saved each stat's check time where version 4 saves whether it is trusted: still read
+CACHE_VERSION = 5
+# versions 3 and 4 saved a column per stat field (version 3 each stat's check time where 4 saves
+# whether it is trusted); still read
+_COLUMNS_VERSION = 4
 _CHECKED_VERSION = 3
 
 # additions and removals `StatCache` sorts in one by one before it sorts anew when asked
@@ -203,24 +205,24 @@ class StatCache:
     def save(self, path: Path) -> None:
         """Write atomically (temp file + rename); a failure only costs re-hashing later.
 
-        A columnar file (a JSON header, the paths, one int64 array per stat field, the
-        binary blob ids): compact while written, and nothing in it can execute when read
-        back, unlike a pickle.
+        A JSON header, the paths (NUL-separated), then the states as they are held (`_STATE`'s
+        little-endian layout, 47 bytes each): written and read back without a call per field
+        (a column per field cost ~0.25 s of a 100k-file baseline's end, which the first
+        command of a task waits for), and nothing in it can execute when read back, unlike a
+        pickle.
         """
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # Everything is streamed in slices straight from the map (run under the root's lock,
-            # so it does not change meanwhile): no list of all paths or states, no whole column
-            # (~7 MiB each at 1M files, held at the moment of a baseline's peak memory).
+            # so it does not change meanwhile): no list of all paths or states (~7 MiB each at
+            # 1M files, held at the moment of a baseline's peak memory).
             entries = self.entries
             header = json.dumps({"version": CACHE_VERSION, "tree": self.tree, "base": self.base_commit,
                                  "count": len(entries)}).encode() + b"\n"
             with atomic_writer(path) as fh:
                 fh.write(header)
                 _write_chunked(fh, (b"\0".join(os.fsencode(p) for p in part) for part in _slices(entries)), b"\0")
-                for column, code in enumerate(_COLUMN_TYPES):  # the stat fields, then the git mode
-                    _write_chunked(fh, (_column(part, column, code).tobytes() for part in _slices(entries.values())))
-                _write_chunked(fh, (b"".join(st[_OID_AT:] for st in part) for part in _slices(entries.values())))
+                _write_chunked(fh, (b"".join(part) for part in _slices(entries.values())))
         except (OSError, ValueError, OverflowError, RuntimeError) as exc:  # RuntimeError: the map changed
             log.warning("stat_cache.save_failed", path=str(path), reason=str(exc))
 
@@ -232,21 +234,22 @@ class StatCache:
             with open(path, "rb") as fh:
                 header = json.loads(fh.readline())
                 version = header.get("version")
-                if version not in (CACHE_VERSION, _CHECKED_VERSION) or header.get("base") != base_commit:
+                if (version not in (CACHE_VERSION, _COLUMNS_VERSION, _CHECKED_VERSION)
+                        or header.get("base") != base_commit):
                     return None
                 count = int(header["count"])
                 raw_paths = _read_section(fh)
                 paths = [RepoPath(os.fsdecode(p)) for p in raw_paths.split(b"\0")] if count else []
-                size, mtime, ctime, st_mode, ino, trusted, modes = (
-                    _int_array(_read_section(fh), count, code) for code in _COLUMN_TYPES)
-                oids = _read_section(fh)
-                if len(paths) != count or len(oids) != 20 * count:
+                if len(paths) != count:
                     raise ValueError("section sizes disagree")
-                entries: dict[RepoPath, FileState] = {}
-                pack = pack_state if version == _CHECKED_VERSION else _pack
-                for i, p in enumerate(paths):
-                    entries[p] = pack(size[i], mtime[i], ctime[i], st_mode[i], ino[i], trusted[i], modes[i],
-                                      oids[20 * i: 20 * i + 20])
+                if version == CACHE_VERSION:
+                    states = _read_section(fh)
+                    if len(states) != _STATE.size * count:
+                        raise ValueError("section sizes disagree")
+                    size = _STATE.size
+                    entries = {p: states[i: i + size] for p, i in zip(paths, range(0, len(states), size), strict=True)}
+                else:
+                    entries = _read_columns(fh, paths, version)
         except FileNotFoundError:
             return None
         except Exception as exc:  # a damaged file raises almost anything
@@ -258,26 +261,22 @@ class StatCache:
 
 _T = TypeVar("_T")
 
-# array type codes of the saved columns: size, mtime_ns, ctime_ns, st_mode, inode, trusted (0 or
-# 1; version 3: checked_ns) and the git mode
+# array type codes of the columns of versions 3 and 4: size, mtime_ns, ctime_ns, st_mode, inode,
+# trusted (0 or 1; version 3: checked_ns) and the git mode
 _COLUMN_TYPES = "qqqqQqq"
-# Each saved column's field in a packed state (`_STATE`'s layout): read by `struct` in C for a
-# slice of states at a time, where a call per state and column took ~0.65 s of a 100k-file
-# baseline's end (the first command of a task waits for it)
-_SAVED_COLUMNS = (struct.Struct("<I43x"), struct.Struct("<4xq35x"), struct.Struct("<12xq27x"),
-                  struct.Struct("<20xH25x"), struct.Struct("<22xI21x"), struct.Struct("<26xB20x"),
-                  struct.Struct("<26xB20x"))
-_TRUSTED_COLUMN, _MODE_COLUMN = 5, 6
 
 
-def _column(states: list[FileState], column: int, code: str) -> array.array[int]:
-    """Column `column` of the saved cache for `states`: a stat field, trusted, or the git mode."""
-    rows = _SAVED_COLUMNS[column].iter_unpack(b"".join(states))
-    if column == _TRUSTED_COLUMN:
-        return array.array(code, [flags >> 7 for (flags,) in rows])
-    if column == _MODE_COLUMN:
-        return array.array(code, [_GIT_MODES[flags & 3] for (flags,) in rows])
-    return array.array(code, [v for (v,) in rows])
+def _read_columns(fh: BinaryIO, paths: list[RepoPath], version: int) -> dict[RepoPath, FileState]:
+    """The states of a cache saved by version 3 or 4, after its paths."""
+    count = len(paths)
+    size, mtime, ctime, st_mode, ino, trusted, modes = (
+        _int_array(_read_section(fh), count, code) for code in _COLUMN_TYPES)
+    oids = _read_section(fh)
+    if len(oids) != 20 * count:
+        raise ValueError("section sizes disagree")
+    pack = pack_state if version == _CHECKED_VERSION else _pack
+    return {p: pack(size[i], mtime[i], ctime[i], st_mode[i], ino[i], trusted[i], modes[i], oids[20 * i: 20 * i + 20])
+            for i, p in enumerate(paths)}
 
 
 def _slices(items: Iterable[_T], size: int = 4096) -> Iterator[list[_T]]:

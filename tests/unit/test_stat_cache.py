@@ -288,10 +288,9 @@ def test_a_file_state_is_one_small_object() -> None:
     assert not gc.is_tracked(state)
 
 
-def test_saved_columns_read_in_c_equal_each_state(tmp_path: Path) -> None:
-    """`save` reads its columns with `struct` a slice at a time: each column equals the field
-    read from each state (the git mode as the mode, not its code), and the load gives back
-    every state."""
+def test_states_round_trip_and_a_version_4_cache_still_loads(tmp_path: Path) -> None:
+    """`save` writes the states as they are held and `load` gives back every one, odd fields
+    included; a cache saved by version 4 (a column per stat field) loads to the same states."""
     import random
 
     from shadowpoint.stage import stat_cache
@@ -302,12 +301,38 @@ def test_saved_columns_read_in_c_equal_each_state(tmp_path: Path) -> None:
                          rng.choice([0o100644, 0o100755, 0o120777]), rng.randrange(2**64),
                          rng.randrange(-(2**63), 2**63), rng.choice([MODE_FILE, MODE_EXEC, MODE_LINK]),
                          rng.randbytes(20)) for _ in range(9_000)]
-    for column, code in enumerate(stat_cache._COLUMN_TYPES):
-        expected = [(*stat_fields(st), state_mode(st))[column] for st in states]  # trusted: True is 1
-        assert list(stat_cache._column(states, column, code)) == expected
     cache = StatCache(tree="a" * 40, base_commit="b" * 40)
     for i, st in enumerate(states):
         cache.set(RepoPath(f"f{i}"), st)
     cache.save(tmp_path / "c.bin")
     loaded = StatCache.load(tmp_path / "c.bin", "b" * 40)
     assert loaded is not None and loaded.entries == cache.entries
+    # the same states as version 4 saved them: trusted as 0 or 1, the git mode, not its code
+    columns = [[(*stat_fields(st), state_mode(st))[column] for st in states] for column in range(7)]
+    header = {"version": 4, "tree": "a" * 40, "base": "b" * 40, "count": len(states)}
+    old = tmp_path / "v4.bin"
+    with open(old, "wb") as fh:
+        fh.write(json.dumps(header).encode() + b"\n")
+        saved = [array.array(code, col).tobytes() for code, col in zip(stat_cache._COLUMN_TYPES, columns, strict=True)]
+        for data in [b"\0".join(f"f{i}".encode() for i in range(len(states))), *saved,
+                     b"".join(state_oid(st) for st in states)]:
+            fh.write(struct.pack("<Q", len(data)) + data)
+    loaded = StatCache.load(old, "b" * 40)
+    assert loaded is not None and loaded.entries == cache.entries
+
+
+def test_a_cache_whose_states_are_cut_short_is_not_loaded(tmp_path: Path) -> None:
+    cache = StatCache(tree="a" * 40, base_commit="b" * 40)
+    for i in range(3):
+        cache.set(RepoPath(f"f{i}"), pack_state(i, 0, 0, 0o100644, i, 10**18, MODE_FILE, bytes([i]) * 20))
+    path = tmp_path / "c.bin"
+    cache.save(path)
+    data = path.read_bytes()
+    # the states' section claims one byte less and ends a byte early
+    head, _, rest = data.partition(b"\n")
+    paths_len = struct.unpack("<Q", rest[:8])[0]
+    states_at = 8 + paths_len
+    size = struct.unpack("<Q", rest[states_at:states_at + 8])[0]
+    cut = rest[:states_at] + struct.pack("<Q", size - 1) + rest[states_at + 8:-1]
+    path.write_bytes(head + b"\n" + cut)
+    assert StatCache.load(path, "b" * 40) is None
