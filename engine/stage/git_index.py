@@ -408,8 +408,9 @@ class IndexProof:
             folder = folder.rsplit("/", 1)[0] if "/" in folder else ""
         return self.doubt is None
 
-    def prove(self, path: str, st: os.stat_result) -> str | None:
-        """The index's blob id for `path` if its entry proves the file at `st` unchanged."""
+    def prove(self, path: str, st: os.stat_result) -> bytes | None:
+        """The index's blob id for `path` (raw, 20 bytes) if its entry proves the file at `st`
+        unchanged."""
         at = self.entries.get(path)
         if at is None:
             return None
@@ -433,5 +434,5 @@ class IndexProof:
         # racy: recorded too close to the index write for the stat to prove the content
         if mtime_s * 1_000_000_000 + mtime_ns >= self.racy_before_ns:
             return None
-        oid: str = raw_oid.hex()
+        oid: bytes = raw_oid
         return oid

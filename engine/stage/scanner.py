@@ -38,6 +38,7 @@ from shadowpoint.stage.stat_cache import (
     FileState,
     StatCache,
     is_clean,
+    pack_state,
     same_stat,
     state_entry,
     state_mode,
@@ -344,7 +345,7 @@ class Scanner:
             return  # every tracked path was walked
         self._stage_unwalked(run, unwalked(entries, walked), pinned)
 
-    def _borrow(self, run: _Staging, path: RepoPath, st: os.stat_result, oid: str) -> None:
+    def _borrow(self, run: _Staging, path: RepoPath, st: os.stat_result, raw_oid: bytes) -> None:
         """Record the index's blob id for `path` (proven unchanged), with our own mode."""
         assert run.proof is not None
         if not run.alternate_added:
@@ -352,10 +353,15 @@ class Scanner:
             borrowed.begin(self.repo, run.proof.objects_dir)
             run.alternate_added = True
         mode = MODE_LINK if stat.S_ISLNK(st.st_mode) else MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
-        entry = TreeEntry(oid, mode)
         run.stats.examined += 1
         run.stats.borrowed += 1
-        self._record(run, path, entry, state_of(st, entry, run.now_ns))
+        state = pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino, run.now_ns, mode,
+                           raw_oid)
+        oid = raw_oid.hex()
+        if run.fresh:
+            run.cache.set(path, state)  # from nothing, the cache alone holds what changed (`_record`)
+        else:
+            self._record(run, path, TreeEntry(oid, mode), state)
         run.borrowed[path] = oid
 
     def _unborrow(self, run: _Staging) -> None:

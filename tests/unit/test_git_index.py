@@ -176,7 +176,7 @@ def test_proof_per_file(tmp_path: Path) -> None:
     proof = IndexProof.load(root)
     assert proof is not None
     oids = {e.path: e.oid for e in read_index(root / ".git" / "index").entries}
-    assert proof.prove("same.txt", os.lstat(root / "same.txt")) == oids["same.txt"]
+    assert proof.prove("same.txt", os.lstat(root / "same.txt")) == bytes.fromhex(oids["same.txt"])
     (root / "edited.txt").write_bytes(b"new\n")  # same size, new content
     assert proof.prove("edited.txt", os.lstat(root / "edited.txt")) is None
     os.chmod(root / "exec.sh", 0o755)  # the exec bit differs from the entry's mode
@@ -200,6 +200,6 @@ def test_proof_refuses_flagged_entries(tmp_path: Path) -> None:
     proof = IndexProof.load(root)
     assert proof is not None
     oids = {e.path: e.oid for e in index.entries}
-    assert proof.prove("plain.txt", os.lstat(root / "plain.txt")) == oids["plain.txt"]
+    assert proof.prove("plain.txt", os.lstat(root / "plain.txt")) == bytes.fromhex(oids["plain.txt"])
     for path in ("valid.txt", "skip.txt", "ita.txt"):
         assert proof.prove(path, os.lstat(root / path)) is None, path
