@@ -45,7 +45,7 @@ def pool_of(repo: ShadowRepo) -> FilePool:
     return pool
 
 
-@pytest.mark.parametrize("size", [0, 1, 500, 5000, 40_000, (1 << 20) + 17])
+@pytest.mark.parametrize("size", [0, 1, 500, 3000, 4070, 4071, 5000, 40_000, (1 << 20) + 17])
 def test_blob_ids_and_bytes_are_gits(repo: ShadowRepo, tmp_path: Path, size: int) -> None:
     data = os.urandom(size // 2).hex().encode() + b"x" * (size % 2)
     oid = write_object(repo.git_dir, b"blob", data, pool_of(repo))
@@ -203,3 +203,14 @@ def test_the_live_pools_are_listed(tmp_path: Path) -> None:
     pool = FilePool(tmp_path / "pool", size=1)
     assert pool in loose.live_pools()
     pool.close()
+
+
+@pytest.mark.parametrize("size", [1, 700, 4070])
+def test_a_small_object_fits_one_block(repo: ShadowRepo, size: int) -> None:
+    """Objects up to 4 KiB are stored without deflating (deflating small trees cost tens of µs
+    each): the loose file still fits one 4 KiB block, and git reads it."""
+    data = os.urandom(size // 2).hex().encode() + b"x" * (size % 2)
+    oid = write_object(repo.git_dir, b"blob", data, pool_of(repo))
+    final = repo.git_dir / "objects" / oid[:2] / oid[2:]
+    assert final.stat().st_size <= 4096
+    assert cat(repo.git_dir, oid) == data
