@@ -34,6 +34,7 @@ import pygit2
 from pygit2.ffi import C, ffi
 
 from shadowpoint.errors import RepoError
+from shadowpoint.store.loose import stored_zlib
 
 MODE_TREE = 0o040000
 MODE_GITLINK = 0o160000
@@ -267,9 +268,6 @@ class OidSet:
                 self.add(raw)
 
 
-_STORED_WBITS = 9  # the smallest window: level 0 never looks back in it
-
-
 class PackStream:
     """A pack written object by object, for objects made one at a time (a baseline's trees).
 
@@ -278,7 +276,7 @@ class PackStream:
     object count goes into the header at the end and the checksum is read back from disk.
     Objects added twice are written once.
 
-    Objects are stored in zlib streams without deflating them (level 0, the smallest window):
+    Objects are stored in zlib streams without deflating them (`loose.stored_zlib`):
     a tree is mostly raw 20-byte ids, which deflate does not shrink, and deflating each of a
     100k-file baseline's ~17k small trees cost ~20 us apiece, 0.35 s of the baseline, for
     ~30% less tree data (3.2 MB against 4.6 MB). A garbage collection that rewrites the pack
@@ -298,8 +296,7 @@ class PackStream:
         assert self._fh is not None, "the pack is finished"
         if not self._seen.add(raw_oid):
             return
-        stream = zlib.compressobj(0, zlib.DEFLATED, _STORED_WBITS, 1)
-        blob = _object_header(kind, len(data)) + stream.compress(data) + stream.flush()
+        blob = _object_header(kind, len(data)) + stored_zlib(data)
         self._fh.write(blob)
         self._entries.append(_index_record(raw_oid, blob, self._offset))
         self._offset += len(blob)
