@@ -595,13 +595,13 @@ class CheckpointStore:
     # ---------------------------------------------------------------- restore journal
 
     def write_journal(self, task_id: str, journal: dict[str, Any]) -> None:
-        """Write the task's restore journal in place (one file per task, emptied once its restore
+        """Write the task's restore journal in place (one file per task, removed once its restore
         is recorded: `clear_journal`).
 
         No temporary file and rename, as every other record has: a journal that a kill or a full
         disk cut short is no JSON and reads as none, and that is right, since a restore moves
-        its first file only once its journal is whole. (The rename and the later removal took
-        ~0.4 ms of a ~5 ms one-file restore.)
+        its first file only once its journal is whole. (A rename over the old journal made ext4
+        write the new one back at once: ~0.4 ms of a ~5 ms one-file restore.)
 
         Raises:
             StorageFailedError: the docs root refused the write (emptied again where it can be).
@@ -637,9 +637,12 @@ class CheckpointStore:
             return None
 
     def clear_journal(self, task_id: str) -> None:
-        """Empty the task's restore journal (an empty journal is none)."""
+        """Remove the task's restore journal (a missing or empty journal is none). Removed, not
+        emptied: truncating a file whose bytes are not yet written back costs ext4 ~80 us (the
+        file goes through its orphan list), removing it ~3 us, and the next journal is a new
+        file, made as cheaply as an emptied one is opened again."""
         with contextlib.suppress(FileNotFoundError):
-            os.truncate(self.task_dir(task_id) / JOURNAL_FILE, 0)
+            os.unlink(self.task_dir(task_id) / JOURNAL_FILE)
 
 
 def fork_record(source: TaskRecord, ts: int, new_task_id: str) -> TaskRecord:
