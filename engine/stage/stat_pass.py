@@ -15,23 +15,17 @@ complete answer, this process does the child's folders itself.
 
 from __future__ import annotations
 
-import gc
 import os
-import signal
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import structlog
-
 from shadowpoint.stage.exclusions import NAME_SEP
+from shadowpoint.stage.forked import Forked
 from shadowpoint.stage.stat_cache import FileState, is_clean
-
-log = structlog.get_logger(__name__)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _COUNTS = struct.Struct("<QQQ")  # reached, clean, bytes of the paths that follow
-_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # Below this many files a rescan's stat pass stays in this process: a fork and the child's
 # copy-on-write faults cost a few milliseconds, which half of a smaller pass does not repay.
@@ -114,13 +108,29 @@ def split_pass(root: str, folders: Sequence[Folder], entries: Mapping[str, FileS
     if min_files is None or sum(joined.count(NAME_SEP) + 1 for _, joined in folders) < min_files:
         return check_folders(root, folders, entries)
     mine, theirs = _halves(folders)
-    child = _Child.start(root, theirs, entries, child_check)
+    child = Forked.start(lambda: _encode(child_check(root, theirs, entries)))
     found = check_folders(root, mine, entries)
-    answer = child.answer() if child is not None else None
+    answer = _decode(child.result()) if child is not None else None
     if answer is None:
         answer = check_folders(root, theirs, entries)
     found.add(answer)
     return found
+
+
+def _encode(found: StatPass) -> bytes:
+    paths = b"\0".join(os.fsencode(p) for p in found.unproven)
+    return _COUNTS.pack(found.reached, found.clean, len(paths)) + paths
+
+
+def _decode(data: bytes | None) -> StatPass | None:
+    """The child's answer; None if it is not one."""
+    if data is None or len(data) < _COUNTS.size:
+        return None
+    reached, clean, size = _COUNTS.unpack_from(data)
+    if len(data) != _COUNTS.size + size:
+        return None
+    names = data[_COUNTS.size:]
+    return StatPass(reached, clean, [os.fsdecode(p) for p in names.split(b"\0")] if names else [])
 
 
 def _halves(folders: Sequence[Folder]) -> tuple[list[Folder], list[Folder]]:
@@ -132,78 +142,3 @@ def _halves(folders: Sequence[Folder]) -> tuple[list[Folder], list[Folder]]:
         parts[side].append(folder)
         files[side] += folder[1].count(NAME_SEP) + 1
     return parts
-
-
-@dataclass(slots=True)
-class _Child:
-    pid: int
-    read_fd: int
-
-    @classmethod
-    def start(cls, root: str, folders: Sequence[Folder], entries: Mapping[str, FileState],
-              check: Check) -> _Child | None:
-        """Fork a child that runs `check` over `folders` and writes its answer to a pipe;
-        None if it could not be started."""
-        # Blocked on this thread across the fork: a signal that lands in the child before it
-        # drops this process's handlers would run them there (and write to their wake-up fd).
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-        try:
-            read_fd, write_fd = os.pipe()
-            try:
-                pid = os.fork()
-            except OSError as exc:
-                os.close(read_fd)
-                os.close(write_fd)
-                log.info("stat_pass.fork_failed", error=str(exc))
-                return None
-            if pid == 0:
-                _child_main(read_fd, write_fd, root, folders, entries, check)  # never returns
-            os.close(write_fd)
-            return cls(pid, read_fd)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-
-    def answer(self) -> StatPass | None:
-        """The child's answer once it exited; None if it is not complete."""
-        chunks: list[bytes] = []
-        try:
-            while chunk := os.read(self.read_fd, 1 << 20):
-                chunks.append(chunk)
-        except OSError:
-            chunks = []
-        finally:
-            os.close(self.read_fd)
-        _, status = os.waitpid(self.pid, 0)
-        data = b"".join(chunks)
-        if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0 or len(data) < _COUNTS.size:
-            log.info("stat_pass.child_failed", status=status, answer_bytes=len(data))
-            return None
-        reached, clean, size = _COUNTS.unpack_from(data)
-        if len(data) != _COUNTS.size + size:
-            log.info("stat_pass.child_failed", status=status, answer_bytes=len(data))
-            return None
-        names = data[_COUNTS.size:]
-        return StatPass(reached, clean, [os.fsdecode(p) for p in names.split(b"\0")] if names else [])
-
-
-def _child_main(read_fd: int, write_fd: int, root: str, folders: Sequence[Folder],
-                entries: Mapping[str, FileState], check: Check) -> None:
-    """The forked child: only this thread exists here. It touches no lock another thread of
-    the parent may have held (no logging, no imports), never returns into the parent's
-    stack, and exits without flushing the parent's buffers (the sidecar's stdout)."""
-    code = 70
-    try:
-        gc.disable()  # a collection would touch, and so copy, every object of the parent
-        signal.set_wakeup_fd(-1)
-        for sig in _SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
-        os.close(read_fd)
-        found = check(root, folders, entries)
-        paths = b"\0".join(os.fsencode(p) for p in found.unproven)
-        view = memoryview(_COUNTS.pack(found.reached, found.clean, len(paths)) + paths)
-        while view:
-            view = view[os.write(write_fd, view):]
-        code = 0
-    finally:
-        os._exit(code)

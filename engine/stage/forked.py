@@ -1,0 +1,126 @@
+"""Work done by a forked child of this process, answered through a pipe (the second core).
+
+A scan's hot loops (lstat, pattern decisions, the index proof) are Python code that holds the
+GIL: two threads take turns and are slower than one. A forked child holds everything this
+process held at the fork by copy-on-write, does its share, and writes its answer (bytes) to a
+pipe. Used by a rescan's stat pass (`stat_pass`) and a git repository's baseline
+(`scanner`).
+
+The child is careful with what it inherits: only the forking thread exists there, so it
+takes no lock another thread may have held (no logging: the modules it runs get a silent
+`log`), never returns into the parent's stack, never flushes the parent's buffers (the
+sidecar's stdout), and leaves with `os._exit`. Nothing depends on it: a child that cannot be
+started, dies, or answers anything but a whole answer gives None, and the caller does the
+work itself.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import select
+import signal
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_LENGTH = struct.Struct("<Q")  # the answer's length, before it: a cut answer is no answer
+_POLL_S = 0.005  # while waiting, how often the caller's `poll` runs
+
+
+def _ignore(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+class _SilentLog:
+    """A module's `log` in the child: every call does nothing (a log call would take the
+    writer's lock, which another thread of the parent may have held at the fork)."""
+
+    def __getattr__(self, _name: str) -> Callable[..., None]:
+        return _ignore
+
+
+@dataclass(slots=True)
+class Forked:
+    """A forked child working on its share; `result` waits for its answer."""
+
+    pid: int
+    read_fd: int
+
+    @classmethod
+    def start(cls, work: Callable[[], bytes], silence: Sequence[ModuleType] = ()) -> Forked | None:
+        """Fork a child that runs `work` and writes what it returns to a pipe; None if it could
+        not be started. `silence`: modules whose `log` the child replaces by a silent one."""
+        # Blocked on this thread across the fork: a signal that lands in the child before it
+        # drops this process's handlers would run them there (and write to their wake-up fd).
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            read_fd, write_fd = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                os.close(read_fd)
+                os.close(write_fd)
+                log.info("forked.fork_failed", error=str(exc))
+                return None
+            if pid == 0:
+                _child_main(read_fd, write_fd, work, silence)  # never returns
+            os.close(write_fd)
+            return cls(pid, read_fd)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+    def result(self, poll: Callable[[], None] | None = None) -> bytes | None:
+        """The child's answer once it exited; None if it is not whole. `poll` runs every few
+        milliseconds while the child works (a baseline serves early captures there)."""
+        chunks: list[bytes] = []
+        try:
+            while True:
+                if poll is not None:
+                    poll()
+                    ready, _, _ = select.select([self.read_fd], [], [], _POLL_S)
+                    if not ready:
+                        continue
+                chunk = os.read(self.read_fd, 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except OSError:
+            chunks = []
+        finally:
+            os.close(self.read_fd)
+        _, status = os.waitpid(self.pid, 0)
+        data = b"".join(chunks)
+        if (not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0 or len(data) < _LENGTH.size
+                or _LENGTH.unpack_from(data)[0] != len(data) - _LENGTH.size):
+            log.info("forked.child_failed", status=status, answer_bytes=len(data))
+            return None
+        return data[_LENGTH.size:]
+
+
+def _child_main(read_fd: int, write_fd: int, work: Callable[[], bytes], silence: Sequence[ModuleType]) -> None:
+    """The forked child: only this thread exists here."""
+    code = 70
+    try:
+        gc.disable()  # a collection would touch, and so copy, every object of the parent
+        signal.set_wakeup_fd(-1)
+        for sig in _SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        os.close(read_fd)
+        for module in silence:
+            module.log = _SilentLog()  # type: ignore[attr-defined]
+        answer = work()
+        view = memoryview(_LENGTH.pack(len(answer)) + answer)
+        while view:
+            view = view[os.write(write_fd, view):]
+        code = 0
+    finally:
+        os._exit(code)
