@@ -7,6 +7,7 @@ or the baseline future. It only reads: never writes, renames, or follows a symli
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import stat
@@ -14,7 +15,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
@@ -170,6 +171,75 @@ def _has_name(joined: str, name: str) -> bool:
     return False
 
 
+def _folder_groups(paths: Sequence[str], lo: int, hi: int, prefix: str) -> list[tuple[str, int, int, int]]:
+    """The sub-folders of `prefix` among `paths[lo:hi]` (sorted, all starting with `prefix`):
+    (folder, how many paths it holds, their range)."""
+    out = []
+    start = len(prefix)
+    i = lo
+    while i < hi:
+        slash = paths[i].find("/", start)
+        if slash < 0:
+            i += 1  # a file of `prefix` itself
+            continue
+        folder = paths[i][:slash]
+        end = bisect.bisect_left(paths, folder + "0", i, hi)  # "0" sorts right after "/"
+        end = max(end, i + 1)  # an unsorted run (names git sorts by bytes otherwise) moves on
+        out.append((folder, end - i, i, end))
+        i = end
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class WalkPart:
+    """One side of a walk split in two: `units` are folders (no trailing "/") that one side
+    walks whole and the other never enters. `inside=False`: everything but the units;
+    `inside=True`: the units only (their parent folders are read for the rules that reach the
+    units, but their files are the other side's)."""
+
+    units: frozenset[str]
+    inside: bool
+    # every folder above a unit ("" is the root's), built from `units`
+    above: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        above: set[str] = set()
+        for unit in self.units:
+            while "/" in unit:
+                unit = unit.rsplit("/", 1)[0]
+                above.add(unit)
+        object.__setattr__(self, "above", frozenset(above))
+
+    @classmethod
+    def halving(cls, paths: Sequence[str], inside: bool) -> WalkPart | None:
+        """Units holding about half of `paths` (file paths, sorted as git's index sorts them);
+        None when no folder split comes near half (a flat tree, one huge folder of files)."""
+        want = len(paths) // 2
+        groups = _folder_groups(paths, 0, len(paths), "")
+        units: list[str] = []
+        taken = 0
+        while groups and taken < want * 0.9:
+            groups.sort(key=lambda g: g[1])
+            folder, count, lo, hi = groups.pop()  # the largest left
+            if taken + count <= want * 1.1:
+                units.append(folder)
+                taken += count
+            else:  # too big: its sub-folders instead (its own files stay with the other side)
+                groups.extend(_folder_groups(paths, lo, hi, folder + "/"))
+        if taken < want * 0.75:
+            return None
+        return cls(frozenset(units), inside)
+
+    def descend(self, sub: str, parent_mine: bool) -> bool | None:
+        """Whether the folder `sub` is walked (None: not), and if so whether its files are this
+        side's. `parent_mine`: its parent's files are."""
+        if not self.inside:
+            return None if sub in self.units else True
+        if parent_mine or sub in self.units:
+            return True
+        return False if sub in self.above else None
+
+
 @dataclass(frozen=True, slots=True)
 class _Listing:
     """The included entries of one folder as a whole-workspace walk found them.
@@ -251,6 +321,10 @@ class ExclusionRules:
 
     # ------------------------------------------------------------ public API
 
+    def forked(self) -> None:
+        """In a forked child: a fresh lock (another thread of the parent may have held it)."""
+        self._dirs_lock = threading.Lock()
+
     def walk(self, start: RepoPath = _WORKSPACE_ROOT) -> Iterator[tuple[RepoPath, os.DirEntry[str]]]:
         """Yield every included non-folder entry under `start`, pruning excluded folders.
 
@@ -308,7 +382,7 @@ class ExclusionRules:
             for entry in files:
                 yield RepoPath(prefix + entry.name), entry
 
-    def walk_folders(self, keep: bool = True) -> Iterator[tuple[str, str]]:
+    def walk_folders(self, keep: bool = True, part: WalkPart | None = None) -> Iterator[tuple[str, str]]:
         """Every included non-folder entry of the workspace, like `walk()` from the root, as
         (folder path with a trailing "/", or "" for the root; the names of its included entries,
         joined by `NAME_SEP`: the listing's own string, so that a caller that keeps it holds no copy).
@@ -321,6 +395,9 @@ class ExclusionRules:
         `keep=False` keeps nothing for the next walk (no listings, no folder decisions: at 1M
         files those are ~70 MiB), so every folder is read again each time: for a walk that
         runs seldom and off the agent's path (the watcher's verification).
+
+        `part`: only one side of a walk split in two (`WalkPart`); the folders of the other
+        side are not kept, so the next walk lists them again.
 
         Returns:
             An iterator of (folder prefix, entry names joined by NAME_SEP; never empty); their
@@ -338,9 +415,10 @@ class ExclusionRules:
             self._listings = old = {}
         new: dict[str, _Listing] = {}
         infos: dict[str, _DirInfo] = {}
-        pending: list[tuple[str, str, _DirInfo]] = [("", "", root_info)]
+        # the last field: whether the folder's files are this walk's (always, without a part)
+        pending: list[tuple[str, str, _DirInfo, bool]] = [("", "", root_info, part is None or not part.inside)]
         while pending:
-            rel, name, parent_info = pending.pop()
+            rel, name, parent_info, mine = pending.pop()
             folder = f"{self._root}/{rel}" if rel else self._root
             listing = self._reused_listing(rel, name, parent_info, folder, old.get(rel))
             if listing is None:
@@ -355,10 +433,14 @@ class ExclusionRules:
             if keep:
                 new[rel], infos[rel] = listing, info
             prefix = f"{rel}/" if rel else ""
-            if listing.files:
+            if listing.files and mine:
                 yield prefix, listing.files
             for dir_name in listing.dirs.split(NAME_SEP) if listing.dirs else ():
-                pending.append((prefix + dir_name, dir_name, info))
+                sub = prefix + dir_name
+                if part is None:
+                    pending.append((sub, dir_name, info, True))
+                elif (sub_mine := part.descend(sub, mine)) is not None:
+                    pending.append((sub, dir_name, info, sub_mine))
         self._listings = new
         infos.pop("", None)
         with self._dirs_lock:

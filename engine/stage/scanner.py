@@ -12,15 +12,19 @@ from __future__ import annotations
 import enum
 import errno
 import os
+import pickle
 import stat
+import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import cast
 
 import structlog
 
+from shadowpoint.stage import exclusions, git_index, patterns
 from shadowpoint.stage.blob_workers import (
     BlobWorkerOptions,
     BlobWorkers,
@@ -31,10 +35,12 @@ from shadowpoint.stage.blob_workers import (
     snapshot_file,
 )
 from shadowpoint.stage.early_capture import EarlyCapture
-from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules, unwalked
+from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules, WalkPart, unwalked
+from shadowpoint.stage.forked import Forked
 from shadowpoint.stage.git_index import IndexProof
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import (
+    STATE_SIZE,
     FileState,
     StatCache,
     is_clean,
@@ -53,6 +59,9 @@ from shadowpoint.workspace import RepoPath, is_git_component
 
 log = structlog.get_logger(__name__)
 
+# what a forked child of a baseline runs, made silent there (forked.py)
+_SILENCED = (sys.modules[__name__], exclusions, patterns, git_index)
+
 # a stage from an empty tree with at least this many paths writes its trees as one pack
 PACKED_TREES_MIN = 256
 
@@ -68,6 +77,10 @@ class SkipReason(enum.Enum):
     NOT_REGULAR = "not a regular file"
     # the docs root's file system or the process's file-size limit refused its blob (EFBIG)
     UNSTORABLE = "could not be stored"
+
+
+def _git_mode(st: os.stat_result) -> int:
+    return MODE_LINK if stat.S_ISLNK(st.st_mode) else MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
 
 
 _SKIP_REASONS = {FailureKind.VANISHED: SkipReason.VANISHED, FailureKind.UNREADABLE: SkipReason.UNREADABLE,
@@ -278,24 +291,55 @@ class Scanner:
 
     def _first_scan(self, run: _Staging) -> None:
         """The rescan of a baseline: few or no paths are known yet, edit tools' paths may be
-        captured along the way, and the user's git index may prove files unchanged."""
+        captured along the way, and the user's git index may prove files unchanged.
+
+        A git repository's baseline at `split_min_files` or more entries gives about half of
+        its folders (by the index's count) to a forked child, which walks them, lstats their
+        files and proves them with the index (`_share_in_child`); this process does the rest,
+        then takes the child's answer. Early captures are served all along (SPEC §3)."""
         entries = run.cache.entries
         tracked_before = len(entries)
         # (prefix, the names joined), to find tracked paths the walk misses; none are tracked
         # in a baseline (at 1M files, ~27 MiB of its peak)
         walked: list[tuple[str, str]] | None = [] if tracked_before else None
+        capture = run.capture
+        pinned: set[RepoPath] = capture.pinned if capture is not None else set()
+        theirs = self._split(run)
+        child = None
+        if theirs is not None:
+            child = Forked.start(partial(self._share_in_child, run, theirs, walked is not None), _SILENCED)
+        mine = None if child is None or theirs is None else WalkPart(theirs.units, inside=False)
+        reached, clean, files_done = self._scan_folders(run, self.rules.walk_folders(part=mine), walked, 0)
+        if child is not None and theirs is not None:
+            share = self._take_share(run, child.result(partial(self._serve_pending, run)), walked)
+            if share is None:  # the child failed: its folders are walked here
+                share = self._scan_folders(run, self.rules.walk_folders(keep=False, part=theirs), walked,
+                                           files_done)[:2]
+            reached += share[0]
+            clean += share[1]
+        run.stats.examined += clean
+        if capture is not None:
+            self._capture_early(run)  # a request that came after the last file
+        if reached == tracked_before or walked is None:
+            return  # every tracked path was walked
+        self._stage_unwalked(run, unwalked(entries, walked), pinned)
+
+    def _scan_folders(self, run: _Staging, folders: Iterable[tuple[str, str]], walked: list[tuple[str, str]] | None,
+                      files_done: int) -> tuple[int, int, int]:
+        """The hot loop of a baseline (100k files): one lstat per file, and its index entry.
+        Returns how many tracked files it reached, how many of those were clean, and the
+        files done so far (the test seam's count)."""
+        entries = run.cache.entries
         reached = clean = 0
         root = os.path.join(self.root, "")
         lstat = os.lstat
         capture = run.capture
         pinned: set[RepoPath] = capture.pinned if capture is not None else set()
-        files_done = 0
 
         def serve() -> None:
             self._capture_early(run)
 
-        # The hot loop of a baseline (100k files): one lstat per file, and its index entry.
-        for prefix, joined in self.rules.walk_folders():
+        for prefix, joined in folders:
             if walked is not None:
                 walked.append((prefix, joined))
             names = joined.split(NAME_SEP)
@@ -338,30 +382,130 @@ class Scanner:
             finally:
                 if fd >= 0:
                     os.close(fd)
-        run.stats.examined += clean
-        if capture is not None:
-            serve()  # a request that came after the last file
-        if reached == tracked_before or walked is None:
-            return  # every tracked path was walked
-        self._stage_unwalked(run, unwalked(entries, walked), pinned)
+        return reached, clean, files_done
+
+    def _serve_pending(self, run: _Staging) -> None:
+        if run.capture is not None and run.capture.has_pending:
+            self._capture_early(run)
+
+    def _split(self, run: _Staging) -> WalkPart | None:
+        """The child's part of a git repository's baseline, if it is split."""
+        least = self.options.split_min_files
+        if run.proof is None or least is None or len(run.proof.entries) < least:
+            return None
+        return WalkPart.halving(list(run.proof.entries), inside=True)
+
+    def _share_in_child(self, run: _Staging, part: WalkPart, want_walked: bool) -> bytes:
+        """In the forked child: `_scan_folders` over `part`, without recording anything: the
+        files the index proves (with their states), the others for the parent to examine."""
+        self.rules.forked()
+        proof = run.proof
+        entries = cast(Mapping[str, FileState], run.cache.entries)  # looked up by plain str
+        pinned = run.capture.pinned if run.capture is not None else set()
+        root = os.path.join(self.root, "")
+        lstat = os.lstat
+        max_bytes = self.options.max_file_bytes
+        reached = clean = 0
+        doubt: str | None = None
+        proven: list[str] = []
+        states: list[bytes] = []
+        others: list[str] = []  # new, changed, racy, too large, gone: the parent's to examine
+        walked: list[tuple[str, str]] = []
+        for prefix, joined in self.rules.walk_folders(keep=False, part=part):
+            if want_walked:
+                walked.append((prefix, joined))
+            if proof is not None and not proof.attributes_clear(self.root, prefix):
+                doubt, proof = proof.doubt, None
+                others += proven
+                proven, states = [], []
+            folder = root + prefix
+            try:
+                fd = os.open(folder, _DIR_FLAGS)
+            except OSError:
+                fd = -1
+            try:
+                for name in joined.split(NAME_SEP):
+                    path = prefix + name
+                    if path in pinned:
+                        continue
+                    try:
+                        st = lstat(name, dir_fd=fd) if fd >= 0 else lstat(folder + name)
+                    except OSError:
+                        others.append(path)
+                        continue
+                    known = entries.get(path)
+                    if known is not None:
+                        reached += 1
+                        if is_clean(known, st):
+                            clean += 1
+                            continue
+                    elif proof is not None and st.st_size <= max_bytes:
+                        oid = proof.prove(path, st)
+                        if oid is not None:
+                            proven.append(path)
+                            states.append(pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode,
+                                                     st.st_ino, run.now_ns, _git_mode(st), oid))
+                            continue
+                    others.append(path)
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        return pickle.dumps((reached, clean, doubt, NAME_SEP.join(proven), b"".join(states), others, walked),
+                            protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _take_share(self, run: _Staging, answer: bytes | None,
+                    walked: list[tuple[str, str]] | None) -> tuple[int, int] | None:
+        """Record the child's answer (paths captured early meanwhile keep their capture);
+        None if there is none."""
+        if answer is None:
+            return None
+        try:
+            reached, clean, doubt, joined, states, others, child_walked = pickle.loads(answer)
+        except Exception:  # a whole answer that is not one: the caller walks the folders itself
+            log.info("scanner.child_answer_unreadable")
+            return None
+        pinned = run.capture.pinned if run.capture is not None else set()
+        if walked is not None:
+            walked.extend(child_walked)
+        proven: list[str] = joined.split(NAME_SEP) if joined else []
+        if doubt is not None and run.proof is not None:
+            run.proof.doubt = doubt
+            self._unborrow(run)
+        if run.proof is None:  # doubted, here or there: the proven files are hashed too
+            others = proven + others
+            proven = []
+        size = STATE_SIZE
+        for i, path in enumerate(proven):
+            if path not in pinned:
+                self._keep_borrowed(run, RepoPath(path), states[i * size:(i + 1) * size])
+        for path in others:
+            if path not in pinned:
+                st = self._lstat_in_folder(RepoPath(path))
+                if st is None:
+                    self._record(run, RepoPath(path), None)
+                else:
+                    self._stage_stat(run, RepoPath(path), st)
+        return reached, clean
 
     def _borrow(self, run: _Staging, path: RepoPath, st: os.stat_result, raw_oid: bytes) -> None:
         """Record the index's blob id for `path` (proven unchanged), with our own mode."""
+        self._keep_borrowed(run, path, pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino,
+                                                  run.now_ns, _git_mode(st), raw_oid))
+
+    def _keep_borrowed(self, run: _Staging, path: RepoPath, state: FileState) -> None:
+        """Record `state`, which holds a blob id from the index (`_borrow`, or a child's)."""
         assert run.proof is not None
         if not run.alternate_added:
             # the user's objects become readable here (read-only) before any id is used
             borrowed.begin(self.repo, run.proof.objects_dir)
             run.alternate_added = True
-        mode = MODE_LINK if stat.S_ISLNK(st.st_mode) else MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
         run.stats.examined += 1
         run.stats.borrowed += 1
-        state = pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino, run.now_ns, mode,
-                           raw_oid)
-        oid = raw_oid.hex()
+        oid = state_oid(state).hex()
         if run.fresh:
             run.cache.set(path, state)  # from nothing, the cache alone holds what changed (`_record`)
         else:
-            self._record(run, path, TreeEntry(oid, mode), state)
+            self._record(run, path, TreeEntry(oid, state_mode(state)), state)
         run.borrowed[path] = oid
 
     def _unborrow(self, run: _Staging) -> None:

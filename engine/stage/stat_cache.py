@@ -53,6 +53,7 @@ _SORTED_EDITS_MAX = 512
 FileState = bytes
 
 _STATE = struct.Struct("<IqqHIB20s")
+STATE_SIZE = _STATE.size  # bytes of a packed FileState
 _STAT_PART = struct.Struct("<IqqHIB")
 _FLAGS_AT = _STAT_PART.size - 1
 _OID_AT = _STAT_PART.size

@@ -60,11 +60,11 @@ class Shadow:
 def shadow(tmp_path: Path) -> Any:
     made: list[ShadowRepo] = []
 
-    def make(root: Path) -> Shadow:
+    def make(root: Path, shadow_dir: str = "shadow", **options: Any) -> Shadow:
         root = Path(os.path.realpath(root))
-        repo = ShadowRepo.open_or_init(tmp_path / "shadow" / ".git", root)
+        repo = ShadowRepo.open_or_init(tmp_path / shadow_dir / ".git", root)
         made.append(repo)
-        return Shadow(root, repo, Scanner(root, repo, ExclusionRules(root), StageOptions()))
+        return Shadow(root, repo, Scanner(root, repo, ExclusionRules(root), StageOptions(**options)))
 
     yield make
     for repo in made:
@@ -466,3 +466,117 @@ def test_close_stops_a_waiting_copy_and_the_next_open_resumes_it(tmp_path: Path,
     assert state2.wait_copied(60)
     assert state2.last_copy is not None and state2.last_copy.finished
     assert not borrowed.ledger_path(git_dir).exists()
+
+
+# ---- a baseline split between this process and a forked child ----------------------------------
+
+# 80 index entries: "a/" holds half of them, so the forked child walks exactly "a/"
+SPLIT_FILES = {
+    **{f"a/x{i:02d}.txt": f"a {i}\n".encode() for i in range(30)},
+    **{f"a/deep/y{i:02d}.txt": f"deep {i}\n".encode() for i in range(10)},
+    **{f"b/z{i:02d}.txt": f"b {i}\n".encode() for i in range(25)},
+    **{f"c/w{i:02d}.txt": f"c {i}\n".encode() for i in range(10)},
+    **{f"r{i}.txt": f"r {i}\n".encode() for i in range(5)},
+}
+
+
+@pytest.fixture
+def forks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The units each forked baseline child was given (the fork itself is real)."""
+    given: list[str] = []
+    real = Scanner._split
+
+    def spy(self: Scanner, run: Any) -> Any:
+        part = real(self, run)
+        if part is not None:
+            given.extend(sorted(part.units))
+        return part
+
+    monkeypatch.setattr(Scanner, "_split", spy)
+    return given
+
+
+def split_and_whole(tmp_path: Path, shadow: Any, files: dict[str, bytes],
+                    change: Any = None) -> tuple[StageResult, StageResult, Shadow, StatCache, StatCache]:
+    root = make_repo(tmp_path / "repo", files)
+    if change is not None:
+        change(root)
+    split, whole = shadow(root, "split", split_min_files=10), shadow(root, "whole", split_min_files=None)
+    split_cache, whole_cache = StatCache(), StatCache()
+    split_result = split.scanner.stage(StagePlan(rescan=True), split_cache, borrow=True)
+    whole_result = whole.scanner.stage(StagePlan(rescan=True), whole_cache, borrow=True)
+    return split_result, whole_result, split, split_cache, whole_cache
+
+
+def test_a_split_baseline_takes_what_one_process_takes(tmp_path: Path, shadow: Any, forks: list[str]) -> None:
+    def change(root: Path) -> None:
+        (root / "a/x03.txt").write_bytes(b"changed after the commit\n")  # the child's: hashed here
+        (root / "a/new.txt").write_bytes(b"untracked\n")
+        (root / "a/x04.txt").unlink()
+        (root / "b/z01.txt").write_bytes(b"changed too\n")  # this process's own
+
+    split, whole, sh, split_cache, whole_cache = split_and_whole(tmp_path, shadow, SPLIT_FILES, change)
+    assert forks == ["a"]
+    assert split.tree == whole.tree
+    assert (split.stats.borrowed, split.stats.hashed) == (whole.stats.borrowed, whole.stats.hashed) == (77, 3)
+    assert split_cache.entries == whole_cache.entries
+    oids = assert_byte_exact(sh, split.tree)
+    ledger = borrowed.read_ledger(sh.git_dir)
+    assert ledger is not None and sorted(ledger.items.values()) == sorted(
+        p for p in SPLIT_FILES if p not in ("a/x03.txt", "a/x04.txt", "b/z01.txt"))
+    assert oids["a/new.txt"] not in ledger.items
+
+
+def test_a_failed_child_leaves_its_folders_to_this_process(tmp_path: Path, shadow: Any, forks: list[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(*_args: Any) -> bytes:
+        raise MemoryError("the child ran out")
+
+    monkeypatch.setattr(Scanner, "_share_in_child", crash)
+    split, whole, sh, split_cache, whole_cache = split_and_whole(tmp_path, shadow, SPLIT_FILES)
+    assert forks == ["a"]
+    assert split.tree == whole.tree and split_cache.entries == whole_cache.entries
+    assert split.stats.borrowed == len(SPLIT_FILES)
+    assert_byte_exact(sh, split.tree)
+
+
+def test_a_conversion_attribute_in_the_childs_folders_hashes_every_file(tmp_path: Path, shadow: Any,
+                                                                         forks: list[str]) -> None:
+    files = {**SPLIT_FILES, "a/deep/.gitattributes": b"*.txt text eol=crlf\n"}
+    split, whole, sh, _, _ = split_and_whole(tmp_path, shadow, files)
+    assert forks == ["a"]
+    assert split.tree == whole.tree
+    assert (split.stats.borrowed, split.stats.hashed) == (0, len(files))
+    assert_byte_exact(sh, split.tree)
+    ledger = borrowed.read_ledger(sh.git_dir)
+    assert ledger is None or ledger.items == {}  # no blob is read from the user's repository
+
+
+def test_an_edit_captured_while_the_child_scans_keeps_its_old_bytes(tmp_path: Path, shadow: Any,
+                                                                     forks: list[str]) -> None:
+    """SPEC §3 with the split: the capture is served here while the child walks "a/"; the
+    child's answer for the captured file never replaces it. The file differs from the index
+    before the scan, so the child gives it back to be hashed here, after the edit."""
+    root = make_repo(tmp_path / "repo", SPLIT_FILES)
+    (root / "a/x07.txt").write_bytes(b"the person's own change, before the task\n")
+    sh = shadow(root, split_min_files=10)
+    hold = ScanHold(after_files=3)  # this process's files: the child runs meanwhile
+    capture, cache = EarlyCapture(hold), StatCache()
+    done: dict[str, StageResult] = {}
+    scan = threading.Thread(target=lambda: done.update(
+        result=sh.scanner.stage(StagePlan(rescan=True), cache, capture, borrow=True)))
+    scan.start()
+    try:
+        assert hold.reached.wait(60), "the scan never reached the hold"
+        request = capture.request([RepoPath("a/x07.txt"), RepoPath("a/deep/y01.txt")])
+        assert request.done.wait(60)
+        (root / "a/x07.txt").write_bytes(b"the edit tool's new bytes\n")
+        (root / "a/deep/y01.txt").unlink()
+    finally:
+        hold.release()
+        scan.join(60)
+    assert forks == ["a"]
+    listing = sh.repo.list_tree(done["result"].tree)
+    assert cat_file(sh.git_dir, listing["a/x07.txt"].oid) == b"the person's own change, before the task\n"
+    assert cat_file(sh.git_dir, listing["a/deep/y01.txt"].oid) == SPLIT_FILES["a/deep/y01.txt"]
+    assert len(listing) == len(SPLIT_FILES)

@@ -21,7 +21,7 @@ import pytest
 
 from shadowpoint.config.exclusion_data import BUILTIN_EXCLUSIONS
 from shadowpoint.stage import exclusions
-from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules
+from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules, WalkPart
 from shadowpoint.workspace import RepoPath
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="the git CLI is the oracle")
@@ -711,3 +711,40 @@ def test_walk_folders_without_keep_yields_the_same_and_keeps_nothing(tmp_path: P
     assert unkept == kept == {"a/b.txt", "a/c/d.txt", "e/.gitignore", "e/y.txt"}
     assert not rules._listings and set(rules._dirs) <= {""}  # the root's own rules only
     assert rules.is_excluded(RepoPath("e/z.tmp"), is_dir=False)  # single checks still decide
+
+
+# ---------------------------------------------------------------- walk_folders split in two parts
+
+
+def _part_files(rules: ExclusionRules, part: WalkPart | None) -> list[str]:
+    return [prefix + name for prefix, joined in rules.walk_folders(keep=False, part=part)
+            for name in joined.split(NAME_SEP)]
+
+
+@pytest.mark.parametrize("seed", [3, 11, 29])
+def test_the_two_parts_of_a_split_walk_are_the_whole_walk(tmp_path: Path, seed: int) -> None:
+    """A baseline split between two processes (scanner.py) walks each file exactly once, with
+    the rules that reach it: a .gitignore above a unit still applies inside it."""
+    root = make_tree(tmp_path / "ws", _rich_random_tree(seed))
+    make_tree(root, {"r/.gitignore": "*.skip\n", "r/u/a.skip": "x", "r/u/b.py": "x", "r/u/deep/c.py": "x",
+                     "r/v.py": "x", "top.py": "x"})
+    whole = sorted(_part_files(ExclusionRules(root), None))
+    assert "r/u/b.py" in whole and "r/u/a.skip" not in whole
+    for units in ({"r/u"}, {"r"}, {"r/u", "img", "sub"}, {"no/such"}, {"r/u/deep"}):
+        inside = _part_files(ExclusionRules(root), WalkPart(frozenset(units), inside=True))
+        outside = _part_files(ExclusionRules(root), WalkPart(frozenset(units), inside=False))
+        assert sorted(inside + outside) == whole, units  # every file once, none twice
+        assert all(any(p.startswith(u + "/") for u in units) for p in inside), units
+
+
+def test_halving_picks_folders_holding_about_half_of_the_paths() -> None:
+    paths = sorted([f"big/sub{i}/f{j}" for i in range(6) for j in range(10)]  # 60: too big alone
+                   + [f"mid/f{j}" for j in range(25)] + [f"small/f{j}" for j in range(5)]
+                   + [f"root{j}" for j in range(10)] + [f"big/own{j}" for j in range(10)])
+    part = WalkPart.halving(paths, inside=True)
+    assert part is not None and part.inside
+    held = [p for p in paths if any(p.startswith(u + "/") for u in part.units)]
+    assert 0.4 * len(paths) <= len(held) <= 0.6 * len(paths)
+    assert "big" not in part.units  # 70 of 110 paths: split into its sub-folders instead
+    assert WalkPart.halving(sorted(f"flat{j}" for j in range(100)), inside=True) is None  # no folders
+    assert WalkPart.halving(sorted(f"one/f{j}" for j in range(100)), inside=True) is None  # one folder of files
