@@ -395,3 +395,27 @@ def test_undo_and_redo_walk_a_chain_of_restores_exactly_through_gc(make_engine: 
         eng.redo_restore("t1")
     record = json.loads(task_file(eng))
     assert record["redo_stack"] == [] and len(record["undo_stack"]) == 6
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_restore_that_stops_after_staging_anchors_what_it_staged(make_engine: MakeEngine, ws: Path,
+                                                                  dry_run: bool) -> None:
+    """The safety state a dry run or a refused restore staged is what the engine tracks from
+    then on: the head ref names it (a collection keeps its blobs; other processes mirror it)."""
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"f.txt": lines(l5="task")})
+    make_tree(ws, {"f.txt": lines(l5="mine")})
+    if dry_run:
+        assert eng.restore("t1", 0, "files", dry_run=True, keep_outside_edits=True).to_wire()["files"]["conflicts"]
+    else:
+        with pytest.raises(RestoreConflictError):
+            eng.restore("t1", 0, "files", keep_outside_edits=True)
+    (root,) = eng.roots.values()
+    repo = pygit2.Repository(str(git_dir(eng)))
+    try:
+        head = repo.references["refs/shadowpoint/head"].peel(pygit2.Tree)
+        assert str(head.id) == root.cache.tree
+        assert repo[head["f.txt"].id].data == lines(l5="mine").encode()
+    finally:
+        repo.free()
