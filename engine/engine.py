@@ -335,15 +335,10 @@ class Engine:
         for raw in paths or ():
             ws, rel = self.resolver.resolve(raw)
             root = self.roots[ws.name]
-            if self._in_nested_repo(root, rel):
+            if root.rules.in_nested_repo(rel):
                 raise PathOutsideWorkspaceError(f"{raw} is inside a nested repository, which checkpoints never touch.")
             out.append((ws.name, str(rel)))
         return out
-
-    @staticmethod
-    def _in_nested_repo(root: RootState, rel: RepoPath) -> bool:
-        parts = rel.split("/")
-        return any(root.rules.is_nested_repo(RepoPath("/".join(parts[:i]))) for i in range(1, len(parts) + 1))
 
     def tool_began(self, task_id: str, tool: str, kind: ToolKind | None, paths: Iterable[str] | None) -> None:
         rt = self._task(task_id)

@@ -623,6 +623,28 @@ class ExclusionRules:
             return False
         return os.path.lexists(os.path.join(folder, GIT_DIR))
 
+    def in_nested_repo(self, path: RepoPath) -> bool:
+        """Whether `path` or a folder above it is a nested repository (`is_nested_repo`).
+
+        One lookup of `<folder>/.git` per level, as deep as the path goes: a folder that is
+        not there, or is a file, has none. Only a hit is looked at again (a symlink to a
+        repository is no nested repository of this one)."""
+        self._dir_info("")  # loads .gitmodules
+        folder = self._root
+        prefix = ""
+        for part in path.split("/"):
+            folder = f"{folder}/{part}"
+            prefix = f"{prefix}/{part}" if prefix else part
+            if prefix in self._submodules:
+                return True
+            try:
+                os.lstat(f"{folder}/{GIT_DIR}")
+            except OSError:
+                continue
+            if self.is_nested_repo(RepoPath(prefix)):
+                return True
+        return False
+
     def invalidate(self, path: RepoPath) -> None:
         """Forget cached decisions that a change at `path` may have made stale.
 

@@ -748,3 +748,27 @@ def test_halving_picks_folders_holding_about_half_of_the_paths() -> None:
     assert "big" not in part.units  # 70 of 110 paths: split into its sub-folders instead
     assert WalkPart.halving(sorted(f"flat{j}" for j in range(100)), inside=True) is None  # no folders
     assert WalkPart.halving(sorted(f"one/f{j}" for j in range(100)), inside=True) is None  # one folder of files
+
+
+def test_in_nested_repo_is_any_folder_on_the_path_being_one(tmp_path: Path) -> None:
+    """The one-pass check (a `.git` lookup per level) agrees with `is_nested_repo` on every
+    prefix: repositories, a `.git` file, submodules, a symlink to a repository, a file named
+    like a folder on the way, and paths that do not exist yet."""
+    outside = make_tree(tmp_path / "outside", {".git/HEAD": "x", "in.py": "x"})
+    root = make_tree(tmp_path / "ws", {
+        "vendored/.git/HEAD": "x", "vendored/deep/lib.py": "x",
+        "worktree/.git": "gitdir: /elsewhere", "worktree/code.py": "x",
+        "libs/mod/code.py": "x", "libs/other/code.py": "x",
+        ".gitmodules": '[submodule "mod"]\n\tpath = libs/mod\n\turl = https://example.invalid/m.git\n',
+        "plain/file.py": "x", "plain/.git_not/x": "x",
+    })
+    os.symlink(outside, root / "plain" / "link")
+    rules = ExclusionRules(root)
+    for path in ("vendored", "vendored/deep/lib.py", "vendored/new/x.py", "worktree/code.py", "libs/mod/code.py",
+                 "libs/mod", "libs/other/code.py", "libs", "plain/file.py", "plain/file.py/below",
+                 "plain/link", "plain/link/in.py", "plain/.git_not/x", "missing/a/b.py", "app.py"):
+        parts = path.split("/")
+        expected = any(rules.is_nested_repo(RepoPath("/".join(parts[:i]))) for i in range(1, len(parts) + 1))
+        assert rules.in_nested_repo(RepoPath(path)) is expected, path
+    assert rules.in_nested_repo(RepoPath("vendored/deep/lib.py"))
+    assert not rules.in_nested_repo(RepoPath("plain/link/in.py"))  # a symlink to a repository is not one
