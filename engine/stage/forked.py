@@ -16,6 +16,7 @@ work itself.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import select
@@ -103,6 +104,16 @@ class Forked:
             log.info("forked.child_failed", status=status, answer_bytes=len(data))
             return None
         return data[_LENGTH.size:]
+
+
+    def abandon(self) -> None:
+        """Stop waiting: the child is killed and reaped (its caller failed meanwhile)."""
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.close(self.read_fd)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
 
 
 def _child_main(read_fd: int, write_fd: int, work: Callable[[], bytes], silence: Sequence[ModuleType]) -> None:

@@ -309,7 +309,12 @@ class Scanner:
         if theirs is not None:
             child = Forked.start(partial(self._share_in_child, run, theirs, walked is not None), _SILENCED)
         mine = None if child is None or theirs is None else WalkPart(theirs.units, inside=False)
-        reached, clean, files_done = self._scan_folders(run, self.rules.walk_folders(part=mine), walked, 0)
+        try:
+            reached, clean, files_done = self._scan_folders(run, self.rules.walk_folders(part=mine), walked, 0)
+        except BaseException:
+            if child is not None:
+                child.abandon()
+            raise
         if child is not None and theirs is not None:
             share = self._take_share(run, child.result(partial(self._serve_pending, run)), walked)
             if share is None:  # the child failed: its folders are walked here

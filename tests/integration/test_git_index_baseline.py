@@ -22,6 +22,7 @@ import pytest
 from shadowpoint.engine import Engine
 from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
 from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.stage.forked import Forked
 from shadowpoint.stage.scanner import Scanner, StageOptions, StageResult
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import StatCache
@@ -580,3 +581,28 @@ def test_an_edit_captured_while_the_child_scans_keeps_its_old_bytes(tmp_path: Pa
     assert cat_file(sh.git_dir, listing["a/x07.txt"].oid) == b"the person's own change, before the task\n"
     assert cat_file(sh.git_dir, listing["a/deep/y01.txt"].oid) == SPLIT_FILES["a/deep/y01.txt"]
     assert len(listing) == len(SPLIT_FILES)
+
+
+def test_a_baseline_that_fails_here_leaves_no_child_behind(tmp_path: Path, shadow: Any, forks: list[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[int] = []
+    real_start = Forked.start
+
+    def start(*args: Any, **kwargs: Any) -> Forked | None:
+        child = real_start(*args, **kwargs)
+        if child is not None:
+            started.append(child.pid)
+        return child
+
+    def full_disk(*_args: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Forked, "start", start)
+    monkeypatch.setattr(Scanner, "_scan_folders", full_disk)
+    root = make_repo(tmp_path / "repo", SPLIT_FILES)
+    sh = shadow(root, split_min_files=10)
+    with pytest.raises(OSError):
+        sh.baseline()
+    assert forks == ["a"] and len(started) == 1
+    with pytest.raises(ChildProcessError):
+        os.waitpid(started[0], os.WNOHANG)  # reaped: no zombie, no process left working
