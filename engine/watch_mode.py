@@ -29,6 +29,7 @@ from shadowpoint.kinds import ToolKind
 from shadowpoint.observe.journal import PathJournal
 from shadowpoint.results import Checkpoint, CheckpointList, TaskStatus
 from shadowpoint.stage.exclusions import RULE_FILES, ExclusionRules
+from shadowpoint.stopping import StopFlag
 from shadowpoint.workspace import RepoPath
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ class WatchLoop:
         """How many paths changed since the last round (for the status line)."""
         return sum(j.pending_count() for j in self.journals.values())
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: StopFlag) -> None:
         """Make a checkpoint after each quiet period until `stop` is set."""
         while not stop.wait(_TICK_S):
             self.tick()

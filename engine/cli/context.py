@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import click
 
 from shadowpoint.cli.report import PlainOut, fail, stdout_console
 from shadowpoint.errors import AbortedError
+from shadowpoint.stopping import StopFlag
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -128,7 +128,7 @@ def is_unknown_task(exc: Exception) -> bool:
     return getattr(exc, "kind", None) == "unknown_task"
 
 
-def wait_ready(ctx: Ctx, backend: Waitable, task_id: str, stop: threading.Event | None = None) -> dict[str, Any]:
+def wait_ready(ctx: Ctx, backend: Waitable, task_id: str, stop: StopFlag | None = None) -> dict[str, Any]:
     """Wait for the task's baseline; a progress bar on a terminal (stderr) while it builds."""
     state = backend.task_state(task_id)
     if state["state"] != "initializing":

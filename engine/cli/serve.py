@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ import click
 
 from shadowpoint.cli.context import Ctx, dir_option, isolate, pass_ctx, wait_ready, workspace_for
 from shadowpoint.cli.report import PlainOut, fail
+from shadowpoint.stopping import SignalStop, StopFlag
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -116,9 +116,10 @@ def watch(ctx: Ctx, positional_dir: str | None, directory: str | None, debounce:
         out.print(f"shadowpoint: stopped ({made} checkpoint{'s' if made != 1 else ''} this session).")
 
 
-def _stop_on_signals() -> threading.Event:
-    """An event SIGINT and SIGTERM set (the watch then checkpoints what is pending and exits 0)."""
-    stop = threading.Event()
+def _stop_on_signals() -> SignalStop:
+    """A flag SIGINT and SIGTERM set (the watch then checkpoints what is pending and exits 0);
+    lock-free, so any number of signals at any moment is safe (`SignalStop`)."""
+    stop = SignalStop()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
@@ -158,7 +159,7 @@ class _EngineStatus:
         return self.engine.list_checkpoints(task_id).status.to_wire()
 
 
-def _watch_live(ctx: Ctx, loop: Any, stop: threading.Event, header: str, baseline: int) -> None:
+def _watch_live(ctx: Ctx, loop: Any, stop: StopFlag, header: str, baseline: int) -> None:
     from rich.live import Live
     from rich.text import Text
 

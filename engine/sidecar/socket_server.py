@@ -110,6 +110,9 @@ class SocketServer:
         self.host = host
         self.idle_timeout_s = idle_timeout_s
         self.stop = host.stop_requested
+        # set by SIGTERM/SIGINT: a plain flag, since an Event's `set` takes a lock, and a signal
+        # handler may interrupt this thread while it holds it (or another signal's handler)
+        self.signalled = False
         self.hooks = HookEndpoint(host)
         self._http: dict[str, HttpListener] = {}
         self._http_lock = threading.Lock()
@@ -167,7 +170,7 @@ class SocketServer:
         """Accept until stopped or idle for `idle_timeout_s`, then stop accepting."""
         counter = itertools.count(1)
         try:
-            while not self.stop.is_set():
+            while not self.stop.is_set() and not self.signalled:
                 if self.idle_timeout_s is not None and self.host.idle_for_s() >= self.idle_timeout_s:
                     log.info("sidecar.idle_exit", idle_timeout_s=self.idle_timeout_s)
                     break
@@ -176,7 +179,7 @@ class SocketServer:
                 except TimeoutError:
                     continue
                 except OSError:
-                    if self.stop.is_set():
+                    if self.stop.is_set() or self.signalled:
                         break
                     raise
                 conn.settimeout(None)
@@ -245,7 +248,7 @@ def serve_socket(path: str, settings: Settings | None = None,
     server = SocketServer(Path(path), host, idle_timeout_s, http_root)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        server.stop.set()
+        server.signalled = True  # the accept loop looks every _ACCEPT_POLL_S; shutdown() sets stop
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
