@@ -51,7 +51,7 @@ from shadowpoint.stage.stat_cache import (
     state_of,
     state_oid,
 )
-from shadowpoint.stage.stat_pass import default_split_min, split_pass
+from shadowpoint.stage.stat_pass import check_folders, default_split_min, split_pass
 from shadowpoint.store import borrowed
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
@@ -401,62 +401,45 @@ class Scanner:
         return WalkPart.halving(list(run.proof.entries), inside=True)
 
     def _share_in_child(self, run: _Staging, part: WalkPart, want_walked: bool) -> bytes:
-        """In the forked child: `_scan_folders` over `part`, without recording anything: the
-        files the index proves (with their states), the others for the parent to examine."""
+        """In the forked child: the stat pass over `part` (`check_folders`), the files without
+        an entry proven with the index; nothing is recorded. Answers the files the index proves
+        (with their states) and the others, for the parent to examine."""
         self.rules.forked()
         proof = run.proof
-        entries = cast(Mapping[str, FileState], run.cache.entries)  # looked up by plain str
-        pinned = run.capture.pinned if run.capture is not None else set()
-        root = os.path.join(self.root, "")
-        lstat = os.lstat
         max_bytes = self.options.max_file_bytes
-        reached = clean = 0
         doubt: str | None = None
         proven: list[str] = []
         states: list[bytes] = []
-        others: list[str] = []  # new, changed, racy, too large, gone: the parent's to examine
         walked: list[tuple[str, str]] = []
-        for prefix, joined in self.rules.walk_folders(keep=False, part=part):
-            if want_walked:
-                walked.append((prefix, joined))
-            if proof is not None and not proof.attributes_clear(self.root, prefix):
-                doubt, proof = proof.doubt, None
-                others += proven
-                proven, states = [], []
-            folder = root + prefix
-            try:
-                fd = os.open(folder, _DIR_FLAGS)
-            except OSError:
-                fd = -1
-            try:
-                for name in joined.split(NAME_SEP):
-                    path = prefix + name
-                    if path in pinned:
-                        continue
-                    try:
-                        st = lstat(name, dir_fd=fd) if fd >= 0 else lstat(folder + name)
-                    except OSError:
-                        others.append(path)
-                        continue
-                    known = entries.get(path)
-                    if known is not None:
-                        reached += 1
-                        if is_clean(known, st):
-                            clean += 1
-                            continue
-                    elif proof is not None and st.st_size <= max_bytes:
-                        oid = proof.prove(path, st)
-                        if oid is not None:
-                            proven.append(path)
-                            states.append(pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode,
-                                                     st.st_ino, run.now_ns, _git_mode(st), oid))
-                            continue
-                    others.append(path)
-            finally:
-                if fd >= 0:
-                    os.close(fd)
-        return pickle.dumps((reached, clean, doubt, NAME_SEP.join(proven), b"".join(states), others, walked),
-                            protocol=pickle.HIGHEST_PROTOCOL)
+
+        def folders() -> Iterator[tuple[str, str]]:
+            nonlocal doubt
+            for prefix, joined in self.rules.walk_folders(keep=False, part=part):
+                if want_walked:
+                    walked.append((prefix, joined))
+                if doubt is None and proof is not None and not proof.attributes_clear(self.root, prefix):
+                    doubt = proof.doubt or "a conversion attribute"
+                yield prefix, joined
+
+        def prove(path: str, st: os.stat_result) -> bool:
+            if doubt is not None or proof is None or st.st_size > max_bytes:
+                return False
+            oid = proof.prove(path, st)
+            if oid is None:
+                return False
+            proven.append(path)
+            states.append(pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino, run.now_ns,
+                                     _git_mode(st), oid))
+            return True
+
+        found = check_folders(os.path.join(self.root, ""), folders(),
+                              cast(Mapping[str, FileState], run.cache.entries), prove)
+        others = found.unproven  # new, changed, racy, too large, gone
+        if doubt is not None:  # "any doubt: hash", the ids taken before it included
+            others = proven + others
+            proven, states = [], []
+        return pickle.dumps((found.reached, found.clean, doubt, NAME_SEP.join(proven), b"".join(states), others,
+                             walked), protocol=pickle.HIGHEST_PROTOCOL)
 
     def _take_share(self, run: _Staging, answer: bytes | None,
                     walked: list[tuple[str, str]] | None) -> tuple[int, int] | None:

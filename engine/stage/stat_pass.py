@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shadowpoint.stage.exclusions import NAME_SEP
@@ -60,9 +60,11 @@ def default_split_min() -> int | None:
     return SPLIT_MIN_FILES if cpus > 1 else None
 
 
-def check_folders(root: str, folders: Sequence[Folder], entries: Mapping[str, FileState]) -> StatPass:
+def check_folders(root: str, folders: Iterable[Folder], entries: Mapping[str, FileState],
+                  prove: Callable[[str, os.stat_result], bool] | None = None) -> StatPass:
     """lstat every file of `folders` (under `root`, which ends with "/") and compare it with
-    its entry. The hot loop of a rescan."""
+    its entry. The hot loop of a rescan. `prove`: asked about each file without an entry
+    (a forked baseline's index proof); True keeps it out of `unproven`."""
     reached = clean = 0
     unproven: list[str] = []
     lstat = os.lstat
@@ -89,6 +91,8 @@ def check_folders(root: str, folders: Sequence[Folder], entries: Mapping[str, Fi
                     if is_clean(known, st):
                         clean += 1
                         continue
+                elif prove is not None and prove(path, st):
+                    continue
                 unproven.append(path)
         finally:
             if fd >= 0:

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,24 @@ def shadow(tmp_path: Path) -> Any:
     yield make
     for repo in made:
         repo.close()
+
+
+@contextlib.contextmanager
+def held_baseline(sh: Shadow, after_files: int) -> Iterator[tuple[EarlyCapture, StatCache, dict[str, StageResult]]]:
+    """A baseline scan on its own thread, held (`ScanHold`) once it reached `after_files` files;
+    released and joined on exit, its result then in the dict under "result"."""
+    hold = ScanHold(after_files=after_files)
+    capture, cache = EarlyCapture(hold), StatCache()
+    done: dict[str, StageResult] = {}
+    scan = threading.Thread(target=lambda: done.update(
+        result=sh.scanner.stage(StagePlan(rescan=True), cache, capture, borrow=True)))
+    scan.start()
+    try:
+        assert hold.reached.wait(60), "the scan never reached the hold"
+        yield capture, cache, done
+    finally:
+        hold.release()
+        scan.join(60)
 
 
 def cat_file(git_dir: Path, oid: str) -> bytes:
@@ -261,21 +280,11 @@ def test_a_borrowed_file_staged_again_with_new_content_leaves_the_ledger(tmp_pat
     files = {f"m/f{i:03d}.txt": f"file {i}\n".encode() for i in range(40)}
     root = make_repo(tmp_path / "repo", files)
     sh = shadow(root)
-    hold = ScanHold(after_files=20)
-    capture, cache = EarlyCapture(hold), StatCache()
-    done: dict[str, StageResult] = {}
-    scan = threading.Thread(target=lambda: done.update(
-        result=sh.scanner.stage(StagePlan(rescan=True), cache, capture, borrow=True)))
-    scan.start()
-    try:
-        assert hold.reached.wait(60), "the scan never reached the hold"
+    with held_baseline(sh, after_files=20) as (capture, cache, done):
         changed, same = sorted(cache.entries)[:2]  # both taken from the index already
         (root / changed).write_bytes(b"changed since the index, before the edit\n")
         request = capture.request([RepoPath(changed), RepoPath(same)])
         assert request.done.wait(60)
-    finally:
-        hold.release()
-        scan.join(60)
     result = done["result"]
     # every id was taken once; the changed file was then hashed
     assert (result.stats.borrowed, result.stats.hashed) == (len(files), 1)
@@ -561,21 +570,12 @@ def test_an_edit_captured_while_the_child_scans_keeps_its_old_bytes(tmp_path: Pa
     root = make_repo(tmp_path / "repo", SPLIT_FILES)
     (root / "a/x07.txt").write_bytes(b"the person's own change, before the task\n")
     sh = shadow(root, split_min_files=10)
-    hold = ScanHold(after_files=3)  # this process's files: the child runs meanwhile
-    capture, cache = EarlyCapture(hold), StatCache()
-    done: dict[str, StageResult] = {}
-    scan = threading.Thread(target=lambda: done.update(
-        result=sh.scanner.stage(StagePlan(rescan=True), cache, capture, borrow=True)))
-    scan.start()
-    try:
-        assert hold.reached.wait(60), "the scan never reached the hold"
+    # held after this process's first files: the child runs meanwhile
+    with held_baseline(sh, after_files=3) as (capture, _, done):
         request = capture.request([RepoPath("a/x07.txt"), RepoPath("a/deep/y01.txt")])
         assert request.done.wait(60)
         (root / "a/x07.txt").write_bytes(b"the edit tool's new bytes\n")
         (root / "a/deep/y01.txt").unlink()
-    finally:
-        hold.release()
-        scan.join(60)
     assert forks == ["a"]
     listing = sh.repo.list_tree(done["result"].tree)
     assert cat_file(sh.git_dir, listing["a/x07.txt"].oid) == b"the person's own change, before the task\n"
