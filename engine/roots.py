@@ -438,12 +438,15 @@ class LockedRoot:
         """Point the head ref at the tracked set's tree.
 
         The head names a tree, not a commit: it anchors every blob the stat cache may reuse
-        (so garbage collection keeps them) without keeping any task's history alive.
+        (so garbage collection keeps them) without keeping any task's history alive. It is
+        moved without waiting for its bytes to reach the disk (`durable=False`): a head that a
+        power cut empties or removes reads as none, and the next stage rescans (the stat cache
+        is saved under the head it was made for, so it is not trusted either).
         """
         repo = self.open()
         target = repo.tree_or_empty(tree)
         if target != self.cache.base_commit:
-            repo.set_ref(HEAD_REF, target)
+            repo.set_ref(HEAD_REF, target, durable=False)
             self.cache.base_commit = target
 
     def safety_plan(self, forced: frozenset[RepoPath], *, keep: bool = False) -> StagePlan:

@@ -334,12 +334,21 @@ def write_object(git_dir: Path, kind: bytes, data: bytes, pool: FilePool | None 
     return oid
 
 
-def write_ref(git_dir: Path, name: str, target: str, pool: FilePool | None = None) -> None:
+def write_ref(git_dir: Path, name: str, target: str, pool: FilePool | None = None, *,
+              durable: bool = True) -> None:
     """Point the loose ref `name` (already checked to be a valid ref name) at `target`.
 
     Replaces the ref file whole by a rename, without git's `<ref>.lock`: callers hold the
     workspace lock, which every writer of the shadow repository takes. A loose ref overrides
     the same name in `packed-refs`, as git reads it.
+
+    `durable=False`, for a ref whose loss in a power cut costs only a rescan (the head): the
+    old file is removed first, so the rename replaces nothing. A rename over a file makes
+    ext4 write the new file's bytes out before the rename (auto_da_alloc, so that a power cut
+    never leaves an empty file under the old name): 100-160 us a ref on the benchmark disk,
+    against 31-35 us without. Between the two steps the ref is missing, for a reader that
+    does not hold the workspace lock; the one that matters, a collection, reads the refs
+    again under the lock before it removes anything.
 
     Raises:
         StorageFailedError: the docs root refused the write.
@@ -348,6 +357,9 @@ def write_ref(git_dir: Path, name: str, target: str, pool: FilePool | None = Non
     final = os.path.join(git_dir, name)
     content = f"{target}\n".encode()
     try:
+        if not durable:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(final)
         if not _placed(pool, content, final, 0o644):
             _write_new(final, content,
                        Path(git_dir) / "objects" / f"tmp_shadowpoint_ref_{os.getpid()}_{threading.get_ident()}", 0o644)

@@ -870,9 +870,10 @@ class ShadowRepo:
         except (pygit2.GitError, KeyError):  # not translated: a dangling symbolic ref is no ref
             return None
 
-    def set_ref(self, name: str, commit: str) -> None:
+    def set_ref(self, name: str, commit: str, *, durable: bool = True) -> None:
         """Point ref `name` at object `commit` (a commit, or the head's tree); the caller holds
-        the workspace lock (so no `<ref>.lock` is taken: `loose.write_ref`).
+        the workspace lock (so no `<ref>.lock` is taken: `loose.write_ref`, which says what
+        `durable=False` gives up).
 
         Raises:
             RepoError: `name` is not a valid ref name, or a file or folder is in the way.
@@ -882,7 +883,7 @@ class ShadowRepo:
             raise RepoError(f"Shadow repository failed to move {name}: not a valid ref name")
         with translated(f"move {name}"):
             target = str(pygit2.Oid(hex=commit))
-        loose.write_ref(self.git_dir, name, target, self._pool)
+        loose.write_ref(self.git_dir, name, target, self._pool, durable=durable)
 
     def delete_ref(self, name: str) -> None:
         for attempt in range(2):

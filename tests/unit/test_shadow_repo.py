@@ -5,6 +5,7 @@ Real pygit2 repositories on temp dirs; the git CLI is used only as an independen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -17,7 +18,7 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from shadowpoint.errors import ShadowRepoMismatchError
+from shadowpoint.errors import RepoError, ShadowRepoMismatchError
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import (
     COMMITTER_EMAIL,
@@ -393,6 +394,53 @@ def test_gc_keeps_young_unreachable_loose_objects(repo: ShadowRepo) -> None:
     assert not _exists(repo, old)
     assert _exists(repo, c)
     assert git(repo, "fsck", "--full", "--no-dangling", check=False).returncode == 0
+
+
+def test_gc_keeps_what_a_ref_missing_at_its_first_look_reaches(repo: ShadowRepo) -> None:
+    # The head is moved by removing its file and renaming the new one into place
+    # (durable=False): a collection's first look at the refs, without the lock, may fall between
+    # the two. What the refs reach is looked at again under the lock, before anything goes.
+    c = repo.commit(build(repo, {"a": blob(repo, "task's")}), [], "m", "t")
+    repo.set_ref(task_ref("t"), c)
+    head_tree = build(repo, {"a": blob(repo, "task's"), "b": blob(repo, "only the head's")})
+    assert head_tree is not None
+    only_head = {head_tree, repo.lookup(head_tree, RepoPath("b")).oid}  # type: ignore[union-attr]
+    head_file = repo.git_dir / HEAD_REF
+    head_file.unlink(missing_ok=True)
+    entered: list[bool] = []
+
+    @contextlib.contextmanager
+    def locked() -> Iterator[None]:
+        repo.set_ref(HEAD_REF, head_tree, durable=False)  # the rename lands while the walk ran
+        entered.append(True)
+        yield
+
+    repo.collect_garbage(grace_s=0, locked=locked)
+    assert entered
+    for oid in only_head:
+        assert _exists(repo, oid), oid
+    assert git(repo, "fsck", "--full", "--no-dangling", check=False).returncode == 0
+
+
+def test_head_moved_without_durability_replaces_the_ref(repo: ShadowRepo) -> None:
+    t1 = build(repo, {"a": blob(repo, "one")})
+    t2 = build(repo, {"a": blob(repo, "two")})
+    assert t1 is not None and t2 is not None
+    repo.set_ref(HEAD_REF, t1, durable=False)  # no file there yet
+    assert repo.read_ref(HEAD_REF) == t1
+    repo.set_ref(HEAD_REF, t2, durable=False)
+    assert repo.read_ref(HEAD_REF) == t2
+    assert git(repo, "rev-parse", HEAD_REF).stdout.strip() == t2
+    assert (repo.git_dir / HEAD_REF).read_text() == t2 + "\n"
+    # what a power cut may leave of a head moved that way: an empty file, or none
+    (repo.git_dir / HEAD_REF).write_bytes(b"")
+    assert repo.read_ref(HEAD_REF) is None
+    (repo.git_dir / HEAD_REF).unlink()
+    assert repo.read_ref(HEAD_REF) is None
+    # a folder in the way is damage, as for a durable move
+    (repo.git_dir / HEAD_REF).mkdir()
+    with pytest.raises(RepoError):
+        repo.set_ref(HEAD_REF, t1, durable=False)
 
 
 def test_gc_with_no_refs_empties_the_repo(repo: ShadowRepo) -> None:
