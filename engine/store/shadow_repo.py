@@ -67,6 +67,9 @@ GC_GENERATION_FILE = "shadowpoint/gc-generation"
 FILE_POOL_FOLDER = "shadowpoint/pool"
 # Trees kept in memory from the last patches (raw id: content): the next round's base
 RECENT_TREES_MAX = 512
+RECENT_COMMITS_MAX = 64  # commit: tree, of the commits written last (a round asks for its parent's)
+_HEX_ID = re.compile(r"[0-9a-f]{40}")
+_EMPTY_TREE = loose.object_id(b"tree", b"")
 # One entry of a raw tree object: octal mode, space, name, NUL, 20-byte id
 _TREE_ENTRY = re.compile(rb"([0-7]+) ([^\0]*)\0(.{20})", re.S)
 
@@ -311,6 +314,8 @@ class ShadowRepo:
         self.git_dir = git_dir
         self.worktree = worktree
         self._recent_trees: dict[bytes, bytes] = {}  # raw id: content, of the last patch's trees
+        self._recent_commits: dict[str, str | None] = {}  # id: tree (None: empty), of commits written here
+        self._objects_dir = os.fspath(git_dir / "objects")
         self._pool = FilePool(git_dir / FILE_POOL_FOLDER,
                               folders=[os.path.join(git_dir, "objects", f"{i:02x}") for i in range(256)])
         self._borrowed: dict[str, _ReadOnlyObjects] = {}
@@ -459,6 +464,7 @@ class ShadowRepo:
             self._repo = pygit2.Repository(str(self.git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
         self._gc_seen = seen
         self._recent_trees = {}
+        self._recent_commits = {}
         self._attach_recorded()
 
     def _gc_generation(self) -> bytes:
@@ -605,6 +611,10 @@ class ShadowRepo:
                 shutil.rmtree(staging, ignore_errors=True)
 
     def has_object(self, oid: str) -> bool:
+        # a loose object is one file to look for (a round asks for its parent commit, written
+        # loose by the round before); libgit2 looks in every pack first
+        if _HEX_ID.fullmatch(oid) and os.path.exists(os.path.join(self._objects_dir, oid[:2], oid[2:])):
+            return True
         try:
             return oid in self._repo
         except (pygit2.GitError, ValueError):  # not translated: a malformed id is not held
@@ -760,12 +770,23 @@ class ShadowRepo:
                      f"{'-' if offset < 0 else '+'}{abs(offset) // 60:02d}{abs(offset) % 60:02d}")
             head = "".join([f"tree {pygit2.Oid(hex=tree_id)}\n", *(f"parent {pygit2.Oid(hex=p)}\n" for p in parents),
                             f"author {ident}\ncommitter {ident}\n\n"])
-            return loose.write_object(self.git_dir, b"commit", (head + body).encode(), self._pool, known_new=True)
+            oid = loose.write_object(self.git_dir, b"commit", (head + body).encode(), self._pool, known_new=True)
+        if len(self._recent_commits) >= RECENT_COMMITS_MAX:
+            del self._recent_commits[next(iter(self._recent_commits))]
+        self._recent_commits[oid] = tree if tree and tree != _EMPTY_TREE else None
+        return oid
 
     def tree_or_empty(self, tree: str | None) -> str:
         return tree if tree else self.empty_tree()
 
     def commit_tree(self, commit: str) -> str | None:
+        """The tree of `commit` (None: empty); one this handle wrote is known without a read.
+
+        Raises:
+            RepoError: the repository does not hold the commit (or it is not one).
+        """
+        if commit in self._recent_commits:
+            return self._recent_commits[commit]
         with translated(f"read commit {commit}"):
             obj = self._obj(commit)
             tree = obj.peel(pygit2.Tree)

@@ -207,6 +207,39 @@ def test_commit_carries_trailer_and_committer(repo: ShadowRepo) -> None:
     assert repo.read_ref(task_ref("task-2")) == c2
 
 
+def test_commit_tree_of_commits_written_here_agrees_with_a_fresh_read(repo: ShadowRepo) -> None:
+    # the handle that wrote a commit knows its tree without reading it back; another handle reads it
+    tree = build(repo, {"a": blob(repo, "a"), "d/b": blob(repo, "b")})
+    empty = repo.empty_tree()
+    commits = [repo.commit(tree, [], "m", "t"), repo.commit(None, [], "m", "t"), repo.commit(empty, [], "m", "t")]
+    other = ShadowRepo.open_existing(repo.git_dir)
+    try:
+        for c in commits:
+            assert repo.commit_tree(c) == other.commit_tree(c), c
+        assert [repo.commit_tree(c) for c in commits] == [tree, None, None]
+    finally:
+        other.close()
+    with pytest.raises(RepoError):
+        repo.commit_tree("0" * 40)  # not held: still an error
+
+
+def test_has_object_loose_packed_missing_and_malformed(repo: ShadowRepo) -> None:
+    loose_blob = repo.write_blob(b"loose")
+    c = repo.commit(build(repo, {"a": blob(repo, "packed")}), [], "m", "t")
+    repo.set_ref(task_ref("t"), c)
+    repo.collect_garbage(grace_s=0)  # packs what the ref reaches, drops the loose copies
+    packed = repo.lookup(repo.commit_tree(c), RepoPath("a"))
+    assert packed is not None and not _loose(repo, packed.oid).exists()
+    assert repo.has_object(packed.oid) and repo.has_object(c)
+    assert not repo.has_object(loose_blob)  # unreachable: collected
+    again = repo.write_blob(b"loose")
+    assert _loose(repo, again).exists() and repo.has_object(again)
+    assert not repo.has_object("1" * 40)
+    (repo.git_dir / ("probe" + "0" * 33)).write_text("x")  # objects/../probe000…: a file outside objects/
+    for bad in (".." + "probe" + "0" * 33, "..", "", "AB" + "0" * 38, "g" * 40):
+        assert not repo.has_object(bad), bad
+
+
 def test_line_breaks_in_task_id_cannot_forge_trailers(repo: ShadowRepo) -> None:
     c = repo.commit(None, [], "m", "evil\nShadowpoint-Task: victim\r\n\nSigned-off-by: x")
     values = git(repo, "log", "-1", "--format=%(trailers:key=Shadowpoint-Task,valueonly,unfold)", c).stdout
