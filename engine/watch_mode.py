@@ -196,14 +196,28 @@ class WatchLoop:
             return self._poll()
         return None
 
-    def checkpoint_pending(self, reason: str) -> WatchEvent | None:
-        """Checkpoint now if anything not excluded was touched since the last round."""
+    def checkpoint_pending(self, reason: str, *, settle: bool = False) -> WatchEvent | None:
+        """Checkpoint now if anything not excluded was touched since the last round.
+
+        `settle` (the last round, at exit): first wait until the watchers have recorded every
+        change made before this call, since an edit saved just before Ctrl-C may still be in
+        the kernel's queue; a watcher that cannot prove it gets the round anyway (the round
+        then rescans), and without watchers the workspace is compared with the last checkpoint.
+        """
+        if settle and not self.is_watching:
+            return self._poll()
+        unproven = settle and not self._settled()
         touched = 0
         for name, journal in self.journals.items():
             touched += self._relevant(name, journal.take_pending())
-        if not touched:
+        if not touched and not unproven:
             return None
         return self._round(reason, touched)
+
+    def _settled(self) -> bool:
+        """True once every root's watcher has recorded the changes made before this call."""
+        watchers = [root.watcher for root in self.engine.roots.values() if root.watcher is not None]
+        return all([watcher.flush() for watcher in watchers])  # a list: every watcher is flushed
 
     def _relevant(self, name: str, paths: set[RepoPath]) -> int:
         rules = self._rules[name]

@@ -110,7 +110,7 @@ def watch(ctx: Ctx, positional_dir: str | None, directory: str | None, debounce:
             sys.stdout.write(header + "\n")
             sys.stdout.flush()
             loop.run(stop)
-        loop.checkpoint_pending("exit")
+        loop.checkpoint_pending("exit", settle=True)
     if out.is_terminal:
         made = loop.checkpoints + baseline
         out.print(f"shadowpoint: stopped ({made} checkpoint{'s' if made != 1 else ''} this session).")
