@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -515,9 +516,37 @@ class ShadowRepo:
         return loose.write_object(self.git_dir, b"blob", data, self._pool)
 
     def read_blob(self, oid: str) -> bytes:
+        data = self._read_loose(oid, b"blob")
+        if data is not None:
+            return data
         with translated(f"read blob {oid}"):
             obj = self._obj(oid)
             return bytes(obj.read_raw())
+
+    def _read_loose(self, oid: str, kind: bytes) -> bytes | None:
+        """The content of `oid` when it is a loose object of `kind` whose bytes check out (its
+        header and its id); None otherwise, and libgit2 then reads it (a packed object) or
+        reports the damage. One file and one inflate: libgit2 searches every pack first
+        (136 us of a 3.3 ms one-file restore on the 100k tree)."""
+        if not _HEX_ID.fullmatch(oid):
+            return None
+        try:
+            fd = os.open(os.path.join(self._objects_dir, oid[:2], oid[2:]), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            data = zlib.decompress(b"".join(chunks))
+        except (OSError, zlib.error):
+            return None
+        finally:
+            os.close(fd)
+        header, sep, body = data.partition(b"\0")
+        if not sep or header != b"%s %d" % (kind, len(body)) or loose.object_id(kind, body) != oid:
+            return None
+        return body
 
     def merge_file(self, path: str, base: TreeEntry, ours: TreeEntry, theirs: TreeEntry) -> bytes | None:
         """libgit2's three-way merge of one file's contents; None when the changes overlap (or
@@ -880,6 +909,23 @@ class ShadowRepo:
     # ------------------------------------------------------------------ refs
 
     def read_ref(self, name: str) -> str | None:
+        # A loose ref holding an id is read here (it overrides packed-refs, as git reads it):
+        # the head is read under every lock. Anything else (packed, symbolic) goes to libgit2.
+        if name.startswith("refs/") and ".." not in name:
+            try:
+                fd = os.open(os.path.join(self.git_dir, name), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                pass
+            else:
+                try:
+                    content = os.read(fd, 64)
+                except OSError:
+                    content = b""
+                finally:
+                    os.close(fd)
+                target = content[:40].decode("ascii", "replace")
+                if len(content) == 41 and content[40:] == b"\n" and _HEX_ID.fullmatch(target):
+                    return target
         try:
             ref = self._repo.references.get(name)
         except (pygit2.GitError, ValueError):  # not translated: an invalid or unreadable ref is no ref

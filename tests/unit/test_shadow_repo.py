@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -605,3 +606,51 @@ def test_diff_trees_without_renames_equals_git_diff_tree(repo: ShadowRepo, seed:
                            None if old_mode == "000000" else int(old_mode, 8),
                            None if new_mode == "000000" else int(new_mode, 8)))
         assert ours == theirs
+
+
+def test_read_blob_loose_packed_and_damaged(repo: ShadowRepo) -> None:
+    # a loose blob is read by its file (header and id checked), a packed one by libgit2
+    data = os.urandom(3000) + b"text" * 5000
+    loose_oid = repo.write_blob(data)
+    c = repo.commit(build(repo, {"p": blob(repo, b"packed " * 1000)}), [], "m", "t")
+    repo.set_ref(task_ref("t"), c)
+    repo.collect_garbage(grace_s=0)
+    packed = repo.lookup(repo.commit_tree(c), RepoPath("p"))
+    assert packed is not None and not _loose(repo, packed.oid).exists()
+    assert repo.read_blob(packed.oid) == b"packed " * 1000
+    loose_oid = repo.write_blob(data)  # collected above: written loose again
+    assert _loose(repo, loose_oid).exists()
+    assert repo.read_blob(loose_oid) == data
+    oracle = subprocess.run(["git", f"--git-dir={repo.git_dir}", "cat-file", "blob", loose_oid],
+                            capture_output=True, check=True)
+    assert oracle.stdout == data
+    # a loose file whose bytes are another object's is damage, not that object's content
+    path = _loose(repo, loose_oid)
+    os.chmod(path, 0o644)
+    path.write_bytes(zlib.compress(b"blob 5\0wrong"))
+    with pytest.raises(RepoError):
+        repo.read_blob(loose_oid)
+    path.write_bytes(b"not zlib")
+    with pytest.raises(RepoError):
+        repo.read_blob(loose_oid)
+    with pytest.raises(RepoError):
+        repo.read_blob("2" * 40)
+
+
+def test_read_ref_agrees_with_git(repo: ShadowRepo) -> None:
+    # loose refs are read from their file; packed, symbolic and damaged ones as libgit2 reads them
+    c1 = repo.commit(build(repo, {"a": blob(repo, "1")}), [], "m", "t")
+    c2 = repo.commit(build(repo, {"a": blob(repo, "2")}), [c1], "m", "t")
+    repo.set_ref(task_ref("packed"), c1)
+    repo.set_ref(task_ref("loose"), c1)
+    git(repo, "pack-refs", "--all")
+    assert not (repo.git_dir / task_ref("packed")).exists()
+    repo.set_ref(task_ref("loose"), c2)  # a loose ref over its packed value: the loose one counts
+    for name, want in ((task_ref("packed"), c1), (task_ref("loose"), c2)):
+        assert repo.read_ref(name) == want == git(repo, "rev-parse", name).stdout.strip()
+    git(repo, "symbolic-ref", "refs/shadowpoint/sym", task_ref("loose"))
+    assert repo.read_ref("refs/shadowpoint/sym") == c2
+    (repo.git_dir / "refs" / "shadowpoint" / "bad").write_text("z" * 40 + "\n")
+    assert repo.read_ref("refs/shadowpoint/bad") is None
+    assert repo.read_ref("refs/shadowpoint/../../HEAD") is None
+    assert repo.read_ref("refs/shadowpoint/none") is None
