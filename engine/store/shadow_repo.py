@@ -307,6 +307,21 @@ def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[byt
     return tree_of(stack[0][1]) if stack[0][1] else None
 
 
+def _head_of(path: str) -> bytes:
+    """The first 64 bytes of a small file (empty when it cannot be read): a plain open and
+    read, no pathlib (the head ref and the gc generation are read under every lock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 64)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
 class ShadowRepo:
     """A shadow git dir whose `core.worktree` is a workspace root."""
 
@@ -469,15 +484,7 @@ class ShadowRepo:
         self._attach_recorded()
 
     def _gc_generation(self) -> bytes:
-        # read on every staging: a plain open and read, no pathlib (profiled in a 1-file restore)
-        try:
-            fd = os.open(self._gc_file, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return b""
-        try:
-            return os.read(fd, 64)
-        finally:
-            os.close(fd)
+        return _head_of(self._gc_file)  # read on every staging
 
     def reopen_after_collection(self) -> bool:
         """Reopen if a garbage collection (of any process) removed packs since this handle was
@@ -528,10 +535,11 @@ class ShadowRepo:
         header and its id); None otherwise, and libgit2 then reads it (a packed object) or
         reports the damage. One file and one inflate: libgit2 searches every pack first
         (136 us of a 3.3 ms one-file restore on the 100k tree)."""
-        if not _HEX_ID.fullmatch(oid):
+        path = self._loose_file(oid)
+        if path is None:
             return None
         try:
-            fd = os.open(os.path.join(self._objects_dir, oid[:2], oid[2:]), os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
         try:
@@ -642,7 +650,8 @@ class ShadowRepo:
     def has_object(self, oid: str) -> bool:
         # a loose object is one file to look for (a round asks for its parent commit, written
         # loose by the round before); libgit2 looks in every pack first
-        if _HEX_ID.fullmatch(oid) and os.path.exists(os.path.join(self._objects_dir, oid[:2], oid[2:])):
+        path = self._loose_file(oid)
+        if path is not None and os.path.exists(path):
             return True
         try:
             return oid in self._repo
@@ -912,20 +921,10 @@ class ShadowRepo:
         # A loose ref holding an id is read here (it overrides packed-refs, as git reads it):
         # the head is read under every lock. Anything else (packed, symbolic) goes to libgit2.
         if name.startswith("refs/") and ".." not in name:
-            try:
-                fd = os.open(os.path.join(self.git_dir, name), os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                pass
-            else:
-                try:
-                    content = os.read(fd, 64)
-                except OSError:
-                    content = b""
-                finally:
-                    os.close(fd)
-                target = content[:40].decode("ascii", "replace")
-                if len(content) == 41 and content[40:] == b"\n" and _HEX_ID.fullmatch(target):
-                    return target
+            content = _head_of(os.path.join(self.git_dir, name))
+            target = content[:40].decode("ascii", "replace")
+            if len(content) == 41 and content[40:] == b"\n" and _HEX_ID.fullmatch(target):
+                return target
         try:
             ref = self._repo.references.get(name)
         except (pygit2.GitError, ValueError):  # not translated: an invalid or unreadable ref is no ref
@@ -1088,6 +1087,11 @@ class ShadowRepo:
                         elif entry.filemode != MODE_GITLINK:
                             seen.add(str(entry.id))
         return seen | seen_trees
+
+    def _loose_file(self, oid: str) -> str | None:
+        """Where the loose object `oid` would be; None for anything but 40 lowercase hex digits
+        (which could name a file outside `objects/`)."""
+        return os.path.join(self._objects_dir, oid[:2], oid[2:]) if _HEX_ID.fullmatch(oid) else None
 
     def _loose_path(self, oid: str) -> Path:
         return self.git_dir / "objects" / oid[:2] / oid[2:]
