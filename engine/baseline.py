@@ -25,6 +25,7 @@ from shadowpoint.options import EngineOptions
 from shadowpoint.results import KindError
 from shadowpoint.roots import Notify, RootState
 from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
+from shadowpoint.stage.git_index import IndexPreload
 from shadowpoint.stage.scanner import StageResult
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.store.checkpoints import CheckpointRecord
@@ -143,23 +144,30 @@ class BaselineBuilder:
         hashes: dict[str, str] = {}
         warnings: list[dict[str, str]] = []
         hashed = taken = 0
-        self._start_watchers(captures, requested)
+        # a git repository's index is read by a forked child while the watches are placed
+        preloads = {name: IndexPreload(root.ws.root) for name, root in self.roots.items() if root.will_start_watcher}
+        try:
+            self._start_watchers(captures, requested)
 
-        def wanted() -> bool:
-            with rt.lock:
-                return rt.generation == gen  # not deleted or restarted meanwhile
+            def wanted() -> bool:
+                with rt.lock:
+                    return rt.generation == gen  # not deleted or restarted meanwhile
 
-        for name, root in self.roots.items():
-            # on a git repository, ids the user's index proves unchanged are taken
-            made = checkpoint_root(root, StagePlan(rescan=True), rt.record.task_id, f"baseline checkpoint at {ts}",
-                                   None, capture=captures[name], borrow=True, wanted=wanted, save_cache=True)
-            if made is None:
-                return
-            commit, result = made.commit, made.result
-            hashes[name] = commit
-            warnings.extend(self._warnings(name, result))
-            hashed += result.stats.hashed
-            taken += result.stats.borrowed
+            for name, root in self.roots.items():
+                # on a git repository, ids the user's index proves unchanged are taken
+                made = checkpoint_root(root, StagePlan(rescan=True), rt.record.task_id,
+                                       f"baseline checkpoint at {ts}", None, capture=captures[name],
+                                       borrow=preloads.get(name, True), wanted=wanted, save_cache=True)
+                if made is None:
+                    return
+                commit, result = made.commit, made.result
+                hashes[name] = commit
+                warnings.extend(self._warnings(name, result))
+                hashed += result.stats.hashed
+                taken += result.stats.borrowed
+        finally:
+            for preload in preloads.values():
+                preload.abandon()  # one a failed root never asked for
         with rt.lock:
             if rt.generation != gen:
                 return

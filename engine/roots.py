@@ -26,6 +26,7 @@ from shadowpoint.stage import stager
 from shadowpoint.stage.blob_workers import BlobWorkerOptions
 from shadowpoint.stage.early_capture import EarlyCapture
 from shadowpoint.stage.exclusions import ExclusionRules
+from shadowpoint.stage.git_index import IndexPreload
 from shadowpoint.stage.scanner import Scanner, StageOptions, StageResult
 from shadowpoint.stage.stager import RootFacts, StagePlan, WatchView, staging_plan
 from shadowpoint.stage.stat_cache import StatCache, state_entry, state_oid
@@ -94,6 +95,11 @@ class RootState:
         self._copy_again = False
         self.last_copy: borrowed.CopyReport | None = None
 
+    @property
+    def will_start_watcher(self) -> bool:
+        """Whether `start_watcher` would start one (the options want it and none runs yet)."""
+        return self.options.watcher and self.watcher is None
+
     def start_watcher(self, notify: Notify, journal: PathJournal | None = None) -> None:
         """Start recording touched paths (before the baseline, so nothing slips between).
 
@@ -101,7 +107,7 @@ class RootState:
             notify: sends `watcher/degraded` to the host.
             journal: a journal of the caller's (watch mode observes activity through it).
         """
-        if not self.options.watcher or self.watcher is not None:
+        if not self.will_start_watcher:
             return
         # The watcher's threads get rules of their own: ExclusionRules caches are not shared.
         rules = ExclusionRules(self.ws.root, extra=self.extra)
@@ -187,7 +193,8 @@ class RootState:
             self.scanned = False
             self.verified = False
 
-    def _stage(self, handles: _Handles, plan: StagePlan, capture: EarlyCapture | None, borrow: bool) -> StageResult:
+    def _stage(self, handles: _Handles, plan: StagePlan, capture: EarlyCapture | None,
+               borrow: bool | IndexPreload) -> StageResult:
         """`LockedRoot.stage`."""
         repo, scanner = handles.repo, handles.scanner
         if not self.verified:
@@ -425,9 +432,11 @@ class LockedRoot:
         """Make the tracked set mirror the tree of commit `head` (None: empty)."""
         self.state._reset_cache(self.open(), head)
 
-    def stage(self, plan: StagePlan, capture: EarlyCapture | None = None, borrow: bool = False) -> StageResult:
+    def stage(self, plan: StagePlan, capture: EarlyCapture | None = None,
+              borrow: bool | IndexPreload = False) -> StageResult:
         """Stage `plan` into the cache's tree; `capture`: a baseline's early paths; `borrow`: a
-        baseline may take ids from the user's git index (the copy then starts by itself)."""
+        baseline may take ids from the user's git index (the copy then starts by itself); an
+        `IndexPreload` holds that index, read meanwhile."""
         return self.state._stage(self._opened(), plan, capture, borrow)
 
     def capture_early(self, capture: EarlyCapture) -> None:

@@ -24,15 +24,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import re
 import stat
 import struct
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
+from shadowpoint.stage.forked import Forked
 from shadowpoint.stage.stat_cache import RACY_MARGIN_NS
 
 log = structlog.get_logger(__name__)
@@ -337,10 +340,18 @@ class IndexProof:
     racy_before_ns: int  # an entry's mtime must be older than this
     checked: set[str] = field(default_factory=set)  # folders whose .gitattributes was read
     doubt: str | None = None  # why no more ids may be taken (set by attributes_clear)
+    version: int = 0  # the index file's (for the log)
+    extensions: tuple[str, ...] = ()  # its extensions' names (for the log)
 
     @classmethod
     def load(cls, root: Path, environ: Mapping[str, str] | None = None) -> IndexProof | None:
         """The proof for workspace `root` when it is a git repository and nothing is in doubt."""
+        return _logged(root, cls.read(root, environ))
+
+    @classmethod
+    def read(cls, root: Path, environ: Mapping[str, str] | None = None) -> IndexProof | str | None:
+        """`load` without its log: the proof, why there is none (a str), or None when `root` is
+        not a git repository."""
         env = os.environ if environ is None else environ
         git_dir = root / ".git"
         try:
@@ -358,8 +369,7 @@ class IndexProof:
                 raise IndexDoubt(why)
             index = read_index(git_dir / "index")
         except IndexDoubt as exc:
-            log.info("git_index.doubted", root=str(root), reason=str(exc), action="hashing every file")
-            return None
+            return str(exc)
         body = index.body
         entries: dict[str, int] = {}
         for path, at in index.offsets:
@@ -371,12 +381,9 @@ class IndexProof:
         for path in attributes:
             # git reads a tracked attributes file from the index when the worktree lacks it
             if not os.path.isfile(root / path) or os.path.islink(root / path):
-                log.info("git_index.doubted", root=str(root), reason=f"{path} is tracked but not on disk",
-                         action="hashing every file")
-                return None
-        log.info("git_index.loaded", root=str(root), version=index.version, entries=len(entries),
-                 extensions=list(index.extensions))
-        return cls(git_dir, objects.resolve(), body, entries, index.mtime_ns - RACY_MARGIN_NS)
+                return f"{path} is tracked but not on disk"
+        return cls(git_dir, objects.resolve(), body, entries, index.mtime_ns - RACY_MARGIN_NS,
+                   version=index.version, extensions=index.extensions)
 
     def attributes_clear(self, root: Path, prefix: str) -> bool:
         """False if the folder `prefix` ("" or "a/b/") or one of its parents holds a
@@ -436,3 +443,53 @@ class IndexProof:
             return None
         oid: bytes = raw_oid
         return oid
+
+
+def _logged(root: Path, found: IndexProof | str | None) -> IndexProof | None:
+    """`IndexProof.read`'s answer, logged: the proof, or None."""
+    if isinstance(found, str):
+        log.info("git_index.doubted", root=str(root), reason=found, action="hashing every file")
+        return None
+    if found is not None:
+        log.info("git_index.loaded", root=str(root), version=found.version, entries=len(found.entries),
+                 extensions=list(found.extensions))
+    return found
+
+
+class IndexPreload:
+    """`IndexProof.load` run by a forked child (forked.py) while this process does other work:
+    a baseline places its watches meanwhile (~0.3 s at 100k files), and parsing a 100k-entry
+    index is ~0.2 s of the interpreter, which a thread beside the watches would only take turns
+    with. The proof does not depend on when it is read: a file is proven by its own stat against
+    the entry, racy or not by the index file's time, whichever index file was read.
+    A child that fails leaves the load to `proof()`, here."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._child: Forked | None = None
+        if os.path.isdir(root / ".git"):  # not a repository: nothing to read, no fork
+            self._child = Forked.start(self._in_child, (sys.modules[__name__],))
+
+    def _in_child(self) -> bytes:
+        return pickle.dumps(IndexProof.read(self.root), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def proof(self) -> IndexProof | None:
+        """The proof (as `IndexProof.load`'s), once: the child's answer, or read here."""
+        child, self._child = self._child, None
+        if child is not None:
+            answer = child.result()
+            if answer is not None:
+                try:
+                    found = pickle.loads(answer)
+                except Exception:  # a whole answer that is not one: read it here
+                    log.info("git_index.preload_unreadable", root=str(self.root))
+                else:
+                    if found is None or isinstance(found, (str, IndexProof)):
+                        return _logged(self.root, found)
+        return IndexProof.load(self.root)
+
+    def abandon(self) -> None:
+        """The baseline ended without asking: the child is stopped."""
+        child, self._child = self._child, None
+        if child is not None:
+            child.abandon()

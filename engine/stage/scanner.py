@@ -37,7 +37,7 @@ from shadowpoint.stage.blob_workers import (
 from shadowpoint.stage.early_capture import EarlyCapture
 from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules, WalkPart, unwalked
 from shadowpoint.stage.forked import Forked
-from shadowpoint.stage.git_index import IndexProof
+from shadowpoint.stage.git_index import IndexPreload, IndexProof
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import (
     STATE_SIZE,
@@ -175,18 +175,19 @@ class Scanner:
     # ------------------------------------------------------------------ entry points
 
     def stage(self, plan: StagePlan, cache: StatCache, capture: EarlyCapture | None = None,
-              borrow: bool = False) -> StageResult:
+              borrow: bool | IndexPreload = False) -> StageResult:
         """Apply `plan` to `cache` (the tracked set) and write the resulting tree.
 
         `capture` (a rescan only): paths edit tools are about to change, captured as soon as they
         are asked for and kept at that content for the rest of the scan. `borrow` (a baseline's
-        rescan): take the blob ids of files the user's git index proves unchanged (git_index.py).
+        rescan): take the blob ids of files the user's git index proves unchanged (git_index.py);
+        an `IndexPreload` gives the index read meanwhile.
         """
         start = time.perf_counter()
         run = _Staging(cache, StageStats(rescan=plan.rescan), time.time_ns(), capture=capture if plan.rescan else None,
                        vouched=plan.vouched, fresh=plan.rescan and cache.tree is None and not cache.entries)
         if borrow and plan.rescan:
-            run.proof = IndexProof.load(self.root)
+            run.proof = borrow.proof() if isinstance(borrow, IndexPreload) else IndexProof.load(self.root)
         self._invalidate_rules(plan.forced | plan.watched)
         if plan.rescan:
             run.batch = BlobWorkers(self.repo.git_dir, self.root, self.options.max_file_bytes, self.options.workers)

@@ -24,6 +24,7 @@ from shadowpoint.engine import Engine
 from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.forked import Forked
+from shadowpoint.stage.git_index import IndexPreload, IndexProof
 from shadowpoint.stage.scanner import Scanner, StageOptions, StageResult
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import StatCache
@@ -606,3 +607,102 @@ def test_a_baseline_that_fails_here_leaves_no_child_behind(tmp_path: Path, shado
     assert forks == ["a"] and len(started) == 1
     with pytest.raises(ChildProcessError):
         os.waitpid(started[0], os.WNOHANG)  # reaped: no zombie, no process left working
+
+
+# ---- the index read by a forked child while the watches are placed --------------------------------
+
+
+def _proof_fields(proof: IndexProof | None) -> Any:
+    assert proof is not None
+    return (proof.git_dir, proof.objects_dir, proof.body, proof.entries, proof.racy_before_ns, proof.version,
+            proof.extensions)
+
+
+def test_a_preloaded_index_is_the_index_read_here(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "repo", FILES)
+
+    def read(*_args: Any) -> Any:
+        raise AssertionError("the index was read in this process")
+
+    preload = IndexPreload(root)
+    with pytest.MonkeyPatch.context() as mp:
+        # the child was forked before this: it reads with the real one; this process may not read
+        mp.setattr(IndexProof, "read", classmethod(read))
+        got = preload.proof()
+    assert _proof_fields(got) == _proof_fields(IndexProof.load(root))
+    assert preload.proof() is not None  # asked again: read here (the child answered once)
+
+
+def test_a_preload_in_doubt_or_outside_a_repository_proves_nothing(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "a.txt").write_text("x")
+    none = IndexPreload(plain)
+    assert none._child is None  # not a repository: no fork
+    assert none.proof() is None
+    root = make_repo(tmp_path / "repo", FILES)
+    git(root, "config", "core.autocrlf", "true")
+    assert IndexPreload(root).proof() is None
+
+
+def test_a_failed_preload_child_leaves_the_read_to_this_process(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_repo(tmp_path / "repo", FILES)
+    pid = os.getpid()
+    real_read = IndexProof.read.__func__  # type: ignore[attr-defined]
+
+    def read(cls: type[IndexProof], *args: Any) -> Any:
+        if os.getpid() != pid:
+            raise MemoryError("the child ran out")
+        return real_read(cls, *args)
+
+    monkeypatch.setattr(IndexProof, "read", classmethod(read))
+    preload = IndexPreload(root)
+    assert preload._child is not None
+    assert _proof_fields(preload.proof()) == _proof_fields(IndexProof.load(root))
+
+
+def test_an_abandoned_preload_leaves_no_child(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "repo", FILES)
+    preload = IndexPreload(root)
+    child = preload._child
+    assert child is not None
+    preload.abandon()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.pid, os.WNOHANG)  # reaped
+    preload.abandon()  # twice is harmless
+
+
+def test_engine_baseline_with_a_watcher_takes_ids_from_the_preloaded_index(
+        tmp_path: Path, make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
+    asked: list[str] = []
+    real_proof = IndexPreload.proof
+
+    def proof(self: IndexPreload) -> IndexProof | None:
+        asked.append(str(self.root))
+        return real_proof(self)
+
+    monkeypatch.setattr(IndexPreload, "proof", proof)
+    eng: Engine = make_engine(root, watcher=True)
+    (state,) = eng.roots.values()
+    eng.start_task("t1", 0)
+    from tests.integration.test_engine import wait_ready
+
+    assert wait_ready(eng, "t1") == "ready"
+    assert asked == [str(root)]
+    assert state.watcher is not None
+    assert state.wait_copied(60)
+    assert state.last_copy is not None and state.last_copy.copied == len(FILES)
+    assert_byte_exact_engine(state)
+
+
+def assert_byte_exact_engine(state: Any) -> None:
+    shadow_repo = ShadowRepo.open_existing(state.ws.git_dir)
+    try:
+        listing = shadow_repo.list_tree(state.cache.tree)
+        assert sorted(listing) == sorted(FILES)
+        for path, entry in listing.items():
+            assert cat_file(state.ws.git_dir, entry.oid) == (state.ws.root / path).read_bytes()
+    finally:
+        shadow_repo.close()
