@@ -236,7 +236,7 @@ class Scanner:
         if len(cache.entries) >= PACKED_TREES_MIN:
             entries = cache.entries
             try:
-                return self.repo.write_tree_packed((p, state_mode(entries[p]), state_oid(entries[p]))
+                return self.repo.write_tree_packed((p, state_mode(st := entries[p]), state_oid(st))
                                                    for p in (sorted(entries) if ordered is None else ordered))
             except ValueError:
                 pass  # a path that is both a file and a folder: patched, as below

@@ -290,7 +290,7 @@ class PackStream:
         self._fh.write(b"PACK" + struct.pack(">II", 2, 0))
         self._offset = 12
         self._entries: list[bytes] = []  # `_index_record`s
-        self._seen = OidSet()
+        self._seen = OidSet(1 << 15)  # a 100k-file baseline's 17k trees without growing it (~5 rehashes)
 
     def add(self, raw_oid: bytes, kind: int, data: bytes) -> None:
         assert self._fh is not None, "the pack is finished"

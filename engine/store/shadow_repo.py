@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -261,11 +262,15 @@ def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[byt
 
     One pass with a stack of the open folders: a folder's tree is made as soon as the paths
     leave it (sorted paths keep every folder's together), so no map of the whole listing is
-    held (that map and its split names were ~18 MiB of a 100k-file baseline's peak).
+    held (that map and its split names were ~18 MiB of a 100k-file baseline's peak). The loop
+    runs once per file of a baseline (100k): the open folder's lists are kept in locals, names
+    are encoded without `os.fsencode`'s call and modes formatted once (156 -> ~100 ms at 97k files).
     """
     tree_type = int(pygit2.enums.ObjectType.TREE)
+    encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
     # the open folders, root first: (folder path, its items as (git sort key, entry bytes), names)
     stack: list[tuple[str, list[tuple[bytes, bytes]], set[bytes]]] = [("", [], set())]
+    modes: dict[int, bytes] = {}
 
     def tree_of(items: list[tuple[bytes, bytes]]) -> bytes:
         items.sort()
@@ -274,34 +279,43 @@ def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[byt
         add(raw, tree_type, data)
         return raw
 
-    def enter(name: bytes, mode: bytes, raw: bytes, *, is_dir: bool = False) -> None:
-        _, items, names = stack[-1]
-        if name in names:
-            raise _NotATree(f"{name!r}: both a file and a folder")
-        names.add(name)
-        # git sorts a folder's name as if it ended with "/"
-        items.append((name + b"/" if is_dir else name, b"%s %s\0%s" % (mode, name, raw)))
-
     def close() -> None:
         folder, items, _ = stack.pop()
-        enter(os.fsencode(folder.rpartition("/")[2]), b"40000", tree_of(items), is_dir=True)
+        name = folder.rpartition("/")[2].encode(encoding, errors)
+        _, parent_items, parent_names = stack[-1]
+        if name in parent_names:
+            raise _NotATree(f"{name!r}: both a file and a folder")
+        parent_names.add(name)
+        # git sorts a folder's name as if it ended with "/"
+        parent_items.append((name + b"/", b"40000 %s\0%s" % (name, tree_of(items))))
 
-    previous = None
+    previous: str | None = None
+    current = ""  # the innermost open folder
+    items, names = stack[0][1], stack[0][2]
     for path, mode, raw in files:
         if previous is not None and path <= previous:
             raise _NotATree(f"{path}: paths not sorted")
         previous = path
         parent, _, name = path.rpartition("/")
-        while stack[-1][0] and parent != stack[-1][0] and not parent.startswith(stack[-1][0] + "/"):
-            close()
-        current = stack[-1][0]
         if parent != current:
-            for part in parent[len(current) + 1 if current else 0:].split("/"):
-                current = f"{current}/{part}" if current else part
-                if os.fsencode(part) in stack[-1][2]:
-                    raise _NotATree(f"{current}: both a file and a folder")
-                stack.append((current, [], set()))
-        enter(os.fsencode(name), b"%o" % mode, raw)
+            while current and parent != current and not parent.startswith(current + "/"):
+                close()
+                current = stack[-1][0]
+            if parent != current:
+                for part in parent[len(current) + 1 if current else 0:].split("/"):
+                    current = f"{current}/{part}" if current else part
+                    if part.encode(encoding, errors) in stack[-1][2]:
+                        raise _NotATree(f"{current}: both a file and a folder")
+                    stack.append((current, [], set()))
+            items, names = stack[-1][1], stack[-1][2]
+        # a file's name is new here (the paths increase strictly); it is kept for the folder
+        # check above (a later folder of the same name)
+        encoded = name.encode(encoding, errors)
+        names.add(encoded)
+        mode_bytes = modes.get(mode)
+        if mode_bytes is None:
+            mode_bytes = modes[mode] = b"%o" % mode
+        items.append((encoded, b"%s %s\0%s" % (mode_bytes, encoded, raw)))
     while len(stack) > 1:
         close()
     return tree_of(stack[0][1]) if stack[0][1] else None

@@ -6,12 +6,13 @@ from __future__ import annotations
 import hashlib
 import random
 import subprocess
+import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
-from shadowpoint.store import packing, shadow_repo, values
+from shadowpoint.store import loose, packing, shadow_repo, values
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import task_ref
 from shadowpoint.workspace import RepoPath
@@ -130,6 +131,29 @@ def test_a_baseline_tree_written_as_one_pack_equals_the_patched_tree(repo: Shado
     with pytest.raises(ValueError):  # not sorted
         repo.write_tree_packed(reversed(_sorted_files(entries)))
     assert repo.write_tree_packed([]) is None
+
+
+def test_a_tree_beyond_one_stored_block_is_read_by_git(repo: ShadowRepo) -> None:
+    """Trees are kept in zlib's stored blocks of at most 65,535 bytes (`loose.stored_zlib`): a
+    folder of 2,500 files (a ~100 KiB tree) takes two blocks, and git reads the pack."""
+    one = blob(repo, "same content")
+    entries: dict[RepoPath, values.TreeEntry | None] = {RepoPath(f"big/file-{i:05d}.txt"): one for i in range(2500)}
+    entries[RepoPath("small/a")] = one
+    packed = repo.write_tree_packed(_sorted_files(entries))
+    assert packed is not None
+    big = git(repo, "rev-parse", f"{packed}:big").stdout.strip()
+    assert int(git(repo, "cat-file", "-s", big).stdout) > 0xFFFF
+    assert packed == repo.patch_tree(None, entries)
+    assert git(repo, "ls-tree", "-r", "--name-only", packed).stdout.split() == sorted(entries)
+    assert git(repo, "fsck", "--no-dangling", "--strict").returncode == 0
+
+
+@pytest.mark.parametrize("size", [0, 1, 300, 0xFFFE, 0xFFFF, 0x10000, 0x1FFFE, 0x1FFFF, 0x30001])
+def test_stored_zlib_is_one_whole_zlib_stream(size: int) -> None:
+    data = random.Random(size).randbytes(size)
+    stream = zlib.decompressobj()
+    assert stream.decompress(loose.stored_zlib(data)) == data
+    assert stream.eof and not stream.unused_data
 
 
 def _sorted_files(entries: Mapping[str, shadow_repo.TreeEntry | None]) -> list[tuple[str, int, bytes]]:
