@@ -732,7 +732,7 @@ class ExclusionRules:
 
     def _load_gitignore(self, rel: str) -> PatternSet | None:
         file_rel = f"{rel}/{GITIGNORE}" if rel else GITIGNORE
-        file = os.path.join(self._root, file_rel)
+        file = f"{self._root}/{file_rel}"  # not os.path.join: ~1.5 us, once a folder
         text = read_rule_file(file) if _exists(file) else None
         if text is None:
             return None
@@ -788,7 +788,7 @@ class ExclusionRules:
         reason = self._entry_reason(parent, rel, name, True)
         if reason is not None:
             return _DirInfo(reason)
-        folder = os.path.join(self._root, rel)
+        folder = f"{self._root}/{rel}"
         try:
             mode = os.lstat(folder).st_mode
         except OSError:
@@ -797,7 +797,7 @@ class ExclusionRules:
             return _DirInfo(None, is_link=True)
         own = None
         if stat.S_ISDIR(mode):
-            if _exists(os.path.join(folder, GIT_DIR)):
+            if _exists(f"{folder}/{GIT_DIR}"):
                 return _DirInfo("nested_repo")
             own = self._load_gitignore(rel)
         return self._child_info(parent, rel, own)
