@@ -464,9 +464,13 @@ class Scanner:
             others = proven + others
             proven = []
         size = STATE_SIZE
-        for i, path in enumerate(proven):
-            if path not in pinned:
-                self._keep_borrowed(run, RepoPath(path), states[i * size:(i + 1) * size])
+        if proven and run.fresh and not pinned:
+            self._keep_borrowed_many(run, cast(list[RepoPath], proven),
+                                     [states[i * size:(i + 1) * size] for i in range(len(proven))])
+        else:
+            for i, path in enumerate(proven):
+                if path not in pinned:
+                    self._keep_borrowed(run, RepoPath(path), states[i * size:(i + 1) * size])
         for path in others:
             if path not in pinned:
                 st = self._lstat_in_folder(RepoPath(path))
@@ -483,11 +487,7 @@ class Scanner:
 
     def _keep_borrowed(self, run: _Staging, path: RepoPath, state: FileState) -> None:
         """Record `state`, which holds a blob id from the index (`_borrow`, or a child's)."""
-        assert run.proof is not None
-        if not run.alternate_added:
-            # the user's objects become readable here (read-only) before any id is used
-            borrowed.begin(self.repo, run.proof.objects_dir)
-            run.alternate_added = True
+        self._borrowing(run)
         run.stats.examined += 1
         run.stats.borrowed += 1
         oid = state_oid(state).hex()
@@ -496,6 +496,23 @@ class Scanner:
         else:
             self._record(run, path, TreeEntry(oid, state_mode(state)), state)
         run.borrowed[path] = oid
+
+    def _keep_borrowed_many(self, run: _Staging, paths: list[RepoPath], states: list[FileState]) -> None:
+        """`_keep_borrowed` for a fresh baseline's many paths at once (a child's share: ~44k of a
+        100k-file baseline, ~40 ms one by one)."""
+        assert run.fresh
+        self._borrowing(run)
+        run.stats.examined += len(paths)
+        run.stats.borrowed += len(paths)
+        run.cache.set_many(zip(paths, states, strict=True))  # from nothing, the cache holds what changed
+        run.borrowed.update(zip(paths, [state_oid(state).hex() for state in states], strict=True))
+
+    def _borrowing(self, run: _Staging) -> None:
+        """Before the first borrowed id is used: the user's objects become readable here (read-only)."""
+        assert run.proof is not None
+        if not run.alternate_added:
+            borrowed.begin(self.repo, run.proof.objects_dir)
+            run.alternate_added = True
 
     def _unborrow(self, run: _Staging) -> None:
         """Take no more ids from the index, and hash the files whose id was taken."""

@@ -164,6 +164,11 @@ class StatCache:
                 bisect.insort(self._sorted, path)
         self.entries[path] = state
 
+    def set_many(self, items: Iterable[tuple[RepoPath, FileState]]) -> None:
+        """`set` for many paths (a baseline's share); the sorted order is made again when asked for."""
+        self.entries.update(items)
+        self._sorted = None
+
     def remove(self, path: RepoPath) -> None:
         if self.entries.pop(path, None) is not None and self._sorted is not None:
             if self._edited():

@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -43,6 +44,7 @@ _STAGING_PREFIX = "borrowed-"  # objects/borrowed-<pid>-<thread>: where a copy w
 _ATTEMPTS = 3
 # ids checked between two calls of the copy's `pause` (~20 ms of the interpreter at 100k)
 _CHECK_CHUNK = 2048
+_OID = re.compile(r"[0-9a-f]{40}")
 
 
 class _Stopped(Exception):
@@ -89,8 +91,8 @@ def parse_ledger(text: str) -> Ledger:
         if isinstance(rec, dict):
             if isinstance(rec.get("alt"), str) and rec["alt"] not in out.alternates:
                 out.alternates.append(rec["alt"])
-            elif isinstance(rec.get("oid"), str) and isinstance(rec.get("path"), str):
-                out.items[rec["oid"]] = rec["path"]
+            elif isinstance(oid := rec.get("oid"), str) and _OID.fullmatch(oid) and isinstance(rec.get("path"), str):
+                out.items[oid] = rec["path"]  # an id of any other form is a damaged line
     return out
 
 
@@ -99,7 +101,8 @@ def _lines(alternate: str | None, items: Iterable[tuple[str, str]]) -> Iterator[
         yield json.dumps({"alt": alternate}) + "\n"
     quoted = encode_basestring_ascii  # json.dumps's own string encoder: one dumps per blob took ~0.2 s at 100k
     for oid, path in items:
-        yield f'{{"oid": {quoted(oid)}, "path": {quoted(path)}}}\n'
+        # an id is 40 hex digits (`bytes.hex()` here, checked by `parse_ledger` there): JSON takes them as they are
+        yield f'{{"oid": "{oid}", "path": {quoted(path)}}}\n'
 
 
 def begin(repo: ShadowRepo, objects_dir: Path) -> None:

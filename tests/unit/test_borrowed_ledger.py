@@ -41,3 +41,16 @@ def test_lines_are_what_json_dumps_writes() -> None:
     expected = [json.dumps({"alt": "/repo/.git/objects"}) + "\n"]
     expected += [json.dumps({"oid": oid, "path": path}) + "\n" for oid, path in ITEMS]
     assert list(borrowed._lines("/repo/.git/objects", ITEMS)) == expected
+
+
+def test_an_id_of_another_form_is_a_damaged_line_and_never_written_back() -> None:
+    """`_lines` writes ids as they are (they are hex): `parse_ledger` keeps only ids that are 40
+    lowercase hex digits, so a hand-edited or damaged id never reaches a rewritten ledger."""
+    import json
+
+    bad = ['{"oid": "' + "A" * 40 + '", "path": "upper"}\n', '{"oid": "x\\"y", "path": "quote"}\n',
+           '{"oid": "' + "a" * 39 + '", "path": "short"}\n']
+    ledger = borrowed.parse_ledger(ledger_text() + "".join(bad))
+    assert ledger.items == dict(ITEMS)
+    rewritten = "".join(borrowed._lines(ledger.alternates[-1], ledger.items.items()))
+    assert [json.loads(line) for line in rewritten.splitlines()][1:] == [{"oid": o, "path": p} for o, p in ITEMS]
