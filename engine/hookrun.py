@@ -38,6 +38,7 @@ PROJECT_VARS = {"claude": ("CLAUDE_PROJECT_DIR",), "codex": ("CODEX_PROJECT_DIR"
 # The sidecar a hook starts exits after this long without a connection.
 HOOK_SIDECAR_IDLE_S = 30 * 60.0
 SPAWN_WAIT_S = 20.0
+SPAWN_POLL_S = 0.005  # how often a hook that started the sidecar tries to connect
 # Before a mutating tool the answer waits for the baseline; the agent's hook timeout bounds it first.
 ANSWER_TIMEOUT_S = 600.0
 HASH_DIGITS = 13  # as `shadowpoint.workspace.workspace_hash`
@@ -241,13 +242,13 @@ def _spawn(path: str, root: str) -> _socket.socket | None:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                     start_new_session=True, close_fds=True, cwd="/")
         deadline = time.monotonic() + SPAWN_WAIT_S
-        delay = 0.005
         while time.monotonic() < deadline:
             sock = _connect(path)
             if sock is not None or proc.poll() is not None:
                 return sock or _connect(path)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            # every few ms, not backing off: the sidecar listens ~0.3 s after its start, and a
+            # doubling wait noticed it ~65 ms late (a refused connect costs ~30 us)
+            time.sleep(SPAWN_POLL_S)
         return None
     finally:
         os.close(fd)
