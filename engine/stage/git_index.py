@@ -456,18 +456,27 @@ def _logged(root: Path, found: IndexProof | str | None) -> IndexProof | None:
     return found
 
 
+PRELOAD_MAX_BYTES = 32 << 20  # an index of ~300k entries
+
+
 class IndexPreload:
     """`IndexProof.load` run by a forked child (forked.py) while this process does other work:
     a baseline places its watches meanwhile (~0.3 s at 100k files), and parsing a 100k-entry
     index is ~0.2 s of the interpreter, which a thread beside the watches would only take turns
     with. The proof does not depend on when it is read: a file is proven by its own stat against
     the entry, racy or not by the index file's time, whichever index file was read.
-    A child that fails leaves the load to `proof()`, here."""
+    A child that fails leaves the load to `proof()`, here. So does an index over
+    `PRELOAD_MAX_BYTES`: the child's answer crosses as one pickle that this process holds
+    beside the objects it makes (~1.7 times the index), a peak a 1M-file index (~100 MB) must not add."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self._child: Forked | None = None
-        if os.path.isdir(root / ".git"):  # not a repository: nothing to read, no fork
+        try:
+            size = os.stat(root / ".git" / "index").st_size
+        except OSError:
+            return  # not a repository, or no index: nothing to read ahead
+        if size <= PRELOAD_MAX_BYTES:
             self._child = Forked.start(self._in_child, (sys.modules[__name__],))
 
     def _in_child(self) -> bytes:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from shadowpoint.engine import Engine
+from shadowpoint.stage import git_index
 from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.forked import Forked
@@ -706,3 +707,18 @@ def assert_byte_exact_engine(state: Any) -> None:
             assert cat_file(state.ws.git_dir, entry.oid) == (state.ws.root / path).read_bytes()
     finally:
         shadow_repo.close()
+
+
+def test_an_index_over_the_preload_cap_is_read_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big index is not read ahead (its answer would cross as one pickle, held beside the
+    objects made from it): the proof is read here, the same."""
+    root = make_repo(tmp_path / "repo", FILES)
+    size = (root / ".git" / "index").stat().st_size
+    monkeypatch.setattr(git_index, "PRELOAD_MAX_BYTES", size - 1)
+    over = IndexPreload(root)
+    assert over._child is None
+    assert _proof_fields(over.proof()) == _proof_fields(IndexProof.load(root))
+    monkeypatch.setattr(git_index, "PRELOAD_MAX_BYTES", size)
+    at_cap = IndexPreload(root)
+    assert at_cap._child is not None
+    assert _proof_fields(at_cap.proof()) == _proof_fields(IndexProof.load(root))
