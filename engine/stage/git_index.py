@@ -13,7 +13,9 @@ git's index instead of hashing the file, when the index proves the file unchange
   `GIT_*` override in the environment); any doubt returns None ("hash everything");
 - `IndexProof.prove` is the per-file proof: a stage-0 entry without assume-valid,
   skip-worktree or intent-to-add, whose stat data equals the file's lstat as git compares
-  it, and which is not racy (older than the index file by the stat cache's margin).
+  it, and which is not racy (older than the index file by the stat cache's margin);
+- `IndexPreload` has a forked child do `IndexProof.load`'s reading while the baseline places
+  the watcher's watches, and hands its answer over.
 
 The engine never runs git and never writes the user's `.git`: the shadow repository reads
 the borrowed blobs through an alternate until `borrowed.py` copied them (see there).
