@@ -146,13 +146,13 @@ class BaselineBuilder:
         hashed = taken = 0
         # a git repository's index is read by a forked child while the watches are placed
         preloads = {name: IndexPreload(root.ws.root) for name, root in self.roots.items() if root.will_start_watcher}
+
+        def wanted() -> bool:
+            with rt.lock:
+                return rt.generation == gen  # not deleted or restarted meanwhile
+
         try:
             self._start_watchers(captures, requested)
-
-            def wanted() -> bool:
-                with rt.lock:
-                    return rt.generation == gen  # not deleted or restarted meanwhile
-
             for name, root in self.roots.items():
                 # on a git repository, ids the user's index proves unchanged are taken
                 made = checkpoint_root(root, StagePlan(rescan=True), rt.record.task_id,

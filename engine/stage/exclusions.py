@@ -63,6 +63,9 @@ def _stamp(st: os.stat_result) -> bytes | None:
 # ---------------------------------------------------------------- the rules
 
 
+_ACCESS_NOFOLLOW = os.access in os.supports_follow_symlinks  # not on Windows
+
+
 def _exists(path: str) -> bool:
     """Whether `path` exists (a symlink counts, whatever it points at): `os.path.lexists`
     without the exception a missing path raises inside it (most folders have neither a
@@ -70,9 +73,6 @@ def _exists(path: str) -> bool:
     if _ACCESS_NOFOLLOW:
         return os.access(path, os.F_OK, follow_symlinks=False)
     return os.path.lexists(path)
-
-
-_ACCESS_NOFOLLOW = os.access in os.supports_follow_symlinks  # not on Windows
 
 
 def _scan(folder: str) -> list[os.DirEntry[str]]:

@@ -664,8 +664,7 @@ class ShadowRepo:
     def has_object(self, oid: str) -> bool:
         # a loose object is one file to look for (a round asks for its parent commit, written
         # loose by the round before); libgit2 looks in every pack first
-        path = self._loose_file(oid)
-        if path is not None and os.path.exists(path):
+        if self._has_loose(oid):
             return True
         try:
             return oid in self._repo
@@ -1107,8 +1106,10 @@ class ShadowRepo:
         (which could name a file outside `objects/`)."""
         return os.path.join(self._objects_dir, oid[:2], oid[2:]) if _HEX_ID.fullmatch(oid) else None
 
-    def _loose_path(self, oid: str) -> Path:
-        return self.git_dir / "objects" / oid[:2] / oid[2:]
+    def _has_loose(self, oid: str) -> bool:
+        """Whether `oid` is held as a loose object (its file exists)."""
+        path = self._loose_file(oid)
+        return path is not None and os.path.exists(path)
 
     def collect_garbage(self, grace_s: float = 3600.0,
                         locked: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
@@ -1171,7 +1172,7 @@ class ShadowRepo:
                     now_tips = self.list_refs()
                     moved = [t for name, t in now_tips.items() if tips.get(name) != t]
                     extra = self.reachable_objects(moved, known=keep) - keep if moved else set()
-                    only_in_old_packs = [o for o in extra if not self._loose_path(o).exists()]
+                    only_in_old_packs = [o for o in extra if not self._has_loose(o)]
                     if only_in_old_packs:
                         log.info("storage.collect_deferred", git_dir=str(self.git_dir), objects=len(only_in_old_packs))
                         return len(keep), 0
