@@ -332,23 +332,35 @@ class _Run:
         self.dirs = _Bucket()  # `pattern/`: folders only
 
 
+_MATCHES = "matches"  # the filters' one label: their regexes merge into one
+
+
 class PatternSet:
     """An ordered gitignore-style pattern list, last match wins (one rule file, or a list)."""
 
-    __slots__ = ("_runs",)
+    __slots__ = ("_any_filter", "_dir_filter", "_runs")
 
     def __init__(self, patterns: Iterable[tuple[Pattern, str]], *, casefold: bool = False) -> None:
         runs: list[_Run] = []
+        # Every pattern once more, whatever its polarity, in one bucket for files and one for
+        # folders: most entries match no pattern at all, which one lookup tells instead of one
+        # per run (the built-in list has three runs; a scan decides every file).
+        self._any_filter, self._dir_filter = _Bucket(), _Bucket()
         for pattern, label in patterns:
             include = not pattern.negated
             if not runs or runs[-1].include != include:
                 runs.append(_Run(include))
             run = runs[-1]
             (run.dirs if pattern.dir_only else run.any).add(pattern, label, casefold=casefold)
+            if not pattern.dir_only:
+                self._any_filter.add(pattern, _MATCHES, casefold=casefold)
+            self._dir_filter.add(pattern, _MATCHES, casefold=casefold)
         runs.reverse()
         for run in runs:
             run.any.finish()
             run.dirs.finish()
+        self._any_filter.finish()
+        self._dir_filter.finish()
         self._runs = tuple(runs)
 
     @property
@@ -357,6 +369,8 @@ class PatternSet:
 
     def decide(self, rel: str, name: str, is_dir: bool) -> str | None:
         """Label of the deciding pattern, `NEGATED` if a `!pattern` decides, None if none matches."""
+        if (self._dir_filter if is_dir else self._any_filter).match(rel, name) is None:
+            return None  # no pattern of any run matches
         for run in self._runs:
             label = run.any.match(rel, name) if run.any.active else None
             if label is None and is_dir and run.dirs.active:
