@@ -52,7 +52,7 @@ from shadowpoint.stage.stat_cache import (
     state_oid,
 )
 from shadowpoint.stage.stat_pass import check_folders, default_split_min, split_pass
-from shadowpoint.store import borrowed
+from shadowpoint.store import borrowed, loose, shadow_repo
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
 from shadowpoint.workspace import RepoPath, is_git_component
@@ -60,10 +60,13 @@ from shadowpoint.workspace import RepoPath, is_git_component
 log = structlog.get_logger(__name__)
 
 # what a forked child of a baseline runs, made silent there (forked.py)
-_SILENCED = (sys.modules[__name__], exclusions, patterns, git_index)
+_SILENCED = (sys.modules[__name__], exclusions, patterns, git_index, shadow_repo, loose)
 
 # a stage from an empty tree with at least this many paths writes its trees as one pack
 PACKED_TREES_MIN = 256
+# a forked child's answer with a fresh baseline's trees (`Scanner._trees_aside`): the root's
+# raw id after this byte, or the other byte (the trees are made here)
+_TREES_ROOT, _TREES_CONFLICT = b"T", b"C"
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -203,12 +206,22 @@ class Scanner:
         # forced paths last: they win over every exclusion
         for path in sorted(plan.forced):
             self._stage_path(run, path, forced=True)
-        self._note_borrowed(run)
-        # from nothing, every path changed: sorted once, for the trees too (at 1M files each
-        # list of the paths is 7 MiB, held at a baseline's peak memory)
-        changed_paths = sorted(cache.entries) if run.fresh else tuple(run.changes)
-        if changed_paths:
-            cache.tree = self._write_tree(run, cache, changed_paths if run.fresh else None)
+        trees = self._trees_aside(cache) if run.fresh else None
+        try:
+            self._note_borrowed(run)
+            # from nothing, every path changed: sorted once, for the trees too (at 1M files each
+            # list of the paths is 7 MiB, held at a baseline's peak memory)
+            changed_paths = sorted(cache.entries) if run.fresh else tuple(run.changes)
+            if changed_paths:
+                answer = trees.result() if trees is not None else None
+                trees = None
+                if answer is not None and answer[:1] == _TREES_ROOT:
+                    cache.tree = answer[1:].hex()
+                else:  # no child, a failed one, or a path that is both a file and a folder
+                    cache.tree = self._write_tree(run, cache, changed_paths if run.fresh else None)
+        finally:
+            if trees is not None:
+                trees.abandon()
         run.stats.changed = len(changed_paths)
         run.stats.changed_paths = changed_paths
         run.stats.duration_ms = (time.perf_counter() - start) * 1e3
@@ -226,6 +239,24 @@ class Scanner:
             cache.tree = self.repo.patch_tree(cache.tree, run.changes)
 
     # ------------------------------------------------------------------ internals
+
+    def _trees_aside(self, cache: StatCache) -> Forked | None:
+        """A big baseline's trees, written by a forked child (the second core) while this
+        process writes the borrowed ledger and sorts the paths; None: written here."""
+        least = self.options.split_min_files
+        if least is None or len(cache.entries) < max(least, PACKED_TREES_MIN):
+            return None
+        entries = cache.entries
+
+        def trees_in_child() -> bytes:
+            try:
+                root = self.repo.write_tree_packed((p, state_mode(st := entries[p]), state_oid(st))
+                                                   for p in sorted(entries))
+            except ValueError:
+                return _TREES_CONFLICT  # a path that is both a file and a folder: patched here
+            return _TREES_ROOT + bytes.fromhex(root) if root is not None else _TREES_CONFLICT
+
+        return Forked.start(trees_in_child, _SILENCED)
 
     def _write_tree(self, run: _Staging, cache: StatCache, ordered: Sequence[RepoPath] | None) -> str | None:
         """The tree of `cache` after this staging: its old tree patched with the changes, or,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -551,3 +552,63 @@ def test_entry_modes(env: Env) -> None:
     modes = {p: e.mode for p, e in env.repo.list_tree(res.tree).items()}
     assert modes == {"x": MODE_EXEC, "y": MODE_FILE, "z": MODE_LINK}
     assert all(isinstance(e, TreeEntry) for e in env.repo.list_tree(res.tree).values())
+
+
+# ---- a big fresh baseline's trees, written by a forked child -------------------------------------
+
+
+def _big_tree() -> dict[str, Any]:
+    tree: dict[str, Any] = {f"pkg{i % 7}/sub{i % 3}/m{i:04d}.py": f"x = {i}\n" for i in range(600)}
+    tree["pkg0/run.sh"] = Exe("#!/bin/sh\n")
+    tree["pkg1/link"] = Link("sub0")
+    tree["top.txt"] = "top\n"
+    return tree
+
+
+def _trees_written_by(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fail_in_child: bool = False) -> Path:
+    """Spy on `ShadowRepo.write_tree_packed`: each call appends its process id to the file
+    returned (a forked child's memory never comes back); `fail_in_child`: a child dies there."""
+    pids = tmp_path / "tree-writers"
+    parent = os.getpid()
+    real = ShadowRepo.write_tree_packed
+
+    def spy(self: ShadowRepo, files: Any) -> str | None:
+        with open(pids, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        if fail_in_child and os.getpid() != parent:
+            os._exit(9)
+        return real(self, files)
+
+    monkeypatch.setattr(ShadowRepo, "write_tree_packed", spy)
+    return pids
+
+
+@pytest.mark.parametrize("fail_in_child", [False, True], ids=["child", "child-fails"])
+def test_a_big_fresh_baseline_writes_its_trees_in_a_child(
+        tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch, fail_in_child: bool) -> None:
+    make_tree(workspace, _big_tree())
+    pids = _trees_written_by(monkeypatch, tmp_path, fail_in_child)
+    forked = make_env(workspace, tmp_path / "forked", split_min_files=300)
+    alone = make_env(workspace, tmp_path / "alone")
+    try:
+        forked_cache, alone_cache = StatCache(), StatCache()
+        by_child = forked.stage(forked_cache, rescan=True)
+        writers = [int(p) for p in pids.read_text().split()]
+        assert writers[0] != os.getpid(), "the trees were not written by a forked child"
+        # a child that died leaves them to this process, which writes the same trees
+        assert writers[1:] == ([os.getpid()] if fail_in_child else [])
+        here = alone.stage(alone_cache, rescan=True)
+        assert by_child.tree == here.tree and by_child.tree is not None
+        assert forked.snapshot(by_child.tree) == forked.expected()
+        assert_consistent(forked, forked_cache)
+        fsck = subprocess.run(["git", "--git-dir", str(forked.repo.git_dir), "fsck", "--strict", "--no-dangling"],
+                              capture_output=True, text=True)
+        assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+        # the next stage patches the child's trees (read back from its pack)
+        (workspace / "pkg3/sub1/m0003.py").write_text("x = 'changed'\n")
+        again = forked.stage(forked_cache, watched=["pkg3/sub1/m0003.py"])
+        assert forked.snapshot(again.tree)["pkg3/sub1/m0003.py"] == b"x = 'changed'\n"
+        assert_consistent(forked, forked_cache)
+    finally:
+        forked.repo.close()
+        alone.repo.close()
