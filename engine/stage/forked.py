@@ -17,6 +17,7 @@ work itself.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import os
 import select
@@ -34,6 +35,7 @@ log = structlog.get_logger(__name__)
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _LENGTH = struct.Struct("<Q")  # the answer's length, before it: a cut answer is no answer
 _POLL_S = 0.005  # while waiting, how often the caller's `poll` runs
+_PIPE_BYTES = 1 << 20  # Linux's default fs.pipe-max-size
 
 
 def _ignore(*_args: Any, **_kwargs: Any) -> None:
@@ -64,6 +66,7 @@ class Forked:
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
         try:
             read_fd, write_fd = os.pipe()
+            _widen(write_fd)
             try:
                 pid = os.fork()
             except OSError as exc:
@@ -114,6 +117,15 @@ class Forked:
             os.close(self.read_fd)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
+
+
+def _widen(fd: int) -> None:
+    """Let the pipe hold `_PIPE_BYTES` (Linux): an answer of megabytes (a 100k-entry index's
+    proof is 18 MB) crosses in fewer turns of the two processes than through 64 KiB."""
+    setpipe = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if setpipe is not None:
+        with contextlib.suppress(OSError):  # above the user's limit (fs.pipe-max-size): as it is
+            fcntl.fcntl(fd, setpipe, _PIPE_BYTES)
 
 
 def _child_main(read_fd: int, write_fd: int, work: Callable[[], bytes], silence: Sequence[ModuleType]) -> None:
