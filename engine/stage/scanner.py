@@ -246,17 +246,26 @@ class Scanner:
         least = self.options.split_min_files
         if least is None or len(cache.entries) < max(least, PACKED_TREES_MIN):
             return None
-        entries = cache.entries
 
         def trees_in_child() -> bytes:
             try:
-                root = self.repo.write_tree_packed((p, state_mode(st := entries[p]), state_oid(st))
-                                                   for p in sorted(entries))
+                root = self._packed_trees(cache, None)
             except ValueError:
                 return _TREES_CONFLICT  # a path that is both a file and a folder: patched here
             return _TREES_ROOT + bytes.fromhex(root) if root is not None else _TREES_CONFLICT
 
         return Forked.start(trees_in_child, _SILENCED)
+
+    def _packed_trees(self, cache: StatCache, ordered: Sequence[RepoPath] | None) -> str | None:
+        """Every tree of `cache` (built from nothing) written as one pack; `ordered`: its paths
+        sorted, if the caller has them.
+
+        Raises:
+            ValueError: a path is both a file and a folder.
+        """
+        entries = cache.entries
+        return self.repo.write_tree_packed((p, state_mode(st := entries[p]), state_oid(st))
+                                           for p in (sorted(entries) if ordered is None else ordered))
 
     def _write_tree(self, run: _Staging, cache: StatCache, ordered: Sequence[RepoPath] | None) -> str | None:
         """The tree of `cache` after this staging: its old tree patched with the changes, or,
@@ -265,10 +274,8 @@ class Scanner:
         if cache.tree is not None:
             return self.repo.patch_tree(cache.tree, run.changes)
         if len(cache.entries) >= PACKED_TREES_MIN:
-            entries = cache.entries
             try:
-                return self.repo.write_tree_packed((p, state_mode(st := entries[p]), state_oid(st))
-                                                   for p in (sorted(entries) if ordered is None else ordered))
+                return self._packed_trees(cache, ordered)
             except ValueError:
                 pass  # a path that is both a file and a folder: patched, as below
         return self.repo.patch_tree(None, {p: state_entry(st) for p, st in cache.entries.items()})
