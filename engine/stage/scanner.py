@@ -65,8 +65,8 @@ _SILENCED = (sys.modules[__name__], exclusions, patterns, git_index, shadow_repo
 # a stage from an empty tree with at least this many paths writes its trees as one pack
 PACKED_TREES_MIN = 256
 # a forked child's answer with a fresh baseline's trees (`Scanner._trees_aside`): the root's
-# raw id after this byte, or the other byte (the trees are made here)
-_TREES_ROOT, _TREES_CONFLICT = b"T", b"C"
+# raw id after the first byte, or the second byte alone (this process makes them)
+_TREES_ROOT, _TREES_HERE = b"T", b"H"
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -251,8 +251,8 @@ class Scanner:
             try:
                 root = self._packed_trees(cache, None)
             except ValueError:
-                return _TREES_CONFLICT  # a path that is both a file and a folder: patched here
-            return _TREES_ROOT + bytes.fromhex(root) if root is not None else _TREES_CONFLICT
+                return _TREES_HERE  # a path that is both a file and a folder: patched here
+            return _TREES_ROOT + bytes.fromhex(root) if root is not None else _TREES_HERE
 
         return Forked.start(trees_in_child, _SILENCED)
 
