@@ -837,3 +837,6 @@ class TreeBench:
         for d in durations:
             res.ours.add(d / 1e3)
         res.notes.append("as logged by the engine's watcher.started (duration_ms)")
+        if any(self._events(mark, "watcher.started", "placed_by_scan")):
+            res.notes.append("placed by the baseline's scan: the time spent placing the watches (in this process "
+                             "and the scan's child), each before its folder is listed; the listing is the scan's")

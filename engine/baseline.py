@@ -25,7 +25,6 @@ from shadowpoint.options import EngineOptions
 from shadowpoint.results import KindError
 from shadowpoint.roots import Notify, RootState
 from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
-from shadowpoint.stage.git_index import IndexPreload
 from shadowpoint.stage.scanner import StageResult
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.store.checkpoints import CheckpointRecord
@@ -144,8 +143,6 @@ class BaselineBuilder:
         hashes: dict[str, str] = {}
         warnings: list[dict[str, str]] = []
         hashed = taken = 0
-        # a git repository's index is read by a forked child while the watches are placed
-        preloads = {name: IndexPreload(root.ws.root) for name, root in self.roots.items() if root.will_start_watcher}
 
         def wanted() -> bool:
             with rt.lock:
@@ -157,7 +154,7 @@ class BaselineBuilder:
                 # on a git repository, ids the user's index proves unchanged are taken
                 made = checkpoint_root(root, StagePlan(rescan=True), rt.record.task_id,
                                        f"baseline checkpoint at {ts}", None, capture=captures[name],
-                                       borrow=preloads.get(name, True), wanted=wanted, save_cache=True)
+                                       borrow=True, wanted=wanted, save_cache=True)
                 if made is None:
                     return
                 commit, result = made.commit, made.result
@@ -166,8 +163,9 @@ class BaselineBuilder:
                 hashed += result.stats.hashed
                 taken += result.stats.borrowed
         finally:
-            for preload in preloads.values():
-                preload.abandon()  # one a failed root never asked for
+            for root in self.roots.values():
+                if root.watcher is not None:
+                    root.watcher.placed()  # a root whose scan never ran: its watches by a walk
         with rt.lock:
             if rt.generation != gen:
                 return
@@ -181,14 +179,15 @@ class BaselineBuilder:
 
     def _start_watchers(self, captures: dict[str, EarlyCapture], requested: threading.Event) -> None:
         """Start every root's watcher before the baseline's scan (so that nothing slips between),
-        serving meanwhile what edit tools ask for: placing one watch per folder takes seconds on
-        a big tree, and the first edit waits only for its paths (SPEC §3)."""
+        serving meanwhile what edit tools ask for (the first edit waits only for its paths, SPEC
+        §3). The start is deferred: the scan places the watches as it lists each folder, before
+        listing it (`WorkspaceWatcher.start`), rather than a walk of their own first."""
         started = threading.Event()
 
         def start_all() -> None:
             try:
                 for root in self.roots.values():
-                    root.start_watcher(self._notify)
+                    root.start_watcher(self._notify, deferred=True)
             finally:
                 started.set()
                 requested.set()

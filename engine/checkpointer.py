@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from shadowpoint.roots import RootState
 from shadowpoint.stage.early_capture import EarlyCapture
-from shadowpoint.stage.git_index import IndexPreload
 from shadowpoint.stage.scanner import StageResult
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.store.values import task_ref
@@ -25,14 +24,13 @@ class RootCheckpoint:
 
 
 def checkpoint_root(root: RootState, plan: StagePlan, task_id: str, message: str, parent: str | None,
-                    *, capture: EarlyCapture | None = None, borrow: bool | IndexPreload = False,
+                    *, capture: EarlyCapture | None = None, borrow: bool = False,
                     wanted: Callable[[], bool] | None = None, save_cache: bool = False) -> RootCheckpoint | None:
     """Stage `plan` in `root` and commit it on `parent` (the task's previous snapshot of this
     root, None for a baseline); the task's ref moves to the commit, the head to its tree.
 
     `capture`: a baseline's early captures, finished once the root is scanned (its edits wait
-    no more); `borrow`: a baseline may take blob ids from the user's git index (an
-    `IndexPreload`: the index read meanwhile); `wanted`: asked
+    no more); `borrow`: a baseline may take blob ids from the user's git index; `wanted`: asked
     before the ref moves, None as its answer when false (a task deleted or restarted meanwhile);
     `save_cache`: write the stat cache too (after a baseline's whole scan).
 

@@ -26,7 +26,6 @@ from shadowpoint.stage import stager
 from shadowpoint.stage.blob_workers import BlobWorkerOptions
 from shadowpoint.stage.early_capture import EarlyCapture
 from shadowpoint.stage.exclusions import ExclusionRules
-from shadowpoint.stage.git_index import IndexPreload
 from shadowpoint.stage.scanner import Scanner, StageOptions, StageResult
 from shadowpoint.stage.stager import RootFacts, StagePlan, WatchView, staging_plan
 from shadowpoint.stage.stat_cache import StatCache, state_entry, state_oid
@@ -100,12 +99,14 @@ class RootState:
         """Whether `start_watcher` would start one (the options want it and none runs yet)."""
         return self.options.watcher and self.watcher is None
 
-    def start_watcher(self, notify: Notify, journal: PathJournal | None = None) -> None:
+    def start_watcher(self, notify: Notify, journal: PathJournal | None = None, *, deferred: bool = False) -> None:
         """Start recording touched paths (before the baseline, so nothing slips between).
 
         Args:
             notify: sends `watcher/degraded` to the host.
             journal: a journal of the caller's (watch mode observes activity through it).
+            deferred: the next stage is a rescan that places the watches as it lists the folders
+                (`WorkspaceWatcher.start`); until it ends no event is recorded.
         """
         if not self.will_start_watcher:
             return
@@ -129,7 +130,7 @@ class RootState:
 
         self.watcher = WorkspaceWatcher(self.ws.root, skip_dirs=skip_dirs, on_placed=placed, on_degraded=degraded,
                                         journal=journal, observer_kind=self.options.watcher_observer)
-        self.watcher.start()
+        self.watcher.start(deferred=deferred)
 
     @property
     def cache_file(self) -> Path:
@@ -194,7 +195,7 @@ class RootState:
             self.verified = False
 
     def _stage(self, handles: _Handles, plan: StagePlan, capture: EarlyCapture | None,
-               borrow: bool | IndexPreload) -> StageResult:
+               borrow: bool) -> StageResult:
         """`LockedRoot.stage`."""
         repo, scanner = handles.repo, handles.scanner
         if not self.verified:
@@ -202,9 +203,16 @@ class RootState:
         plan = staging_plan(plan, self.facts, self.watcher is not None,
                             self.excluded_tracked() if self._excluded_tracked else frozenset())
         self.stages += 1
-        watching = self.watcher is not None and self.watcher.is_running
+        watcher = self.watcher
+        watching = watcher is not None and watcher.is_running
+        # a deferred start's watches: placed by this rescan as it lists the folders
+        placer = watcher.take_placer() if watcher is not None and plan.rescan else None
         try:
-            result = scanner.stage(plan, self.cache, capture, borrow=borrow)
+            try:
+                result = scanner.stage(plan, self.cache, capture, borrow=borrow, watches=placer)
+            finally:
+                if watcher is not None and placer is not None:
+                    watcher.placed()
         except RepoError as exc:
             # Objects vanished under a running engine: repair the tracked set, try once more.
             log.warning("shadow_repo.objects_missing", root=str(self.ws.root), reason=str(exc))
@@ -432,11 +440,9 @@ class LockedRoot:
         """Make the tracked set mirror the tree of commit `head` (None: empty)."""
         self.state._reset_cache(self.open(), head)
 
-    def stage(self, plan: StagePlan, capture: EarlyCapture | None = None,
-              borrow: bool | IndexPreload = False) -> StageResult:
+    def stage(self, plan: StagePlan, capture: EarlyCapture | None = None, borrow: bool = False) -> StageResult:
         """Stage `plan` into the cache's tree; `capture`: a baseline's early paths; `borrow`: a
-        baseline may take ids from the user's git index (the copy then starts by itself); an
-        `IndexPreload` holds that index, read meanwhile."""
+        baseline may take ids from the user's git index (the copy then starts by itself)."""
         return self.state._stage(self._opened(), plan, capture, borrow)
 
     def capture_early(self, capture: EarlyCapture) -> None:

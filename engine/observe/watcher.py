@@ -129,10 +129,11 @@ class _RecordingHandler(FileSystemEventHandler):
 class _InotifyHooks:
     """`inotify.InotifyHooks` for one watcher; called on the set-up and inotify threads."""
 
-    def __init__(self, watcher: WorkspaceWatcher, root: str, marker_dir: str) -> None:
+    def __init__(self, watcher: WorkspaceWatcher, root: str, marker_dir: str, *, deferred: bool = False) -> None:
         self._watcher = watcher
         self._root_prefix = os.fsencode(root.rstrip("/") + "/")
         self.marker_dir = os.fsencode(marker_dir)
+        self.deferred = deferred
         self.skipped_dirs = 0
 
     def skips(self, path: bytes) -> bool:
@@ -228,6 +229,8 @@ class WorkspaceWatcher:
         self._lifecycle_lock = threading.RLock()
         self._observer: BaseObserver | None = None
         self._hooks: _InotifyHooks | None = None
+        self._placer: inotify.FolderWatches | None = None  # a deferred start's, until taken
+        self._placing: inotify.FolderWatches | None = None  # taken, until `placed()`
         self._marker_dir: str | None = None
         self._marker_pool: FilePool | None = None
         self._running = False
@@ -250,8 +253,12 @@ class WorkspaceWatcher:
 
     # ----------------------------------------------------------------------------------- lifecycle
 
-    def start(self) -> None:
+    def start(self, *, deferred: bool = False) -> None:
         """Place the watches and start the observer threads. Never raises.
+
+        `deferred` (the inotify observer only): place only the root's watch and hold every event
+        back; the scan that follows places the others as it lists the folders (`take_placer()`,
+        then its `finish()`). Meanwhile nothing is recorded, so the caller scans right away.
 
         A failure (missing root, OS limits) leaves the watcher unhealthy and calls `on_degraded`.
         Starting a running watcher does nothing.
@@ -268,7 +275,7 @@ class WorkspaceWatcher:
                 self._problems = {k: v for k, v in self._problems.items() if k == MISSED_CHANGE}
             started_ns = time.perf_counter_ns()
             try:
-                self._start_observer()
+                self._start_observer(deferred=deferred and not self._portable)
             except Exception as exc:
                 if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EMFILE):
                     reason = inotify.limit_reason(exc, self._root)
@@ -277,19 +284,49 @@ class WorkspaceWatcher:
                 self._degrade("start_failed", reason)
                 return
             self._running = True
-            duration_ms = (time.perf_counter_ns() - started_ns) / 1e6
-            log.info(
-                "watcher.started",
-                root=self._root,
-                watches=self.watch_count,
-                skipped_dirs=self._hooks.skipped_dirs if self._hooks is not None else None,
-                observer="portable" if self._portable else "inotify",
-                backend=type(self._observer).__name__,
-                duration_ms=round(duration_ms, 1),
-            )
-            if self._on_placed is not None:
-                self._on_placed()
+            observer, hooks = self._observer, self._hooks
+            if hooks is not None and hooks.deferred and isinstance(observer, inotify.ShadowObserver):
+                self._placer = observer.folder_watches(hooks)
+            if self._placer is None:
+                self._log_started((time.perf_counter_ns() - started_ns) / 1e6)
         self._recover_if_clear()
+
+    def take_placer(self) -> inotify.FolderWatches | None:
+        """A deferred start's placer of the watches, once (None: the watches are placed)."""
+        with self._lifecycle_lock:
+            placer, self._placer = self._placer, None
+            if placer is None:
+                return None
+            self._placing = placer
+            return placer
+
+    def placed(self) -> None:
+        """The deferred start's watches are placed: the taken placer's `finish()` or `abandon()`
+        was called (an untaken placer is abandoned here: every watch placed by a walk)."""
+        untaken = self.take_placer()
+        if untaken is not None:
+            untaken.abandon()
+        with self._lifecycle_lock:
+            placer, self._placing = self._placing, None
+            if placer is None or not self._running:
+                return
+            # the time spent placing them (the folders' listing is the scan's)
+            self._log_started(placer.spent_ms, placed_by_scan=True)
+
+    def _log_started(self, duration_ms: float, *, placed_by_scan: bool = False) -> None:
+        log.info(
+            "watcher.started",
+            root=self._root,
+            watches=self.watch_count,
+            # folders the scan left out are not counted as skipped here
+            skipped_dirs=self._hooks.skipped_dirs if self._hooks is not None and not placed_by_scan else None,
+            observer="portable" if self._portable else "inotify",
+            backend=type(self._observer).__name__,
+            duration_ms=round(duration_ms, 1),
+            placed_by_scan=placed_by_scan,
+        )
+        if self._on_placed is not None:
+            self._on_placed()
 
     def stop(self) -> None:
         """Stop watching and join every watcher thread (including a pending restart)."""
@@ -330,7 +367,7 @@ class WorkspaceWatcher:
             self._stop_observer()
             self.start()
 
-    def _start_observer(self) -> None:
+    def _start_observer(self, *, deferred: bool = False) -> None:
         hooks: _InotifyHooks | None = None
         if self._portable:
             # No marker folder: a second watch is a second emitter (or stream) whose events are not
@@ -351,7 +388,7 @@ class WorkspaceWatcher:
                 ahead.mkdir(exist_ok=True)
                 self._marker_pool = FilePool(ahead, size=MARKER_POOL_SIZE)
             self._handler.marker_prefix = os.path.join(self._marker_dir, _MARKER_PREFIX)
-            hooks = _InotifyHooks(self, self._root, self._marker_dir)
+            hooks = _InotifyHooks(self, self._root, self._marker_dir, deferred=deferred)
             observer = inotify.ShadowObserver(hooks, self._label)
         try:
             observer.schedule(self._handler, self._root, recursive=True, event_filter=_EVENT_FILTER)
@@ -369,6 +406,7 @@ class WorkspaceWatcher:
 
     def _stop_observer(self) -> None:
         observer, self._observer, self._hooks = self._observer, None, None
+        self._placer = self._placing = None  # a deferred start's: its events go with the observer
         if observer is not None:
             self._shutdown(observer)
 

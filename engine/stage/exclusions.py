@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import structlog
 
@@ -200,6 +200,19 @@ def _folder_groups(paths: Sequence[str], lo: int, hi: int, prefix: str) -> list[
         out.append((folder, end - i, i, end))
         i = end
     return out
+
+
+class FolderWatch(Protocol):
+    """Watches the folders a walk lists, each before it is listed (a deferred watcher start's
+    watches: `inotify.FolderWatches`)."""
+
+    def add(self, folder: str) -> None:
+        """Watch `folder` (an absolute path), about to be listed."""
+        ...
+
+    def drop(self, folder: str) -> None:
+        """`folder` turned out to be excluded once listed (a nested repository)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +407,8 @@ class ExclusionRules:
             for entry in files:
                 yield RepoPath(prefix + entry.name), entry
 
-    def walk_folders(self, keep: bool = True, part: WalkPart | None = None) -> Iterator[tuple[str, str]]:
+    def walk_folders(self, keep: bool = True, part: WalkPart | None = None,
+                     watch: FolderWatch | None = None) -> Iterator[tuple[str, str]]:
         """Every included non-folder entry of the workspace, like `walk()` from the root, as
         (folder path with a trailing "/", or "" for the root; the names of its included entries,
         joined by `NAME_SEP`: the listing's own string, so that a caller that keeps it holds no copy).
@@ -410,6 +424,9 @@ class ExclusionRules:
 
         `part`: only one side of a walk split in two (`WalkPart`); the folders of the other
         side are not kept, so the next walk lists them again.
+
+        `watch`: given each folder whose files are this walk's before it is listed (dropped
+        again when the listing shows it excluded).
 
         Returns:
             An iterator of (folder prefix, entry names joined by NAME_SEP; never empty); their
@@ -432,12 +449,16 @@ class ExclusionRules:
         while pending:
             rel, name, parent_info, mine = pending.pop()
             folder = f"{self._root}/{rel}" if rel else self._root
+            if watch is not None and mine:
+                watch.add(folder)
             listing = self._reused_listing(rel, name, parent_info, folder, old.get(rel))
             if listing is None:
                 listing = self._list_folder(rel, name, parent_info, folder)
                 if listing is None:
                     continue
             if listing.reason is not None:
+                if watch is not None and mine:
+                    watch.drop(folder)
                 if keep:
                     new[rel], infos[rel] = listing, _DirInfo(listing.reason)
                 continue

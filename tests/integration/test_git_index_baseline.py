@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +22,13 @@ from typing import Any
 import pytest
 
 from shadowpoint.engine import Engine
+from shadowpoint.observe import inotify
+from shadowpoint.observe.watcher import WorkspaceWatcher
 from shadowpoint.stage import git_index
 from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.forked import Forked
-from shadowpoint.stage.git_index import IndexPreload, IndexProof
+from shadowpoint.stage.git_index import IndexProof
 from shadowpoint.stage.scanner import Scanner, StageOptions, StageResult
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import StatCache
@@ -610,7 +613,7 @@ def test_a_baseline_that_fails_here_leaves_no_child_behind(tmp_path: Path, shado
         os.waitpid(started[0], os.WNOHANG)  # reaped: no zombie, no process left working
 
 
-# ---- the index read by a forked child while the watches are placed --------------------------------
+# ---- the index read in both processes of a split, and the watches placed by the scan ---------------
 
 
 def _proof_fields(proof: IndexProof | None) -> Any:
@@ -619,80 +622,191 @@ def _proof_fields(proof: IndexProof | None) -> Any:
             proof.extensions)
 
 
-def test_a_preloaded_index_is_the_index_read_here(tmp_path: Path) -> None:
+def test_an_open_index_is_read_as_it_was_when_opened(tmp_path: Path) -> None:
+    """The child of a split reads the index through the parent's descriptor: the same file,
+    even when git has renamed a new index over its path meanwhile."""
     root = make_repo(tmp_path / "repo", FILES)
-
-    def read(*_args: Any) -> Any:
-        raise AssertionError("the index was read in this process")
-
-    preload = IndexPreload(root)
-    with pytest.MonkeyPatch.context() as mp:
-        # the child was forked before this: it reads with the real one; this process may not read
-        mp.setattr(IndexProof, "read", classmethod(read))
-        got = preload.proof()
-    assert _proof_fields(got) == _proof_fields(IndexProof.load(root))
-    assert preload.proof() is not None  # asked again: read here (the child answered once)
-
-
-def test_a_preload_in_doubt_or_outside_a_repository_proves_nothing(tmp_path: Path) -> None:
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    (plain / "a.txt").write_text("x")
-    none = IndexPreload(plain)
-    assert none._child is None  # not a repository: no fork
-    assert none.proof() is None
-    root = make_repo(tmp_path / "repo", FILES)
-    git(root, "config", "core.autocrlf", "true")
-    assert IndexPreload(root).proof() is None
+    fd = git_index.open_index(root / ".git" / "index")
+    try:
+        before = IndexProof.load(root)
+        (root / "added.txt").write_text("new\n")
+        git(root, "add", "added.txt")  # git writes index.lock and renames it over the index
+        through_fd = IndexProof.load(root, fd=fd)
+    finally:
+        os.close(fd)
+    assert _proof_fields(through_fd) == _proof_fields(before)
+    after = IndexProof.load(root)
+    assert after is not None and "added.txt" in after.entries and "added.txt" not in _proof_fields(before)[3]
 
 
-def test_a_failed_preload_child_leaves_the_read_to_this_process(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    root = make_repo(tmp_path / "repo", FILES)
+def test_a_child_that_finds_no_part_leaves_it_to_this_process(tmp_path: Path, shadow: Any, forks: list[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child reads the index itself; one that finds it in doubt (or no part to walk)
+    answers so, and this process walks the part it gave it."""
     pid = os.getpid()
     real_read = IndexProof.read.__func__  # type: ignore[attr-defined]
 
-    def read(cls: type[IndexProof], *args: Any) -> Any:
+    def read(cls: type[IndexProof], *args: Any, **kwargs: Any) -> Any:
         if os.getpid() != pid:
-            raise MemoryError("the child ran out")
-        return real_read(cls, *args)
+            return "doubted in the child"
+        return real_read(cls, *args, **kwargs)
 
     monkeypatch.setattr(IndexProof, "read", classmethod(read))
-    preload = IndexPreload(root)
-    assert preload._child is not None
-    assert _proof_fields(preload.proof()) == _proof_fields(IndexProof.load(root))
+    split, whole, sh, split_cache, whole_cache = split_and_whole(tmp_path, shadow, SPLIT_FILES)
+    assert forks == ["a"]
+    assert split.tree == whole.tree and split_cache.entries == whole_cache.entries
+    assert split.stats.borrowed == len(SPLIT_FILES)  # this process's proof took the child's part too
+    assert_byte_exact(sh, split.tree)
 
 
-def test_an_abandoned_preload_leaves_no_child(tmp_path: Path) -> None:
-    root = make_repo(tmp_path / "repo", FILES)
-    preload = IndexPreload(root)
-    child = preload._child
-    assert child is not None
-    preload.abandon()
-    with pytest.raises(ChildProcessError):
-        os.waitpid(child.pid, os.WNOHANG)  # reaped
-    preload.abandon()  # twice is harmless
+def _watched(watcher: WorkspaceWatcher) -> set[str]:
+    observer = watcher._observer
+    assert isinstance(observer, inotify.ShadowObserver) and observer.group is not None
+    marker = observer.group.hooks.marker_dir
+    return {os.fsdecode(p) for p in observer.group._active_callbacks_by_path if p != marker}
 
 
-def test_engine_baseline_with_a_watcher_takes_ids_from_the_preloaded_index(
+def _deferred_watcher(root: Path) -> WorkspaceWatcher:
+    rules = ExclusionRules(root)
+    watcher = WorkspaceWatcher(root, skip_dirs=lambda rel: rules.is_excluded(rel, is_dir=True))
+    watcher.start(deferred=True)
+    return watcher
+
+
+def test_a_split_baselines_watches_are_those_of_a_walk(tmp_path: Path, shadow: Any, forks: list[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deferred start's watches are placed by the scan, the child's share by the child (and
+    taken over here): the same folders a start that walks the tree watches."""
+    files = {**SPLIT_FILES, "nested/.git/HEAD": b"ref: refs/heads/main\n", "nested/n.txt": b"n\n",
+             "node_modules/m/index.js": b"x\n"}
+    root = Path(os.path.realpath(make_repo(tmp_path / "repo", files)))
+    adopted: list[int] = []
+    real_adopt = inotify.FolderWatches.adopt
+
+    def adopt(self: Any, placed: list[tuple[int, bytes]], refused: Any, spent_ms: float = 0.0) -> None:
+        adopted.append(len(placed))
+        real_adopt(self, placed, refused, spent_ms)
+
+    monkeypatch.setattr(inotify.FolderWatches, "adopt", adopt)
+    deferred = _deferred_watcher(root)
+    walked = WorkspaceWatcher(root, skip_dirs=deferred._skip_dirs)
+    try:
+        assert _watched(deferred) == {str(root)}  # only the root's until the scan
+        placer = deferred.take_placer()
+        assert placer is not None and deferred.take_placer() is None
+        sh = shadow(root, split_min_files=10)
+        sh.scanner.stage(StagePlan(rescan=True), StatCache(), borrow=True, watches=placer)
+        assert placer.finished
+        deferred.placed()
+        walked.start()
+        assert forks == ["a"] and adopted == [2]  # a and a/deep: the child's
+        assert _watched(deferred) == _watched(walked)
+        assert {str(root / "a" / "deep"), str(root / "b")} <= _watched(deferred)
+        assert not any("nested" in p or "node_modules" in p for p in _watched(deferred))
+    finally:
+        deferred.stop()
+        walked.stop()
+
+
+def _exited(pid: int) -> bool:
+    """The child is done (a zombie until the scan reaps it)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_change_in_the_childs_folders_during_the_scan_is_recorded(tmp_path: Path, shadow: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event of a watch the child placed reaches this process before the watch is taken
+    over: it is held with every other event and handled, in order, once the scan ends."""
+    root = Path(os.path.realpath(make_repo(tmp_path / "repo", SPLIT_FILES)))
+    children: list[int] = []
+    real_start = Forked.start
+
+    def start(*args: Any, **kwargs: Any) -> Forked | None:
+        child = real_start(*args, **kwargs)
+        if child is not None:
+            children.append(child.pid)
+        return child
+
+    monkeypatch.setattr(Forked, "start", start)
+    watcher = _deferred_watcher(root)
+    try:
+        placer = watcher.take_placer()
+        sh = shadow(root, split_min_files=10)
+        hold = ScanHold(after_files=3)
+        done: dict[str, StageResult] = {}
+        scan = threading.Thread(target=lambda: done.update(result=sh.scanner.stage(
+            StagePlan(rescan=True), StatCache(), EarlyCapture(hold), borrow=True, watches=placer)))
+        scan.start()
+        try:
+            assert hold.reached.wait(60)
+            assert len(children) == 1
+            deadline = time.monotonic() + 60
+            while not _exited(children[0]):  # its watches placed, its answer in the pipe
+                assert time.monotonic() < deadline, "the child never finished"
+                time.sleep(0.01)
+            (root / "a" / "deep" / "y02.txt").write_bytes(b"changed while the scan was held\n")
+            (root / "late.txt").write_bytes(b"made in the root, watched from the start\n")
+        finally:
+            hold.release()
+            scan.join(60)
+        watcher.placed()
+        assert watcher.flush()
+        snap = watcher.swap()
+        assert snap.healthy
+        assert {RepoPath("a/deep/y02.txt"), RepoPath("late.txt")} <= set(snap.paths)
+    finally:
+        watcher.stop()
+
+
+def test_a_scan_that_fails_leaves_every_watch_placed(tmp_path: Path, shadow: Any, forks: list[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    root = Path(os.path.realpath(make_repo(tmp_path / "repo", SPLIT_FILES)))
+
+    def full_disk(*_args: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Scanner, "_scan_folders", full_disk)
+    watcher = _deferred_watcher(root)
+    walked = WorkspaceWatcher(root, skip_dirs=watcher._skip_dirs)
+    try:
+        placer = watcher.take_placer()
+        assert placer is not None
+        with pytest.raises(OSError):
+            shadow(root, split_min_files=10).scanner.stage(StagePlan(rescan=True), StatCache(), borrow=True,
+                                                           watches=placer)
+        assert placer.finished  # abandoned: the watches were placed by a walk
+        watcher.placed()
+        walked.start()
+        assert _watched(watcher) == _watched(walked) and len(_watched(walked)) > 3
+        (root / "a" / "x01.txt").write_bytes(b"after\n")
+        assert watcher.flush()
+        assert RepoPath("a/x01.txt") in watcher.swap().paths
+    finally:
+        watcher.stop()
+        walked.stop()
+
+
+def test_engine_baseline_with_a_watcher_takes_ids_and_places_its_watches(
         tmp_path: Path, make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
-    asked: list[str] = []
-    real_proof = IndexPreload.proof
+    placers: list[Any] = []
+    real_stage = Scanner.stage
 
-    def proof(self: IndexPreload) -> IndexProof | None:
-        asked.append(str(self.root))
-        return real_proof(self)
+    def stage(self: Scanner, *args: Any, **kwargs: Any) -> StageResult:
+        placers.append(kwargs.get("watches"))
+        return real_stage(self, *args, **kwargs)
 
-    monkeypatch.setattr(IndexPreload, "proof", proof)
+    monkeypatch.setattr(Scanner, "stage", stage)
     eng: Engine = make_engine(root, watcher=True)
     (state,) = eng.roots.values()
     eng.start_task("t1", 0)
     from tests.integration.test_engine import wait_ready
 
     assert wait_ready(eng, "t1") == "ready"
-    assert asked == [str(root)]
-    assert state.watcher is not None
+    assert placers and placers[0] is not None and placers[0].finished
+    assert state.watcher is not None and state.watcher.is_healthy
+    assert _watched(state.watcher) == {str(root), str(root / "src"), str(root / "src" / "deep"), str(root / "docs")}
     assert state.wait_copied(60)
     assert state.last_copy is not None and state.last_copy.copied == len(FILES)
     assert_byte_exact_engine(state)
@@ -707,18 +821,3 @@ def assert_byte_exact_engine(state: Any) -> None:
             assert cat_file(state.ws.git_dir, entry.oid) == (state.ws.root / path).read_bytes()
     finally:
         shadow_repo.close()
-
-
-def test_an_index_over_the_preload_cap_is_read_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A big index is not read ahead (its answer would cross as one pickle, held beside the
-    objects made from it): the proof is read here, the same."""
-    root = make_repo(tmp_path / "repo", FILES)
-    size = (root / ".git" / "index").stat().st_size
-    monkeypatch.setattr(git_index, "PRELOAD_MAX_BYTES", size - 1)
-    over = IndexPreload(root)
-    assert over._child is None
-    assert _proof_fields(over.proof()) == _proof_fields(IndexProof.load(root))
-    monkeypatch.setattr(git_index, "PRELOAD_MAX_BYTES", size)
-    at_cap = IndexPreload(root)
-    assert at_cap._child is not None
-    assert _proof_fields(at_cap.proof()) == _proof_fields(IndexProof.load(root))

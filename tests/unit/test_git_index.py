@@ -4,6 +4,7 @@ conditions that put the whole index in doubt."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import re
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowpoint.stage.git_index import IndexDoubt, IndexProof, read_index
+from shadowpoint.stage.git_index import IndexDoubt, IndexProof, _attribute_files, read_index
 from tests.gitrepo import git, make_repo
 
 
@@ -122,6 +123,27 @@ def test_bad_checksum_and_truncation_are_doubt(tmp_path: Path) -> None:
     bad.write_bytes(data[:30])
     with pytest.raises(IndexDoubt):
         read_index(bad)
+
+
+def test_a_name_holding_a_nul_is_doubt(tmp_path: Path) -> None:
+    """The names are checked together, after the loop: one that holds a NUL within its
+    recorded length is still refused."""
+    root = make_repo(tmp_path / "repo", {"ab.txt": b"a\n", "cd.txt": b"c\n"})
+    data = bytearray((root / ".git" / "index").read_bytes())
+    at = data.index(b"ab.txt")
+    data[at + 1] = 0  # "a\0.txt", the length field unchanged
+    body = bytes(data[:-20])
+    bad = tmp_path / "bad"
+    bad.write_bytes(body + hashlib.sha1(body).digest())
+    with pytest.raises(IndexDoubt, match="NUL"):
+        read_index(bad)
+
+
+def test_attribute_files_are_found_among_the_joined_paths() -> None:
+    paths = [".gitattributes", "a/.gitattributes", "a/x.gitattributes", "b/.gitattributesx", "x",
+             ".gitattributes/y", "c/d/.gitattributes", "e/.gitattributes.gitattributes"]
+    assert _attribute_files("\0".join(paths)) == [".gitattributes", "a/.gitattributes", "c/d/.gitattributes"]
+    assert _attribute_files("") == [] and _attribute_files("src/app.py\0README") == []
 
 
 @pytest.mark.parametrize(("where", "text", "doubted"), [
