@@ -19,7 +19,8 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -255,10 +256,12 @@ class _NotATree(Exception):
     """Paths that no tree can hold (unsorted, or a path both a file and a folder)."""
 
 
-def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[bytes, int, bytes], None]
-                     ) -> bytes | None:
+def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[bytes, int, bytes], None],
+                     root_items: RootItems | None = None) -> bytes | None:
     """Make the trees holding `files` (path, git mode, raw blob id; sorted by path), handing
     each to `add(raw id, type, data)` as it is made; the root tree's raw id (None: empty).
+    `root_items`: the root tree is not made, its entries are added there instead (None is
+    returned).
 
     One pass with a stack of the open folders: a folder's tree is made as soon as the paths
     leave it (sorted paths keep every folder's together), so no map of the whole listing is
@@ -318,7 +321,20 @@ def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[byt
         items.append((encoded, b"%s %s\0%s" % (mode_bytes, encoded, raw)))
     while len(stack) > 1:
         close()
+    if root_items is not None:
+        root_items.entries.extend(stack[0][1])
+        root_items.names.update(stack[0][2])
+        return None
     return tree_of(stack[0][1]) if stack[0][1] else None
+
+
+@dataclass(slots=True)
+class RootItems:
+    """A root tree's entries, made by `ShadowRepo.write_subtrees_packed` from a run of paths
+    and written by `write_root_tree` with those of the other runs."""
+
+    entries: list[tuple[bytes, bytes]] = field(default_factory=list)  # (git's sort key, entry bytes)
+    names: set[bytes] = field(default_factory=set)
 
 
 def _head_of(path: str) -> bytes:
@@ -717,14 +733,50 @@ class ShadowRepo:
                 caller patches instead).
             StorageFailedError: the docs root refused the write.
         """
+        root = self._packed(files, None)
+        return root.hex() if root is not None else None
+
+    def write_subtrees_packed(self, files: Iterable[tuple[str, int, bytes]]) -> RootItems:
+        """`write_tree_packed` for one run of the paths, without the root tree: its entries
+        are returned for `write_root_tree` (two processes write the trees of a big baseline,
+        each a run of top-level names).
+
+        Raises:
+            as `write_tree_packed`.
+        """
+        items = RootItems()
+        self._packed(files, items)
+        return items
+
+    def write_root_tree(self, parts: Sequence[RootItems]) -> str | None:
+        """The root tree of `parts` (`write_subtrees_packed`'s, of runs of paths that share no
+        top-level name); None when all are empty.
+
+        Raises:
+            ValueError: a name is in two parts (a file in one, a folder in another).
+            StorageFailedError: the docs root refused the write.
+        """
+        entries: list[tuple[bytes, bytes]] = []
+        names: set[bytes] = set()
+        for part in parts:
+            if not names.isdisjoint(part.names):
+                raise ValueError(f"{sorted(names & part.names)[0]!r}: both a file and a folder")
+            names.update(part.names)
+            entries.extend(part.entries)
+        if not entries:
+            return None
+        entries.sort()
+        return loose.write_object(self.git_dir, b"tree", b"".join(body for _, body in entries), self._pool)
+
+    def _packed(self, files: Iterable[tuple[str, int, bytes]], root_items: RootItems | None) -> bytes | None:
         staging = self.git_dir / "objects" / f"tmp_treepack_{os.getpid()}_{threading.get_ident()}"
         try:
             with written(self.git_dir, "write a tree"):
                 staging.mkdir(exist_ok=True)
                 try:
                     with packing.PackStream(staging) as pack:
-                        root = _trees_of_sorted(files, pack.add)
-                        if root is None:
+                        root = _trees_of_sorted(files, pack.add, root_items)
+                        if root is None and not (root_items is not None and root_items.entries):
                             return None
                         pack.finish()
                     self._install_packs(staging, self.git_dir / "objects" / "pack")
@@ -732,7 +784,7 @@ class ShadowRepo:
                     shutil.rmtree(staging, ignore_errors=True)
         except _NotATree as exc:
             raise ValueError(str(exc)) from None
-        return root.hex()
+        return root
 
     def _tree_data(self, oid: str | bytes) -> bytes:
         """A tree's raw content (`oid` hex, or raw bytes): one the last patch wrote from memory,

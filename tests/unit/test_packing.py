@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shadowpoint.stage.scanner import _trees_cut
 from shadowpoint.store import loose, packing, shadow_repo, values
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import task_ref
@@ -131,6 +132,42 @@ def test_a_baseline_tree_written_as_one_pack_equals_the_patched_tree(repo: Shado
     with pytest.raises(ValueError):  # not sorted
         repo.write_tree_packed(reversed(_sorted_files(entries)))
     assert repo.write_tree_packed([]) is None
+
+
+def test_a_root_over_runs_of_subtrees_equals_the_whole_tree(repo: ShadowRepo) -> None:
+    """Two writers (a baseline's child and this process) each write the trees of one run of
+    the sorted paths, cut at a top-level folder's end; the root over both is the tree one
+    writer makes. A name in both runs (a file and a folder) is refused."""
+    one, two = blob(repo, "one"), blob(repo, "two")
+    entries: dict[str, values.TreeEntry | None] = {
+        "a.txt": one, "a/x": one, "a/y/z": two, "a0": two, "b/c": one, "b-d": two, "c": one, "d/e/f": two}
+    files = _sorted_files(entries)
+    whole = repo.write_tree_packed(files)
+    for cut in range(len(files) + 1):
+        if 0 < cut < len(files) and files[cut - 1][0].split("/")[0] == files[cut][0].split("/")[0] \
+                and "/" in files[cut][0]:
+            continue  # inside a folder: `_trees_cut` never cuts there
+        parts = [repo.write_subtrees_packed(files[:cut]), repo.write_subtrees_packed(files[cut:])]
+        assert repo.write_root_tree(parts) == whole, cut
+    assert git(repo, "fsck", "--no-dangling", "--strict").returncode == 0
+    assert repo.write_root_tree([repo.write_subtrees_packed([])]) is None
+    clash = [repo.write_subtrees_packed(_sorted_files({"a": one})),
+             repo.write_subtrees_packed(_sorted_files({"a/b": one}))]
+    with pytest.raises(ValueError, match="both a file and a folder"):
+        repo.write_root_tree(clash)
+
+
+def test_the_trees_cut_ends_a_top_level_folder() -> None:
+    paths = sorted(["a", "a.txt", "a/x", "a/y/z", "a0", "b/c", "b/d", "b/e", "c"])
+    assert _trees_cut(paths, 0.0) == 0
+    assert _trees_cut(paths, 1.0) == len(paths)
+    for share in (i / 20 for i in range(21)):
+        cut = _trees_cut(paths, share)
+        assert cut >= int(len(paths) * share)
+        if 0 < cut < len(paths):
+            before, after = paths[cut - 1], paths[cut]
+            assert not (after.partition("/")[1] and before.startswith(after.partition("/")[0] + "/")), (share, cut)
+    assert _trees_cut(paths, 0.4) == paths.index("a0")  # "a/x" is paths[3]: the cut moves past "a/y/z"
 
 
 def test_a_tree_beyond_one_stored_block_is_read_by_git(repo: ShadowRepo) -> None:

@@ -566,37 +566,44 @@ def _big_tree() -> dict[str, Any]:
 
 
 def _trees_written_by(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fail_in_child: bool = False) -> Path:
-    """Spy on `ShadowRepo.write_tree_packed`: each call appends its process id to the file
-    returned (a forked child's memory never comes back); `fail_in_child`: a child dies there."""
-    pids = tmp_path / "tree-writers"
+    """Spy on `ShadowRepo.write_subtrees_packed`: each call appends its process id and how
+    many paths it got to the file returned (a forked child's memory never comes back);
+    `fail_in_child`: a child dies there."""
+    calls = tmp_path / "tree-writers"
     parent = os.getpid()
-    real = ShadowRepo.write_tree_packed
+    real = ShadowRepo.write_subtrees_packed
 
-    def spy(self: ShadowRepo, files: Any) -> str | None:
-        with open(pids, "a") as fh:
-            fh.write(f"{os.getpid()}\n")
+    def spy(self: ShadowRepo, files: Any) -> Any:
+        files = list(files)
+        with open(calls, "a") as fh:
+            fh.write(f"{os.getpid()} {len(files)}\n")
         if fail_in_child and os.getpid() != parent:
             os._exit(9)
         return real(self, files)
 
-    monkeypatch.setattr(ShadowRepo, "write_tree_packed", spy)
-    return pids
+    monkeypatch.setattr(ShadowRepo, "write_subtrees_packed", spy)
+    return calls
 
 
 @pytest.mark.parametrize("fail_in_child", [False, True], ids=["child", "child-fails"])
 def test_a_big_fresh_baseline_writes_its_trees_in_a_child(
         tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch, fail_in_child: bool) -> None:
-    make_tree(workspace, _big_tree())
-    pids = _trees_written_by(monkeypatch, tmp_path, fail_in_child)
+    """A child writes the trees of about half the paths (a run of top-level folders) while
+    this process writes the others; the root over both is the tree one process writes."""
+    tree = _big_tree()
+    make_tree(workspace, tree)
+    calls = _trees_written_by(monkeypatch, tmp_path, fail_in_child)
     forked = make_env(workspace, tmp_path / "forked", split_min_files=300)
     alone = make_env(workspace, tmp_path / "alone")
     try:
         forked_cache, alone_cache = StatCache(), StatCache()
         by_child = forked.stage(forked_cache, rescan=True)
-        writers = [int(p) for p in pids.read_text().split()]
-        assert writers[0] != os.getpid(), "the trees were not written by a forked child"
-        # a child that died leaves them to this process, which writes the same trees
-        assert writers[1:] == ([os.getpid()] if fail_in_child else [])
+        writers = [tuple(map(int, line.split())) for line in calls.read_text().splitlines()]
+        theirs = [n for pid, n in writers if pid != os.getpid()]
+        mine = [n for pid, n in writers if pid == os.getpid()]
+        assert len(theirs) == 1 and 0 < theirs[0] < len(tree), "no forked child wrote a run of the trees"
+        # a child that died leaves its run to this process, which writes the same trees
+        assert sorted(mine) == sorted([len(tree) - theirs[0]] + ([theirs[0]] if fail_in_child else []))
         here = alone.stage(alone_cache, rescan=True)
         assert by_child.tree == here.tree and by_child.tree is not None
         assert forked.snapshot(by_child.tree) == forked.expected()
