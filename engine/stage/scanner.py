@@ -201,6 +201,9 @@ class _Staging:
     # a deferred watcher start's watches, placed as the scan lists each folder
     watches: WatchPlacer | None = None
     borrowed: dict[RepoPath, str] = field(default_factory=dict)  # path -> the index's blob id
+    # a fresh baseline's files proven by the index, recorded together (`Scanner._keep_proven`)
+    proven_paths: list[RepoPath] = field(default_factory=list)
+    proven_states: list[FileState] = field(default_factory=list)
     restaged: set[RepoPath] = field(default_factory=set)  # borrowed paths recorded again since
     alternate_added: bool = False
     # paths whose unchanged stat proves them unchanged even when racy (`StagePlan.vouched`)
@@ -473,6 +476,7 @@ class Scanner:
                     run, self.rules.walk_folders(keep=False, part=theirs, watch=run.watches), walked, files_done)[:2]
             reached += share[0]
             clean += share[1]
+        self._keep_proven(run)
         if run.watches is not None:
             run.watches.finish()
         run.stats.examined += clean
@@ -504,6 +508,7 @@ class Scanner:
         reached = clean = 0
         root = os.path.join(self.root, "")
         lstat = os.lstat
+        proven_paths, proven_states = run.proven_paths, run.proven_states
         capture = run.capture
         pinned: set[RepoPath] = capture.pinned if capture is not None else set()
 
@@ -547,7 +552,12 @@ class Scanner:
                     elif run.proof is not None and st.st_size <= self.options.max_file_bytes:
                         oid = run.proof.prove(path, st)
                         if oid is not None:
-                            self._borrow(run, path, st, oid)
+                            if run.fresh:  # recorded together once the walk is over (`_keep_proven`)
+                                proven_paths.append(path)
+                                proven_states.append(pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                                                st.st_mode, st.st_ino, run.now_ns, _git_mode(st), oid))
+                            else:
+                                self._borrow(run, path, st, oid)
                             continue
                     self._stage_stat(run, path, st)
             finally:
@@ -696,9 +706,24 @@ class Scanner:
             borrowed.begin(self.repo, run.proof.objects_dir)
             run.alternate_added = True
 
+    def _keep_proven(self, run: _Staging) -> None:
+        """Record the files this process's walk proved (a fresh baseline's: ~40k of 100k, ~50 ms
+        less than one by one), but those captured early meanwhile: they keep their capture."""
+        paths, states = run.proven_paths, run.proven_states
+        if not paths:
+            return
+        run.proven_paths, run.proven_states = [], []
+        pinned = run.capture.pinned if run.capture is not None else set()
+        if pinned:
+            kept = [i for i, path in enumerate(paths) if path not in pinned]
+            paths, states = [paths[i] for i in kept], [states[i] for i in kept]
+        if paths:
+            self._keep_borrowed_many(run, paths, states)
+
     def _unborrow(self, run: _Staging) -> None:
         """Take no more ids from the index, and hash the files whose id was taken."""
         assert run.proof is not None
+        self._keep_proven(run)  # those too
         log.info("git_index.doubted", root=str(self.root), reason=run.proof.doubt, action="hashing every file",
                  rehashing=len(run.borrowed))
         run.proof = None
