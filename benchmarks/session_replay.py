@@ -269,6 +269,17 @@ def hook_floor(ours: _Ours, n: int = 25) -> dict[str, list[float]]:
             "http (Notification)": http_}
 
 
+def _wait_exit(pid: int, timeout_s: float = 30.0) -> None:
+    """Until the process `pid` (not a child of this one) has exited, or `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+
+
 def run_ours(root: Path, state: Path, model_s: float = 0.0) -> ModeResult:
     from shadowpoint import hookrun
     from shadowpoint.adapters import claude
@@ -295,9 +306,11 @@ def run_ours(root: Path, state: Path, model_s: float = 0.0) -> ModeResult:
             listed = client.request("checkpoint/list", {"taskId": SESSION_ID})  # queued behind every hook
             drained = time.perf_counter() - start
             floor = hook_floor(ours)
+            pid = client.request("sidecar/status")["pid"]
             client.request("sidecar/stop")
         if ours.conn is not None:
             ours.conn.close()
+        _wait_exit(pid)  # it writes to the state dir until it exits: removed after that
         kinds = [c["kind"] for c in listed["checkpoints"]]
         result = ModeResult("shadowpoint", wall, drained, ours.hooks, checkpoints=len(kinds))
         result.by_event = ours.by_event

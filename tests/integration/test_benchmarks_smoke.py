@@ -8,6 +8,7 @@ No timing asserts: speed is the benchmarks' business, not the tests'.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,12 +66,16 @@ def test_the_session_replay_runs_every_hook_on_a_tiny_tree(tmp_path: Path) -> No
     from benchmarks.session_data import SESSION
 
     model_s = 0.02
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.session_replay", "--files", "300", "--out", str(tmp_path),
          "--model-s", str(model_s)],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False, env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # the trees, the sidecar's state (it wrote there until it exited) and its flush folder are gone
+    assert not list(scratch.iterdir())
     (result,) = tmp_path.glob("session-replay-300-model0.02s-*.json")
     data = json.loads(result.read_text())
     assert data["model_s"] == model_s
