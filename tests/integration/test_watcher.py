@@ -716,3 +716,34 @@ def test_on_placed_follows_each_placement_of_the_watches(ws: Path, started: Call
     assert "src/new/b.py" in next_round(watcher).paths
     watcher.restart()
     assert len(placed) == 2 and watcher.is_healthy
+
+
+@inotify_only  # only the inotify observer starts deferred
+def test_events_held_past_the_cap_are_an_overflow_then_the_watcher_recovers(
+    ws: Path, watchers: MakeWatcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deferred start holds every event until its scan placed the watches; past the cap the
+    rest are dropped and handled as the kernel's queue overflow: the round is unhealthy (it
+    rescans), the watches are rebuilt and later changes are recorded."""
+    monkeypatch.setattr(watcher_inotify, "HOLD_MAX_EVENTS", 5)
+    build(ws, {"src/a.py": "1"})
+    degraded: list[str] = []
+    watcher = watchers(ws, on_degraded=degraded.append)
+    watcher.start(deferred=True)
+    placer = watcher.take_placer()
+    assert placer is not None
+    held = watcher._observer._inotify_fd  # type: ignore[union-attr]
+    for i in range(20):
+        (ws / f"f{i}.txt").write_text("x")  # the root is watched from the start
+    wait_until(lambda: held._held_overflow)
+    placer.add(str(ws / "src"))  # as the scan does, before listing the folder
+    placer.finish()
+    watcher.placed()
+    wait_until(lambda: watcher.is_healthy)
+    spoiled = watcher.swap()
+    (ws / "src" / "after.py").write_text("a")
+    recovered = next_round(watcher)
+
+    assert not spoiled.healthy and any("overflow" in reason for reason in spoiled.reasons)
+    assert len(degraded) == 1 and "overflow" in degraded[0]
+    assert recovered.healthy and "src/after.py" in recovered.paths
