@@ -387,3 +387,34 @@ def write_ref(git_dir: Path, name: str, target: str, pool: FilePool | None = Non
         if exc.errno in DAMAGE_ERRNOS:
             raise RepoError(f"Shadow repository failed to move {name}: {exc}") from exc
         raise StorageFailedError(storage_message(git_dir, f"move {name}", exc)) from exc
+
+
+def rewrite_ref(git_dir: Path, name: str, target: str, open_refs: dict[str, int], pool: FilePool | None = None
+                ) -> None:
+    """`write_ref(durable=False)` for a ref moved every round (the head): its own file is kept
+    open (`open_refs`, path -> descriptor, the caller's to close) and the new target written
+    over the old one in place, one `pwrite` of 41 bytes, where the write through a new file
+    and a rename cost ~100 us of a ~1.6 ms round. The same crash semantics as `durable=False`:
+    after a power cut the ref may read as none or as its previous target.
+
+    A file replaced or removed meanwhile (another process moved the ref: its link count is 0)
+    or of another length is written the usual way, and that file kept open instead.
+
+    Raises:
+        as `write_ref`.
+    """
+    final = os.path.join(git_dir, name)
+    content = f"{target}\n".encode()
+    fd = open_refs.pop(final, None)
+    if fd is not None:
+        try:
+            st = os.fstat(fd)
+            if st.st_nlink and st.st_size == len(content) and os.pwrite(fd, content, 0) == len(content):
+                open_refs[final] = fd
+                return
+        except OSError:
+            pass  # written the usual way, which reports what the file system refuses
+        os.close(fd)
+    write_ref(git_dir, name, target, pool, durable=False)
+    with contextlib.suppress(OSError):
+        open_refs[final] = os.open(final, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)

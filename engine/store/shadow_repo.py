@@ -365,6 +365,7 @@ class ShadowRepo:
         self._pool = FilePool(git_dir / FILE_POOL_FOLDER,
                               folders=[os.path.join(git_dir, "objects", f"{i:02x}") for i in range(256)])
         self._borrowed: dict[str, _ReadOnlyObjects] = {}
+        self._open_refs: dict[str, int] = {}  # refs moved in place (`loose.rewrite_ref`): path -> fd
         self._gc_file = os.fspath(git_dir / GC_GENERATION_FILE)
         self._gc_seen = self._gc_generation()
         self._attach_recorded()
@@ -537,6 +538,10 @@ class ShadowRepo:
 
     def close(self) -> None:
         self._pool.close()
+        for fd in self._open_refs.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._open_refs.clear()
         with contextlib.suppress(Exception):
             self._repo.free()
 
@@ -1014,7 +1019,10 @@ class ShadowRepo:
             raise RepoError(f"Shadow repository failed to move {name}: not a valid ref name")
         with translated(f"move {name}"):
             target = str(pygit2.Oid(hex=commit))
-        loose.write_ref(self.git_dir, name, target, self._pool, durable=durable)
+        if durable:
+            loose.write_ref(self.git_dir, name, target, self._pool)
+        else:
+            loose.rewrite_ref(self.git_dir, name, target, self._open_refs, self._pool)
 
     def delete_ref(self, name: str) -> None:
         for attempt in range(2):

@@ -214,3 +214,44 @@ def test_a_small_object_fits_one_block(repo: ShadowRepo, size: int) -> None:
     final = repo.git_dir / "objects" / oid[:2] / oid[2:]
     assert final.stat().st_size <= 4096
     assert cat(repo.git_dir, oid) == data
+
+
+def test_the_head_is_moved_in_place_and_a_replaced_file_is_noticed(tmp_path: Path) -> None:
+    """`rewrite_ref` keeps the ref's file open and writes each new target over the old one; a
+    file another writer replaced (or one of another length) is written the usual way."""
+    git_dir = tmp_path / "shadow"
+    (git_dir / "objects").mkdir(parents=True)
+    ref = git_dir / "refs" / "shadowpoint" / "head"
+    open_refs: dict[str, int] = {}
+    try:
+        loose.rewrite_ref(git_dir, "refs/shadowpoint/head", "a" * 40, open_refs)
+        first = ref.stat().st_ino
+        for c in "bcd":
+            loose.rewrite_ref(git_dir, "refs/shadowpoint/head", c * 40, open_refs)
+            assert ref.read_text() == c * 40 + "\n"
+        assert ref.stat().st_ino == first  # the same file, written over
+        loose.write_ref(git_dir, "refs/shadowpoint/head", "e" * 40)  # another writer: a new file
+        loose.rewrite_ref(git_dir, "refs/shadowpoint/head", "f" * 40, open_refs)
+        assert ref.read_text() == "f" * 40 + "\n"
+        ref.write_text("ref: refs/heads/other\n")  # another length
+        loose.rewrite_ref(git_dir, "refs/shadowpoint/head", "1" * 40, open_refs)
+        assert ref.read_text() == "1" * 40 + "\n"
+        ref.unlink()
+        loose.rewrite_ref(git_dir, "refs/shadowpoint/head", "2" * 40, open_refs)
+        assert ref.read_text() == "2" * 40 + "\n"
+        assert list(open_refs) == [str(ref)]
+    finally:
+        for fd in open_refs.values():
+            os.close(fd)
+
+
+def test_a_repository_closes_the_refs_it_keeps_open(repo: ShadowRepo) -> None:
+    tree = repo.patch_tree(None, {"a.txt": TreeEntry(repo.write_blob(b"1"), MODE_FILE)})
+    assert tree is not None
+    repo.set_ref("refs/shadowpoint/head", tree, durable=False)
+    repo.set_ref("refs/shadowpoint/head", tree, durable=False)
+    fds = list(repo._open_refs.values())
+    assert len(fds) == 1
+    repo.close()
+    with pytest.raises(OSError):
+        os.fstat(fds[0])
