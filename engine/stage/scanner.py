@@ -105,6 +105,19 @@ class WatchPlacer(exclusions.FolderWatch, Protocol):
         ...
 
 
+def _proven_state(st: os.stat_result, now_ns: int, raw_oid: bytes) -> FileState:
+    """The state of a file the user's index proved unchanged: its stat and the index's id."""
+    return pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino, now_ns, _git_mode(st), raw_oid)
+
+
+def _tree_files(cache: StatCache, paths: Iterable[RepoPath]) -> Iterator[tuple[str, int, bytes]]:
+    """`paths` of `cache` as the tree writers take them: (path, git mode, raw blob id)."""
+    entries = cache.entries
+    for path in paths:
+        state = entries[path]
+        yield path, state_mode(state), state_oid(state)
+
+
 def _trees_cut(ordered: Sequence[str], share: float) -> int:
     """Where the paths (sorted) are cut in two runs of about `share` and the rest, at the end of
     a top-level folder's paths: no folder's trees are split between two writers. A file and
@@ -359,8 +372,7 @@ class Scanner:
         Raises:
             ValueError: a path is both a file and a folder.
         """
-        entries = cache.entries
-        return self.repo.write_subtrees_packed((p, state_mode(st := entries[p]), state_oid(st)) for p in paths)
+        return self.repo.write_subtrees_packed(_tree_files(cache, paths))
 
     def _packed_trees(self, cache: StatCache, ordered: Sequence[RepoPath] | None) -> str | None:
         """Every tree of `cache` (built from nothing) written as one pack; `ordered`: its paths
@@ -369,9 +381,7 @@ class Scanner:
         Raises:
             ValueError: a path is both a file and a folder.
         """
-        entries = cache.entries
-        return self.repo.write_tree_packed((p, state_mode(st := entries[p]), state_oid(st))
-                                           for p in (sorted(entries) if ordered is None else ordered))
+        return self.repo.write_tree_packed(_tree_files(cache, sorted(cache.entries) if ordered is None else ordered))
 
     def _write_tree(self, run: _Staging, cache: StatCache, ordered: Sequence[RepoPath] | None) -> str | None:
         """The tree of `cache` after this staging: its old tree patched with the changes, or,
@@ -554,8 +564,7 @@ class Scanner:
                         if oid is not None:
                             if run.fresh:  # recorded together once the walk is over (`_keep_proven`)
                                 proven_paths.append(path)
-                                proven_states.append(pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                                                                st.st_mode, st.st_ino, run.now_ns, _git_mode(st), oid))
+                                proven_states.append(_proven_state(st, run.now_ns, oid))
                             else:
                                 self._borrow(run, path, st, oid)
                             continue
@@ -611,8 +620,7 @@ class Scanner:
             if oid is None:
                 return False
             proven.append(path)
-            states.append(pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino, run.now_ns,
-                                     _git_mode(st), oid))
+            states.append(_proven_state(st, run.now_ns, oid))
             return True
 
         found = check_folders(os.path.join(self.root, ""), folders(),
@@ -656,9 +664,9 @@ class Scanner:
             others = proven + others
             proven = []
         size = STATE_SIZE
-        if proven and run.fresh and not pinned:
-            self._keep_borrowed_many(run, cast(list[RepoPath], proven),
-                                     [states[i * size:(i + 1) * size] for i in range(len(proven))])
+        if run.fresh:  # recorded with this process's own (`_keep_proven`)
+            run.proven_paths.extend(cast(list[RepoPath], proven))
+            run.proven_states.extend(states[i * size:(i + 1) * size] for i in range(len(proven)))
         else:
             for i, path in enumerate(proven):
                 if path not in pinned:
@@ -674,8 +682,7 @@ class Scanner:
 
     def _borrow(self, run: _Staging, path: RepoPath, st: os.stat_result, raw_oid: bytes) -> None:
         """Record the index's blob id for `path` (proven unchanged), with our own mode."""
-        self._keep_borrowed(run, path, pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino,
-                                                  run.now_ns, _git_mode(st), raw_oid))
+        self._keep_borrowed(run, path, _proven_state(st, run.now_ns, raw_oid))
 
     def _keep_borrowed(self, run: _Staging, path: RepoPath, state: FileState) -> None:
         """Record `state`, which holds a blob id from the index (`_borrow`, or a child's)."""
@@ -689,16 +696,6 @@ class Scanner:
             self._record(run, path, TreeEntry(oid, state_mode(state)), state)
         run.borrowed[path] = oid
 
-    def _keep_borrowed_many(self, run: _Staging, paths: list[RepoPath], states: list[FileState]) -> None:
-        """`_keep_borrowed` for a fresh baseline's many paths at once (a child's share: ~44k of a
-        100k-file baseline, ~40 ms one by one)."""
-        assert run.fresh
-        self._borrowing(run)
-        run.stats.examined += len(paths)
-        run.stats.borrowed += len(paths)
-        run.cache.set_many(zip(paths, states, strict=True))  # from nothing, the cache holds what changed
-        run.borrowed.update(zip(paths, [state_oid(state).hex() for state in states], strict=True))
-
     def _borrowing(self, run: _Staging) -> None:
         """Before the first borrowed id is used: the user's objects become readable here (read-only)."""
         assert run.proof is not None
@@ -707,7 +704,7 @@ class Scanner:
             run.alternate_added = True
 
     def _keep_proven(self, run: _Staging) -> None:
-        """Record the files this process's walk proved (a fresh baseline's: ~40k of 100k, ~50 ms
+        """Record the files a fresh baseline's walk proved, here and in its child (100k: ~50 ms
         less than one by one), but those captured early meanwhile: they keep their capture."""
         paths, states = run.proven_paths, run.proven_states
         if not paths:
@@ -717,8 +714,13 @@ class Scanner:
         if pinned:
             kept = [i for i, path in enumerate(paths) if path not in pinned]
             paths, states = [paths[i] for i in kept], [states[i] for i in kept]
-        if paths:
-            self._keep_borrowed_many(run, paths, states)
+        if not paths:
+            return
+        self._borrowing(run)
+        run.stats.examined += len(paths)
+        run.stats.borrowed += len(paths)
+        run.cache.set_many(zip(paths, states, strict=True))  # from nothing, the cache holds what changed
+        run.borrowed.update(zip(paths, [state_oid(state).hex() for state in states], strict=True))
 
     def _unborrow(self, run: _Staging) -> None:
         """Take no more ids from the index, and hash the files whose id was taken."""

@@ -590,21 +590,30 @@ def test_an_edit_captured_while_the_child_scans_keeps_its_old_bytes(tmp_path: Pa
     assert len(listing) == len(SPLIT_FILES)
 
 
-def test_a_baseline_that_fails_here_leaves_no_child_behind(tmp_path: Path, shadow: Any, forks: list[str],
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    started: list[int] = []
+@pytest.fixture
+def forked_pids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The process id of each child `Forked.start` forks (the fork itself is real)."""
+    pids: list[int] = []
     real_start = Forked.start
 
     def start(*args: Any, **kwargs: Any) -> Forked | None:
         child = real_start(*args, **kwargs)
         if child is not None:
-            started.append(child.pid)
+            pids.append(child.pid)
         return child
+
+    monkeypatch.setattr(Forked, "start", start)
+    return pids
+
+
+def test_a_baseline_that_fails_here_leaves_no_child_behind(tmp_path: Path, shadow: Any, forks: list[str],
+                                                            forked_pids: list[int],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    started = forked_pids
 
     def full_disk(*_args: Any) -> Any:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(Forked, "start", start)
     monkeypatch.setattr(Scanner, "_scan_folders", full_disk)
     root = make_repo(tmp_path / "repo", SPLIT_FILES)
     sh = shadow(root, split_min_files=10)
@@ -717,20 +726,11 @@ def _exited(pid: int) -> bool:
 
 
 def test_a_change_in_the_childs_folders_during_the_scan_is_recorded(tmp_path: Path, shadow: Any,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                     forked_pids: list[int]) -> None:
     """An event of a watch the child placed reaches this process before the watch is taken
     over: it is held with every other event and handled, in order, once the scan ends."""
     root = Path(os.path.realpath(make_repo(tmp_path / "repo", SPLIT_FILES)))
-    children: list[int] = []
-    real_start = Forked.start
-
-    def start(*args: Any, **kwargs: Any) -> Forked | None:
-        child = real_start(*args, **kwargs)
-        if child is not None:
-            children.append(child.pid)
-        return child
-
-    monkeypatch.setattr(Forked, "start", start)
+    children = forked_pids
     watcher = _deferred_watcher(root)
     try:
         placer = watcher.take_placer()
