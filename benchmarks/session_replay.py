@@ -6,8 +6,9 @@ project is: it runs `git status`), in one run:
 
 - `none`: the session's file changes only (no checkpoints): the reference wall time;
 - `shadowpoint`: every hook Claude Code would send, through the real entry points as
-  `install-hooks claude` writes them: SessionStart and UserPromptSubmit as the lean command
-  (`python -I -S …/hookrun.py claude`, a subprocess each), every other event as an http hook
+  `install-hooks claude` writes them: SessionStart and UserPromptSubmit as the installed command
+  (`sh -c` of the bash client `bash …/hookrun.sh claude PYTHON`, a subprocess each, which hands
+  the start of the sidecar to `python -I -S …/hookrun.py`), every other event as an http hook
   to the workspace's sidecar on 127.0.0.1 (one keep-alive connection, as Claude Code keeps);
   tool events only where the installed matcher lets them through (read tools send nothing);
 - `seed`: the seed engine's checkpoint per round, `git add . && git commit` with the git CLI
@@ -204,7 +205,7 @@ class _Ours:
     env: dict[str, str]
     port: int
     secret: str
-    lean: list[str]
+    command: str  # the installed command of Claude Code's command events
     hooks: dict[str, list[float]] = field(default_factory=lambda: {"http": [], "command": [], "command-first": []})
     by_event: dict[str, list[float]] = field(default_factory=dict)
     first_barrier_s: float | None = None
@@ -216,7 +217,7 @@ class _Ours:
         body = json.dumps(payload).encode()
         start = time.perf_counter()
         if event in ("SessionStart", "UserPromptSubmit"):
-            subprocess.run([*self.lean, "claude"], input=body, env=self.env, cwd=self.root, check=True,
+            subprocess.run(["sh", "-c", self.command], input=body, env=self.env, cwd=self.root, check=True,
                            stdout=subprocess.DEVNULL)
             took = time.perf_counter() - start
             self.hooks["command-first" if event == "SessionStart" else "command"].append(took)
@@ -269,6 +270,18 @@ def hook_floor(ours: _Ours, n: int = 25) -> dict[str, list[float]]:
             "http (Notification)": http_}
 
 
+def _installed_command(root: Path, event: str) -> str:
+    """Our command for Claude Code's `event`, as `install-hooks claude` wrote it."""
+    from shadowpoint.adapters.install import is_ours, settings_path
+
+    settings = json.loads(settings_path("claude", root).read_text())
+    for group in settings["hooks"][event]:
+        for hook in group["hooks"]:
+            if is_ours(hook, "claude") and "command" in hook:
+                return str(hook["command"])
+    raise RuntimeError(f"install-hooks claude wrote no command for {event}")
+
+
 def _wait_exit(pid: int, timeout_s: float = 30.0) -> None:
     """Until the process `pid` (not a child of this one) has exited, or `timeout_s`."""
     deadline = time.monotonic() + timeout_s
@@ -281,7 +294,6 @@ def _wait_exit(pid: int, timeout_s: float = 30.0) -> None:
 
 
 def run_ours(root: Path, state: Path, model_s: float = 0.0) -> ModeResult:
-    from shadowpoint import hookrun
     from shadowpoint.adapters import claude
     from shadowpoint.adapters.install import install_hooks
     from shadowpoint.sidecar.client import SidecarClient, socket_path
@@ -296,7 +308,7 @@ def run_ours(root: Path, state: Path, model_s: float = 0.0) -> ModeResult:
         install_hooks("claude", root)
         config = load_http_config(str(root))
         assert config is not None
-        ours = _Ours(root, env, config.port, config.secret, [sys.executable, "-I", "-S", hookrun.__file__])
+        ours = _Ours(root, env, config.port, config.secret, _installed_command(root, "UserPromptSubmit"))
         matcher = re.compile(claude.EVENTS["PreToolUse"] or ".*")
         start = time.perf_counter()
         Replayer(root, ours.send, matcher, model_s=model_s).session()

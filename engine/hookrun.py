@@ -174,6 +174,13 @@ def _drop_fast(agent: str, session_id: str) -> None:
             pass
 
 
+def _seen_by_bash(agent: str, session_id: str) -> bool:
+    """True if the bash client delivered an event of this session (its note exists): the
+    session's events went through before, though this client wrote no state for it."""
+    fast = fast_session_file(agent, session_id)
+    return fast is not None and os.path.exists(fast)
+
+
 def _read_session(path: str) -> dict[str, object]:
     try:
         with open(path, encoding="utf-8") as fh:
@@ -300,7 +307,7 @@ def forward(agent: str, raw: bytes, env: os._Environ[str] | dict[str, str] | Non
         sock = _connect(path)
         if sock is None:
             sock = _spawn(path, root)
-            if sock is not None and session and agent == "claude" and not missed:
+            if sock is not None and agent == "claude" and not missed and (session or _seen_by_bash(agent, session_id)):
                 # Claude Code's http hooks went nowhere while no sidecar ran.
                 missed = "the sidecar was not running; hook events may have been missed"
         if sock is None:

@@ -35,8 +35,9 @@ _TOOLS = read_tools_matcher(READ_TOOLS)
 
 # Events `install-hooks claude` subscribes to, with the matcher for tool events: read tools
 # start nothing. SessionStart (it starts the sidecar; Claude Code runs no http hook there) and
-# UserPromptSubmit (once a turn: it starts the sidecar again if it went away) are commands,
-# every other event is an http hook to the sidecar (`HTTP_EVENTS`).
+# UserPromptSubmit (once a turn: it starts the sidecar again if it went away) are commands
+# (the bash client, which posts to the http endpoint and leaves starting the sidecar to the
+# Python client), every other event is an http hook to the sidecar (`HTTP_EVENTS`).
 EVENTS: dict[str, str | None] = {
     "SessionStart": None,
     "UserPromptSubmit": None,

@@ -39,8 +39,9 @@ _BARRIER_TIMEOUT_S = 600
 _TIMEOUT_S = 60
 _TIMEOUT_IN_MS = {"gemini"}
 _HTTP_PATH = "/hook/claude"
-# The agents whose every event runs our command: the bash client where it can run.
-BASH_CLIENT_AGENTS = frozenset({"codex", "gemini"})
+# The agents whose command events run the bash client where it can run: every event of Codex
+# CLI and Gemini CLI, Claude Code's SessionStart and UserPromptSubmit (its others are http hooks).
+BASH_CLIENT_AGENTS = frozenset({"claude", "codex", "gemini"})
 
 
 @dataclass(slots=True)
@@ -77,12 +78,12 @@ def bash_client() -> tuple[str, Path] | None:
 def default_command(agent: str) -> str:
     """The lean hook client by absolute paths.
 
-    Codex CLI and Gemini CLI run a command for every event: `BASH …/shadowpoint/hookrun.sh
-    AGENT PYTHON` where it can run (bash starts in a few milliseconds; it posts to the
-    sidecar's http endpoint and hands anything else to the Python client), else, and for
-    Claude Code's command events, `PYTHON -I -S …/shadowpoint/hookrun.py AGENT`: no site, no
-    user environment (the module needs only the standard library), so a hook runs without
-    our venv on PATH.
+    Codex CLI and Gemini CLI run a command for every event, Claude Code for SessionStart and
+    UserPromptSubmit: `BASH …/shadowpoint/hookrun.sh AGENT PYTHON` where it can run (bash
+    starts in a few milliseconds; it posts to the sidecar's http endpoint and hands anything
+    else, such as starting the sidecar, to the Python client), else `PYTHON -I -S
+    …/shadowpoint/hookrun.py AGENT`: no site, no user environment (the module needs only the
+    standard library), so a hook runs without our venv on PATH.
     """
     script = Path(hookrun.__file__).resolve()
     client = bash_client() if agent in BASH_CLIENT_AGENTS else None

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from shadowpoint.adapters.install import is_ours
+from shadowpoint.adapters.install import default_command, is_ours
 
 SP = [sys.executable, "-m", "shadowpoint"]
 
@@ -64,7 +64,7 @@ def test_claude_merge_keeps_the_users_hooks_and_remove_takes_only_ours(tmp_path:
     assert all(len(entries) == 1 for entries in mine.values()) and len(mine) == 9
     assert mine["PreToolUse"][0]["matcher"].startswith("^(?!") and mine["PreToolUse"][0]["type"] == "http"
     assert mine["PreToolUse"][0]["url"].startswith("http://127.0.0.1:")
-    assert mine["SessionStart"][0]["command"].endswith("hookrun.py claude")
+    assert mine["SessionStart"][0]["command"] == default_command("claude")
     assert mine["PreToolUse"][0]["timeout"] >= 300, "the barrier may wait for a large baseline"
     assert mine["Stop"][0]["matcher"] is None
 

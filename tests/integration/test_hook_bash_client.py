@@ -10,43 +10,32 @@ import json
 import os
 import signal
 import stat
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shadowpoint.adapters.health import check_agent
-from shadowpoint.adapters.install import bash_client, default_command, install_hooks, is_ours, settings_path
+from shadowpoint.adapters.install import bash_client, default_command, install_hooks, settings_path
 from shadowpoint.hookrun import fast_session_file
 from shadowpoint.sidecar.hook_endpoint import http_config_path, load_http_config
 from shadowpoint.workspace import workspace_hash
 from tests.conftest import make_tree
 from tests.integration.test_adapters import checkpoints, env, shadow_git_dir
 from tests.integration.test_adapters import files_of as all_files_of
-from tests.integration.test_hook_endpoint import _sidecar_pid, _wait_gone, hooks_log
+from tests.integration.test_hook_endpoint import (
+    Session,
+    _sidecar_pid,
+    _wait_gone,
+    hooks_log,
+    installed_command,
+    post,
+    run_hook,
+)
 
 __all__ = ["env"]  # the fixture, shared with test_adapters
 
 pytestmark = pytest.mark.skipif(bash_client() is None, reason="the bash client runs on Linux with bash and sha256sum")
-
-
-def installed_command(agent: str, ws: Path, event: str) -> str:
-    """Our command for `event` as `install-hooks` wrote it into the agent's project settings."""
-    settings = json.loads(settings_path(agent, ws).read_text())
-    for group in settings["hooks"][event]:
-        for hook in group["hooks"]:
-            if is_ours(hook, agent):
-                return str(hook["command"])
-    raise AssertionError(f"no hook of ours for {event}")
-
-
-def run_hook(command: str, payload: dict[str, Any] | bytes, env: dict[str, str], cwd: Path) -> None:
-    """One hook as the agent runs it (`sh -c COMMAND`, payload on stdin): exit 0, no output at all."""
-    raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    proc = subprocess.run(["sh", "-c", command], input=raw, cwd=cwd, env=env, capture_output=True, timeout=120,
-                          check=False)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
 
 
 def files_of(ws: Path, env: dict[str, str], commit: str) -> set[str]:
@@ -93,7 +82,9 @@ def test_install_writes_the_bash_client_and_keeps_the_secret_out_of_the_project(
         assert config.secret not in settings_path(agent, ws).read_text()
     mode = stat.S_IMODE(os.stat(http_config_path(str(ws))).st_mode)
     assert mode == 0o600 and stat.S_IMODE(os.stat(http_config_path(str(ws)).parent).st_mode) == 0o700
-    assert default_command("claude").endswith("hookrun.py claude")  # its command events stay in Python
+    install_hooks("claude", ws)  # its two command events run the bash client too; the rest are http hooks
+    assert installed_command("claude", ws, "UserPromptSubmit") == default_command("claude")
+    assert "hookrun.sh" in default_command("claude") and default_command("claude").split()[2] == "claude"
     # doctor: current while the secret file exists; without it every event would go to Python
     assert check_agent("codex", ws)["summary"].startswith("installed, current")
     http_config_path(str(ws)).unlink()
@@ -207,3 +198,40 @@ def test_missed_events_go_through_the_python_client_until_reported(workspace: Pa
     reasons = [w["reason"] for c in cps[-2:] for w in c["warnings"]]
     assert any(r.startswith("events_missed") for r in reasons), reasons
     assert all(c["warnings"] == [] for c in cps[:3])
+
+
+def test_claude_command_hooks_through_the_bash_client_and_events_missed_after_them(workspace: Path,
+                                                                                    env: dict[str, str]) -> None:
+    """Claude Code's SessionStart and UserPromptSubmit run the bash client: a session whose
+    events all went through it (the sidecar was already up) has no state file of the Python
+    client, only the bash client's note; when the sidecar dies, its http hooks go nowhere, and
+    the next command hook (handed to the Python client, which starts a sidecar) must still
+    say that events were missed."""
+    ws = make_tree(workspace, {"a.txt": "a\n"})
+    first = Session(ws, {**env, "SHADOWPOINT_HOOK_TRACE": "1"}, "claude-bash-first")
+    first.command("SessionStart", source="startup")  # nothing listens: the Python client starts the sidecar
+    s = Session(ws, first.env, "claude-bash-second")
+    s.command("SessionStart", source="startup")
+    s.command("UserPromptSubmit", prompt="go: héllo ✓")
+    note = Path(fast_session_file("claude", s.task) or "")
+    assert note.read_text() == f"{workspace_hash(ws)} {ws}\n"
+    traced = [line for line in hooks_log(s.env).splitlines() if " ok in " in line]
+    assert len(traced) == 3 and "(http)" not in traced[0] and all(t.endswith("ms (http)") for t in traced[1:])
+    s.write("b.txt", "b\n")
+    s.http("PostToolBatch", tool_calls=[])
+    pid = _sidecar_pid(ws)
+    os.kill(pid, signal.SIGTERM)
+    _wait_gone(pid)
+    with pytest.raises(ConnectionRefusedError):
+        post(s.port, {**s.base, "hook_event_name": "PreToolUse", "tool_name": "Bash"}, secret=s.secret)
+    (ws / "lost.txt").write_text("made by a Bash whose hooks went nowhere\n")
+    s.command("UserPromptSubmit", prompt="go on")  # refused on the port: the Python client starts a sidecar
+    assert _sidecar_pid(ws) != pid
+    s.write("c.txt", "c\n")
+    s.http("PostToolBatch", tool_calls=[])
+    cps = s.checkpoints()
+    assert [c["kind"] for c in cps] == ["baseline", "round", "round"]
+    assert {"lost.txt", "c.txt"} <= files_of(ws, s.env, cps[-1]["hash"])
+    assert cps[1]["warnings"] == []
+    reasons = [w["reason"] for w in cps[-1]["warnings"]]
+    assert any(r.startswith("events_missed") for r in reasons), reasons

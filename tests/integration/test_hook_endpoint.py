@@ -20,7 +20,7 @@ import pytest
 from shadowpoint import hookrun
 from shadowpoint.adapters import claude, codex, gemini
 from shadowpoint.adapters.health import check_agent
-from shadowpoint.adapters.install import default_command, install_hooks
+from shadowpoint.adapters.install import default_command, install_hooks, is_ours, settings_path
 from shadowpoint.sidecar.client import SidecarClient, socket_path
 from shadowpoint.sidecar.hook_endpoint import http_config_path, load_http_config
 from shadowpoint.workspace import workspace_hash
@@ -75,8 +75,26 @@ def hooks_log(env: dict[str, str]) -> str:
     return path.read_text() if path.exists() else ""
 
 
+def installed_command(agent: str, ws: Path, event: str) -> str:
+    """Our command for `event` as `install-hooks` wrote it into the agent's project settings."""
+    settings = json.loads(settings_path(agent, ws).read_text())
+    for group in settings["hooks"][event]:
+        for hook in group["hooks"]:
+            if is_ours(hook, agent) and "command" in hook:
+                return str(hook["command"])
+    raise AssertionError(f"no command hook of ours for {event}")
+
+
+def run_hook(command: str, payload: dict[str, Any] | bytes, env: dict[str, str], cwd: Path) -> None:
+    """One hook as the agent runs it (`sh -c COMMAND`, payload on stdin): exit 0, no output at all."""
+    raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    proc = subprocess.run(["sh", "-c", command], input=raw, cwd=cwd, env=env, capture_output=True, timeout=120,
+                          check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+
+
 class Session:
-    """A Claude Code session with hooks installed: command hooks via the lean client, the rest http."""
+    """A Claude Code session with hooks installed: its command hooks as installed (`sh -c`), the rest http."""
 
     def __init__(self, ws: Path, env: dict[str, str], session: str = "claude-http-session") -> None:
         self.ws, self.env = ws, env
@@ -88,7 +106,8 @@ class Session:
         self.task = session
 
     def command(self, event: str, **fields: Any) -> None:
-        lean("claude", {**self.base, "hook_event_name": event, **fields}, self.env, self.ws)
+        run_hook(installed_command("claude", self.ws, event), {**self.base, "hook_event_name": event, **fields},
+                 self.env, self.ws)
 
     def http(self, event: str, **fields: Any) -> None:
         assert post(self.port, {**self.base, "hook_event_name": event, **fields}, secret=self.secret) == 200
@@ -340,7 +359,7 @@ def test_install_says_what_each_agent_needs_and_doctor_checks_it(workspace: Path
     install_hooks("claude", ws, command="/old/bin/shadowpoint hook claude")
     check = check_agent("claude", ws)
     assert check["status"] == "warning" and "not current" in check["details"][0]
-    assert default_command("claude").endswith("hookrun.py claude")
+    assert default_command("claude").split()[2:3] == ["claude"]  # the bash client, where it runs
 
 
 def test_a_client_that_closes_before_its_answers_is_no_error(workspace: Path, env: dict[str, str]) -> None:
