@@ -200,25 +200,6 @@ class OurEngine:
         building = self.eng.list_checkpoints(task).status.state == "initializing"
         return seconds, building
 
-    def first_command(self, task: str) -> tuple[float, float]:
-        """Start `task` and run a round of one command that changes nothing: seconds from
-        task/start to the command's tool/begin returning (it waits for the baseline's scan, not
-        its trees and commit: SPEC §3), and to the baseline being built."""
-        ts = self.next_ts()
-        self.baseline_ts[task] = ts
-        self.background.settle()
-        with self._profiled():
-            start = time.perf_counter()
-            self.eng.start_task(task, ts=ts)
-            self.eng.begin_round(task)
-            self.eng.tool_began(task, COMMAND_TOOL, "command", None)
-            waited = time.perf_counter() - start
-            self.eng.tool_ended(task, COMMAND_TOOL, None)
-            self.eng.end_round(task, self.next_ts())
-            built = time.perf_counter() - start
-        self.baseline_hash(task)  # raises if there is none
-        return waited, built
-
     def finish_first_edit(self, task: str, path: str) -> float:
         """Close the round `first_edit` opened (waits for the baseline); seconds since task/start."""
         self.eng.tool_ended(task, EDIT_TOOL, [path])

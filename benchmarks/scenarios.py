@@ -439,18 +439,6 @@ class TreeBench:
                     finally:
                         ours.close()
                         shutil.rmtree(ours.docs_dir, ignore_errors=True)
-                    # untimed for the row: a new task's first command, which waits for the scan only
-                    quiesce_disk()
-                    ours = OurEngine(self.root, self.workdir / f"docs-git-cmd-{i}", background=self.background)
-                    try:
-                        waited, built = ours.first_command(f"{MAIN_TASK}-cmd")
-                        res.notes.append(f"run {i + 1}: a first command's tool/begin returned after {waited:.2f} s "
-                                         f"(the baseline's scan), its round ended after {built:.2f} s")
-                        progress(f"{self.label}:   first command {i + 1}/{self.heavy_repeat}: {waited:.2f} s "
-                                 f"(round ended after {built:.2f} s)")
-                    finally:
-                        ours.close()
-                        shutil.rmtree(ours.docs_dir, ignore_errors=True)
 
                 for step in ((run_rival, run_ours) if i % 2 == 0 else (run_ours, run_rival)):
                     step()
