@@ -1,9 +1,7 @@
 """`BaselineBuilder`: builds a task's baseline (the first checkpoint: every root scanned and
 committed) on a thread of its own, with the slow and timeout timers, the watchers started
-before the scan, and the barriers tool calls wait on (SPEC §3): a command waits until the scan
-is over, when the baseline holds every file's content (its trees and commit are written while
-the command runs; the round's checkpoint waits for them); an edit tool only for the paths it is
-about to change, which the building scan captures first.
+before the scan, and the barriers tool calls wait on (the whole baseline, or only the paths an
+edit tool is about to change, which the building scan captures first: SPEC §3).
 
 Owned by `Engine`, one per engine. `begin` runs on the task's engine thread with the task's
 lock held; the build on `shadowpoint-baseline:<task>`, the watchers' start on
@@ -76,12 +74,6 @@ class BaselineBuilder:
         requested = threading.Event()
         captures = {name: EarlyCapture(self._hold(), requested) for name in self.roots}
         rt.captures = captures
-
-        def over(_: Future[None]) -> None:  # built, failed or timed out: no tool waits on a scan
-            for capture in captures.values():
-                capture.finish()
-
-        fut.add_done_callback(over)
         self._start_timers(rt, gen, fut)
         task_id = rt.record.task_id
 
@@ -226,25 +218,6 @@ class BaselineBuilder:
                     rt.waiting_for_baseline -= 1
         return rt.state is TaskState.READY
 
-    def wait_scanned(self, rt: TaskRuntime) -> None:
-        """A tool that may change anything (a command): wait until the baseline holds the whole
-        workspace's content, every root's scan over (SPEC §3); its trees and commit go on
-        meanwhile, and the round's checkpoint waits for them (`wait_ready`)."""
-        fut = rt.baseline
-        if rt.state is not TaskState.INITIALIZING or fut is None or fut.done():
-            self.wait_ready(rt)
-            return
-        start = time.perf_counter()
-        with rt.lock:
-            rt.waiting_for_baseline += 1
-        try:
-            for capture in rt.captures.values():
-                capture.scanned.wait()
-        finally:
-            with rt.lock:
-                rt.waiting_for_baseline -= 1
-        log.info("task.scan_held", task_id=rt.record.task_id, wait_ms=round((time.perf_counter() - start) * 1e3, 2))
-
     def wait_for_paths(self, rt: TaskRuntime, paths: list[tuple[str, str]]) -> None:
         """An edit tool about to change `paths`: wait until the baseline holds their current
         content, which a baseline still building captures first (SPEC §3), not for all of it."""
@@ -258,7 +231,7 @@ class BaselineBuilder:
         for req in requests:
             req.done.wait()
         if any(req.needs_whole_scan for req in requests):
-            self.wait_scanned(rt)
+            self.wait_ready(rt)
         log.info("task.paths_captured", task_id=rt.record.task_id, paths=len(paths),
                  wait_ms=round((time.perf_counter() - start) * 1e3, 2))
 

@@ -91,7 +91,7 @@ class TaskRuntime:
     baseline: Future[None] | None = None
     # per root: paths edit tools ask the building baseline for first (SPEC §3)
     captures: dict[str, EarlyCapture] = field(default_factory=dict)
-    waiting_for_baseline: int = 0  # tool/begin calls blocked on the whole baseline (or its scan) now
+    waiting_for_baseline: int = 0  # tool/begin calls blocked on the whole baseline now
     recorder: RoundRecorder | None = None
     round_no: int = 0
     generation: int = 0
@@ -347,7 +347,7 @@ class Engine:
         if resolved_kind is ToolKind.EDIT and resolved:
             self._baselines.wait_for_paths(rt, resolved)  # its paths first; the rest of the baseline goes on
         elif resolved_kind is not ToolKind.READ:
-            self._baselines.wait_scanned(rt)  # a command (or an edit with no paths) may change anything
+            self._baselines.wait_ready(rt)  # a command (or an edit with no paths) may change anything
         with rt.lock:
             recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
             recorder.tool_began(tool, resolved_kind, resolved)

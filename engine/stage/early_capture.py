@@ -7,8 +7,7 @@ paths' content at once and pins them, so that the rest of the scan never records
 of them (the tool may be writing them by then). One `EarlyCapture` per root and baseline build.
 
 `ScanHold` is a test seam: it holds the scan after a number of files, still serving requests,
-until the test releases it (or, `after_scan`, holds the baseline once its scan is over, before
-its trees and commit), so that tests need no race with the scan's speed.
+until the test releases it, so that tests need no race with the scan's speed.
 """
 
 from __future__ import annotations
@@ -32,12 +31,10 @@ class CaptureRequest:
 
 
 class ScanHold:
-    """Test seam: holds a baseline's scan after `after_files` files until `release()`; with
-    `after_scan`, holds the baseline once its scan is over instead (`EarlyCapture.scan_over`)."""
+    """Test seam: holds a baseline's scan after `after_files` files until `release()`."""
 
-    def __init__(self, after_files: int = 0, *, after_scan: bool = False) -> None:
+    def __init__(self, after_files: int) -> None:
         self.after_files = after_files
-        self.after_scan = after_scan
         self.reached = threading.Event()  # set when the scan stops at the hold
         self._cond = threading.Condition(threading.Lock())
         self._released = False
@@ -74,8 +71,6 @@ class EarlyCapture:
         self.pinned: set[RepoPath] = set()
         self._hold = hold
         self._wake = wake
-        # set by `finish`: the scan is over (or failed), every file's content is held
-        self.scanned = threading.Event()
 
     def request(self, paths: Iterable[RepoPath]) -> CaptureRequest:
         """Ask the scan to capture `paths` first; answered at once when the scan is over."""
@@ -107,22 +102,11 @@ class EarlyCapture:
             self.has_pending = False
         for req in taken:
             req.done.set()
-        self.scanned.set()
-
-    def scan_over(self) -> None:
-        """The scan is over: every file's content is held. `finish`, then the test seam's stop
-        when it holds the baseline here (its trees and commit still to be written)."""
-        self.finish()
-        hold = self._hold
-        if hold is not None and hold.after_scan:
-            hold.reached.set()
-            hold.wait(lambda: False)
-            self._hold = None
 
     def hold_point(self, files_done: int, serve: Callable[[], None]) -> None:
         """The test seam's stop: hold here once `files_done` reaches the hold, serving requests."""
         hold = self._hold
-        if hold is None or hold.after_scan or files_done < hold.after_files:
+        if hold is None or files_done < hold.after_files:
             return
         hold.reached.set()
         while hold.wait(lambda: self.has_pending):

@@ -273,10 +273,6 @@ class Scanner:
                 finally:
                     run.batch.close()
                     run.batch = None
-                if run.capture is not None:
-                    # every file's content is held now (hashed, or its id proven): a tool that
-                    # may change anything runs while the trees and the commit are written
-                    run.capture.scan_over()
         finally:
             if run.index_fd is not None:
                 os.close(run.index_fd)

@@ -1,7 +1,6 @@
 """SPEC §3: the first edit waits only for its paths. While the baseline still builds, an edit
 tool's paths are captured first (their content before the tool runs) and kept at that content;
-a command waits for the whole baseline's content: until its scan is over, not for its trees and
-commit. The scan is held in its middle, or the baseline right after its scan, by a seam
+a command still waits for the whole baseline. The scan is held in its middle by a seam
 (`ScanHold`), so nothing here races the scan's speed."""
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ def test_an_edit_during_the_baseline_is_captured_first_with_its_old_bytes(worksp
     assert {f["path"] for f in eng.diff("t", 1, 2).to_wire()["files"]} == set(targets)
 
 
-def test_a_command_waits_for_the_whole_scan(workspace: Path, make_engine: Any) -> None:
+def test_a_command_waits_for_the_whole_baseline(workspace: Path, make_engine: Any) -> None:
     eng, hold = _held_engine(workspace, make_engine)
     rt = eng._task("t")
     returned = threading.Event()
@@ -93,58 +92,7 @@ def test_a_command_waits_for_the_whole_scan(workspace: Path, make_engine: Any) -
     assert not returned.is_set() and rt.waiting_for_baseline == 1 and not rt.baseline.done()  # type: ignore[union-attr]
     hold.release()
     worker.join(120)
-    assert returned.is_set()
-    rt.baseline.result(120)  # type: ignore[union-attr]
-    assert rt.state == "ready"
-
-
-def test_a_command_runs_once_the_scan_is_over_while_the_trees_and_commit_are_written(
-        workspace: Path, make_engine: Any) -> None:
-    """The baseline holds every file's content once its scan is over: a command's tool/begin
-    returns then, and what the command changes is in its round, never in the baseline, whose
-    trees and commit were still to be written (the round's checkpoint waits for them)."""
-    tree = _tree(SMALL)
-    make_tree(workspace, tree)
-    eng = make_engine(workspace, hash_workers=2)  # the workers' files, too, are held once the scan is over
-    hold = ScanHold(after_scan=True)
-    eng.baseline_hold = hold
-    eng.start_task("t", ts=1)
-    rt = eng._task("t")
-    returned = threading.Event()
-
-    def command() -> None:
-        eng.begin_round("t")
-        eng.tool_began("t", "execute_command", "command", None)
-        returned.set()
-
-    worker = threading.Thread(target=command)
-    worker.start()
-    try:
-        assert hold.reached.wait(120), "the baseline never reached the end of its scan"
-        assert returned.wait(120), "the command's tool/begin waited past the end of the scan"
-        assert rt.state == "initializing" and not rt.baseline.done()  # type: ignore[union-attr]
-        assert rt.record.checkpoints == [], "the baseline's commit is still held"
-    except BaseException:
-        hold.release()
-        raise
-    changed = "pkg03/mod00003.py"
-    (workspace / changed).write_text("x = 'by the command'\n")
-    (workspace / "pkg04/mod00004.py").unlink()
-    (workspace / "made.txt").write_text("made\n")
-    eng.tool_ended("t", "execute_command", None, "command")
-    ended: dict[str, Any] = {}
-    closer = threading.Thread(target=lambda: ended.update(cp=eng.end_round("t", 2)))
-    closer.start()
-    hold.release()
-    closer.join(120)
-    worker.join(120)
-    assert not closer.is_alive() and rt.state == "ready"
-    base = _tree_of(eng, 1)
-    assert base == {p: t.encode() for p, t in tree.items()}, "the baseline holds the tree from before the command"
-    after = _tree_of(eng, 2)
-    assert after[changed] == b"x = 'by the command'\n" and after["made.txt"] == b"made\n"
-    assert "pkg04/mod00004.py" not in after
-    assert {f["path"] for f in eng.diff("t", 1, 2).to_wire()["files"]} == {changed, "pkg04/mod00004.py", "made.txt"}
+    assert returned.is_set() and rt.state == "ready"
 
 
 def test_an_edit_of_a_folder_waits_for_the_whole_baseline(workspace: Path, make_engine: Any) -> None:
@@ -162,9 +110,7 @@ def test_an_edit_of_a_folder_waits_for_the_whole_baseline(workspace: Path, make_
     assert not returned.is_set()
     hold.release()
     worker.join(120)
-    assert returned.is_set()
-    rt.baseline.result(120)  # type: ignore[union-attr]
-    assert rt.state == "ready"
+    assert returned.is_set() and rt.state == "ready"
 
 
 def test_read_tools_never_wait(workspace: Path, make_engine: Any) -> None:
