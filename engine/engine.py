@@ -316,19 +316,28 @@ class Engine:
     def begin_round(self, task_id: str) -> int:
         rt = self._task(task_id)
         with rt.lock:
-            self._open_round(rt)
+            # While the baseline builds, its watchers may not run yet: a flush now would find
+            # them stopped and leave the round unproven (a rescan at its end). No tool can
+            # change files before the barrier, which waits for the watchers; the watchers'
+            # part of the round opens at its first tool that may change files.
+            self._open_round(rt, watch=rt.state is not TaskState.INITIALIZING)
             return rt.round_no
 
-    def _open_round(self, rt: TaskRuntime) -> RoundRecorder:
+    def _open_round(self, rt: TaskRuntime, *, watch: bool = True) -> RoundRecorder:
         """A new round: what the watchers record from now on is the task's (its restore scope)."""
         rt.round_no += 1
         rt.recorder = recorder = RoundRecorder(rt.round_no)
+        if watch:
+            self._open_watch_rounds(recorder)
+        return recorder
+
+    def _open_watch_rounds(self, recorder: RoundRecorder) -> None:
+        recorder.watching = True
         for root in self.roots.values():
             if root.watcher is not None:
                 # events of changes made before now are recorded first (they came between rounds)
                 root.watcher.flush()
                 root.watcher.journal.open_round()
-        return recorder
 
     def _resolve_paths(self, paths: Iterable[str] | None) -> list[tuple[str, str]]:
         out = []
@@ -350,6 +359,8 @@ class Engine:
             self._baselines.wait_ready(rt)  # a command (or an edit with no paths) may change anything
         with rt.lock:
             recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
+            if not recorder.watching and resolved_kind is not ToolKind.READ:
+                self._open_watch_rounds(recorder)  # opened while the baseline built (`begin_round`)
             recorder.tool_began(tool, resolved_kind, resolved)
 
     def tool_ended(self, task_id: str, tool: str, paths: Iterable[str] | None, kind: ToolKind | None = None) -> None:

@@ -47,6 +47,9 @@ class RoundRecorder:
     mutating: bool = False
     has_command: bool = False
     has_unreported_edit: bool = False
+    # whether the watchers' rounds were opened with it (`Engine._open_watch_rounds`): a round
+    # opened while the baseline builds opens them at its first tool that may change files
+    watching: bool = False
     edited: set[tuple[str, str]] = field(default_factory=set)
     _open_edits: dict[str, bool] = field(default_factory=dict)
 

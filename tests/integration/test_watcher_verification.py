@@ -212,3 +212,42 @@ def test_the_background_verification_degrades_the_watcher(
     _, logs = _command_round(eng, 3)
     assert [e["rescan"] for e in logs if e["event"] == "round.checkpointed"] == [True]
     assert _file_at(eng, 3, "pkg06/mod0006.py") == b"changed behind its back\n"
+
+
+@inotify_only
+def test_a_round_begun_while_the_baseline_builds_is_trusted_from_its_first_tool(
+        workspace: Path, make_engine: Any, observer: ObserverKind, monkeypatch: pytest.MonkeyPatch) -> None:
+    """round/begin right after task/start (a library hook or a protocol client sends it; the
+    agents' hooks open rounds with tool/begin) comes before the baseline's watcher runs. The
+    round's watcher part opens at its first tool that may change files, after the barrier, so
+    its command is trusted to the watcher: no rescan, and its changes are the round's."""
+    from shadowpoint.observe.watcher import WorkspaceWatcher
+
+    make_tree(workspace, TREE)
+    eng = make_engine(workspace, watcher=True, verify_interval_s=0, watcher_observer=observer)
+    # the seam: the baseline's watcher (made, not started) starts only once the round has begun
+    begun = threading.Event()
+    start = WorkspaceWatcher.start
+
+    def held_start(self: WorkspaceWatcher, *args: Any, **kwargs: Any) -> None:
+        assert begun.wait(60)
+        start(self, *args, **kwargs)
+
+    monkeypatch.setattr(WorkspaceWatcher, "start", held_start)
+    eng.start_task("t", ts=1)
+    with capture_logs() as logs:
+        eng.begin_round("t")
+        begun.set()
+        eng.tool_began("t", "execute_command", "command", None)  # the barrier: the whole baseline
+        (workspace / "pkg01/mod0001.py").write_text("x = 'by the command'\n")
+        (workspace / "made.txt").write_text("made\n")
+        eng.tool_ended("t", "execute_command", None, "command")
+        cp = eng.end_round("t", 2)
+    assert cp is not None and not cp.reused
+    rounds = [e for e in logs if e["event"] == "round.checkpointed"]
+    assert len(rounds) == 1 and rounds[0]["rescan"] is False and rounds[0]["paths"] == 2, rounds
+    assert not [e for e in logs if e["event"] == "stager.rescan_fallback"]
+    assert _file_at(eng, 1, "pkg01/mod0001.py") == b"x = 1\n" and _file_at(eng, 1, "made.txt") is None
+    assert _file_at(eng, 2, "pkg01/mod0001.py") == b"x = 'by the command'\n"
+    assert _file_at(eng, 2, "made.txt") == b"made\n"
+    assert {f["path"] for f in eng.diff("t", 1, 2).to_wire()["files"]} == {"pkg01/mod0001.py", "made.txt"}
