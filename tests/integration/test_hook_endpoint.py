@@ -359,7 +359,7 @@ def test_install_says_what_each_agent_needs_and_doctor_checks_it(workspace: Path
     install_hooks("claude", ws, command="/old/bin/shadowpoint hook claude")
     check = check_agent("claude", ws)
     assert check["status"] == "warning" and "not current" in check["details"][0]
-    assert default_command("claude").split()[2:3] == ["claude"]  # the bash client, where it runs
+    assert is_ours(default_command("claude"), "claude")  # the bash client where it runs, else the Python one
 
 
 def test_a_client_that_closes_before_its_answers_is_no_error(workspace: Path, env: dict[str, str]) -> None:
