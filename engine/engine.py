@@ -358,9 +358,13 @@ class Engine:
         elif resolved_kind is not ToolKind.READ:
             self._baselines.wait_ready(rt)  # a command (or an edit with no paths) may change anything
         with rt.lock:
-            recorder = rt.recorder if rt.recorder is not None else self._open_round(rt)
-            if not recorder.watching and resolved_kind is not ToolKind.READ:
-                self._open_watch_rounds(recorder)  # opened while the baseline built (`begin_round`)
+            # An edit let through while the baseline builds (its paths captured) may come before
+            # the baseline's watchers run; its reported paths are staged whatever they record,
+            # and the watchers' part of its round opens with a later tool, after the baseline.
+            building = rt.state is TaskState.INITIALIZING
+            recorder = rt.recorder if rt.recorder is not None else self._open_round(rt, watch=not building)
+            if not recorder.watching and resolved_kind is not ToolKind.READ and not building:
+                self._open_watch_rounds(recorder)  # opened while the baseline built
             recorder.tool_began(tool, resolved_kind, resolved)
 
     def tool_ended(self, task_id: str, tool: str, paths: Iterable[str] | None, kind: ToolKind | None = None) -> None:

@@ -214,6 +214,48 @@ def test_the_background_verification_degrades_the_watcher(
     assert _file_at(eng, 3, "pkg06/mod0006.py") == b"changed behind its back\n"
 
 
+def _hold_watcher_start(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """The seam: the baseline's watcher (made, not started) starts only once the event is set."""
+    from shadowpoint.observe.watcher import WorkspaceWatcher
+
+    go = threading.Event()
+    start = WorkspaceWatcher.start
+
+    def held_start(self: WorkspaceWatcher, *args: Any, **kwargs: Any) -> None:
+        assert go.wait(60)
+        start(self, *args, **kwargs)
+
+    monkeypatch.setattr(WorkspaceWatcher, "start", held_start)
+    return go
+
+
+@inotify_only
+def test_a_first_edit_let_through_before_the_watcher_runs_leaves_its_round_trusted(
+        workspace: Path, make_engine: Any, observer: ObserverKind, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC §3: an edit waits only for its paths, which the baseline captures even before its
+    watcher runs. Its reported paths are staged whatever the watcher recorded; the round must
+    not be marked unproven by a flush of a watcher that has not started (a rescan at its end)."""
+    make_tree(workspace, TREE)
+    eng = make_engine(workspace, watcher=True, verify_interval_s=0, watcher_observer=observer)
+    go = _hold_watcher_start(monkeypatch)
+    eng.start_task("t", ts=1)
+    with capture_logs() as logs:
+        eng.tool_began("t", "write_to_file", "edit", ["pkg02/mod0002.py"])  # captured; the watcher is held
+        (workspace / "pkg02/mod0002.py").write_text("x = 'edited'\n")
+        eng.tool_ended("t", "write_to_file", ["pkg02/mod0002.py"], "edit")
+        go.set()
+        cp = eng.end_round("t", 2)
+    assert cp is not None and not cp.reused
+    rounds = [e for e in logs if e["event"] == "round.checkpointed"]
+    assert len(rounds) == 1 and rounds[0]["rescan"] is False, rounds
+    assert _file_at(eng, 1, "pkg02/mod0002.py") == b"x = 2\n", "the baseline holds the bytes from before the edit"
+    assert _file_at(eng, 2, "pkg02/mod0002.py") == b"x = 'edited'\n"
+    # the watcher runs now: the next command round is trusted to it
+    cp3, logs3 = _command_round(eng, 3, lambda: (workspace / "made.txt").write_text("made\n"))
+    assert cp3 is not None and _file_at(eng, 3, "made.txt") == b"made\n"
+    assert [e["rescan"] for e in logs3 if e["event"] == "round.checkpointed"] == [False]
+
+
 @inotify_only
 def test_a_round_begun_while_the_baseline_builds_is_trusted_from_its_first_tool(
         workspace: Path, make_engine: Any, observer: ObserverKind, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,19 +263,9 @@ def test_a_round_begun_while_the_baseline_builds_is_trusted_from_its_first_tool(
     agents' hooks open rounds with tool/begin) comes before the baseline's watcher runs. The
     round's watcher part opens at its first tool that may change files, after the barrier, so
     its command is trusted to the watcher: no rescan, and its changes are the round's."""
-    from shadowpoint.observe.watcher import WorkspaceWatcher
-
     make_tree(workspace, TREE)
     eng = make_engine(workspace, watcher=True, verify_interval_s=0, watcher_observer=observer)
-    # the seam: the baseline's watcher (made, not started) starts only once the round has begun
-    begun = threading.Event()
-    start = WorkspaceWatcher.start
-
-    def held_start(self: WorkspaceWatcher, *args: Any, **kwargs: Any) -> None:
-        assert begun.wait(60)
-        start(self, *args, **kwargs)
-
-    monkeypatch.setattr(WorkspaceWatcher, "start", held_start)
+    begun = _hold_watcher_start(monkeypatch)  # the watcher starts only once the round has begun
     eng.start_task("t", ts=1)
     with capture_logs() as logs:
         eng.begin_round("t")
