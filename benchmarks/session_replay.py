@@ -272,14 +272,12 @@ def hook_floor(ours: _Ours, n: int = 25) -> dict[str, list[float]]:
 
 def _installed_command(root: Path, event: str) -> str:
     """Our command for Claude Code's `event`, as `install-hooks claude` wrote it."""
-    from shadowpoint.adapters.install import is_ours, settings_path
+    from shadowpoint.adapters.install import installed_command
 
-    settings = json.loads(settings_path("claude", root).read_text())
-    for group in settings["hooks"][event]:
-        for hook in group["hooks"]:
-            if is_ours(hook, "claude") and "command" in hook:
-                return str(hook["command"])
-    raise RuntimeError(f"install-hooks claude wrote no command for {event}")
+    command = installed_command("claude", root, event)
+    if command is None:
+        raise RuntimeError(f"install-hooks claude wrote no command for {event}")
+    return command
 
 
 def _wait_exit(pid: int, timeout_s: float = 30.0) -> None:

@@ -23,8 +23,8 @@ from shadowpoint.adapters.install import (
     HookTarget,
     default_command,
     is_bash_client,
-    is_ours,
     our_hook,
+    our_hooks,
     settings_path,
 )
 
@@ -37,18 +37,6 @@ def _load(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _ours(settings: Mapping[str, Any], agent: str) -> dict[str, list[dict[str, Any]]]:
-    """Our hook entries per event."""
-    found: dict[str, list[dict[str, Any]]] = {}
-    hooks = settings.get("hooks")
-    for event, groups in (hooks.items() if isinstance(hooks, dict) else ()):
-        for group in groups if isinstance(groups, list) else ():
-            for hook in (group.get("hooks") or []) if isinstance(group, dict) else ():
-                if is_ours(hook, agent):
-                    found.setdefault(event, []).append(hook)
-    return found
 
 
 def _expected(agent: str, root: Path) -> HookTarget:
@@ -124,7 +112,7 @@ def check_agent(agent: str, root: Path, env: Mapping[str, str] | None = None) ->
     name = f"hooks ({agent})"
     path = settings_path(agent, root)
     settings = _load(path)
-    ours = _ours(settings or {}, agent)
+    ours = our_hooks(settings or {}, agent)
     if not ours:
         return {"name": name, "status": "info", "summary": f"not installed ({path})", "details": []}
     details: list[str] = []

@@ -20,6 +20,7 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,31 @@ def is_ours(hook: Any, agent: str) -> bool:
         if is_lean and words[i + 1:i + 2] == [agent]:
             return True
     return False
+
+
+def our_hooks(settings: Mapping[str, Any], agent: str) -> dict[str, list[dict[str, Any]]]:
+    """Our hook entries in an agent's settings, per event."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    hooks = settings.get("hooks")
+    for event, groups in (hooks.items() if isinstance(hooks, dict) else ()):
+        for group in groups if isinstance(groups, list) else ():
+            for hook in (group.get("hooks") or []) if isinstance(group, dict) else ():
+                if is_ours(hook, agent):
+                    found.setdefault(event, []).append(hook)
+    return found
+
+
+def installed_command(agent: str, directory: Path, event: str) -> str | None:
+    """Our command for `event` as `install-hooks` wrote it into the project settings under
+    `directory`; None if there is none (not installed, or an http hook).
+
+    Raises:
+        InvalidParamsError: the settings file is not a JSON object.
+    """
+    for hook in our_hooks(_load(settings_path(agent, directory)), agent).get(event, []):
+        if isinstance(hook.get("command"), str):
+            return str(hook["command"])
+    return None
 
 
 def _timeout(agent: str, event: str) -> int:

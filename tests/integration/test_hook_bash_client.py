@@ -29,7 +29,7 @@ from tests.integration.test_hook_endpoint import (
     _wait_gone,
     hooks_log,
     installed_command,
-    post,
+    outlive_the_sidecar,
     run_hook,
 )
 
@@ -217,21 +217,5 @@ def test_claude_command_hooks_through_the_bash_client_and_events_missed_after_th
     assert note.read_text() == f"{workspace_hash(ws)} {ws}\n"
     traced = [line for line in hooks_log(s.env).splitlines() if " ok in " in line]
     assert len(traced) == 3 and "(http)" not in traced[0] and all(t.endswith("ms (http)") for t in traced[1:])
-    s.write("b.txt", "b\n")
-    s.http("PostToolBatch", tool_calls=[])
-    pid = _sidecar_pid(ws)
-    os.kill(pid, signal.SIGTERM)
-    _wait_gone(pid)
-    with pytest.raises(ConnectionRefusedError):
-        post(s.port, {**s.base, "hook_event_name": "PreToolUse", "tool_name": "Bash"}, secret=s.secret)
-    (ws / "lost.txt").write_text("made by a Bash whose hooks went nowhere\n")
-    s.command("UserPromptSubmit", prompt="go on")  # refused on the port: the Python client starts a sidecar
+    pid, _ = outlive_the_sidecar(s)  # its UserPromptSubmit, refused on the port, goes to the Python client
     assert _sidecar_pid(ws) != pid
-    s.write("c.txt", "c\n")
-    s.http("PostToolBatch", tool_calls=[])
-    cps = s.checkpoints()
-    assert [c["kind"] for c in cps] == ["baseline", "round", "round"]
-    assert {"lost.txt", "c.txt"} <= files_of(ws, s.env, cps[-1]["hash"])
-    assert cps[1]["warnings"] == []
-    reasons = [w["reason"] for w in cps[-1]["warnings"]]
-    assert any(r.startswith("events_missed") for r in reasons), reasons

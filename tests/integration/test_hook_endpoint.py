@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from shadowpoint import hookrun
-from shadowpoint.adapters import claude, codex, gemini
+from shadowpoint.adapters import claude, codex, gemini, install
 from shadowpoint.adapters.health import check_agent
-from shadowpoint.adapters.install import default_command, install_hooks, is_ours, settings_path
+from shadowpoint.adapters.install import default_command, install_hooks, is_ours
 from shadowpoint.sidecar.client import SidecarClient, socket_path
 from shadowpoint.sidecar.hook_endpoint import http_config_path, load_http_config
 from shadowpoint.workspace import workspace_hash
@@ -77,12 +77,9 @@ def hooks_log(env: dict[str, str]) -> str:
 
 def installed_command(agent: str, ws: Path, event: str) -> str:
     """Our command for `event` as `install-hooks` wrote it into the agent's project settings."""
-    settings = json.loads(settings_path(agent, ws).read_text())
-    for group in settings["hooks"][event]:
-        for hook in group["hooks"]:
-            if is_ours(hook, agent) and "command" in hook:
-                return str(hook["command"])
-    raise AssertionError(f"no command hook of ours for {event}")
+    command = install.installed_command(agent, ws, event)
+    assert command is not None, f"no command hook of ours for {event}"
+    return command
 
 
 def run_hook(command: str, payload: dict[str, Any] | bytes, env: dict[str, str], cwd: Path) -> None:
@@ -214,30 +211,37 @@ def _wait_gone(pid: int) -> None:
     wait_for(lambda: not _alive(pid), f"process {pid} still alive", poll_s=0.05)
 
 
-def test_an_unreachable_sidecar_fails_open_and_the_next_checkpoint_says_events_were_missed(
-        workspace: Path, env: dict[str, str]) -> None:
-    ws = make_tree(workspace, {"a.txt": "a\n"})
-    s = Session(ws, env, "claude-missed-session")
-    s.command("SessionStart", source="startup")
+def outlive_the_sidecar(s: Session) -> tuple[int, list[dict[str, Any]]]:
+    """A round, then the sidecar dies: an http hook finds nobody (Claude Code reports it and
+    goes on), a Bash makes a file, and the next command hook starts a sidecar again before a
+    round of one more file. Returns the dead sidecar's pid and the task's checkpoints, after
+    checking that the last one holds both files and says events were missed."""
     s.write("b.txt", "b\n")
     s.http("PostToolBatch", tool_calls=[])
-    pid = _sidecar_pid(ws)
+    pid = _sidecar_pid(s.ws)
     os.kill(pid, signal.SIGTERM)
     _wait_gone(pid)
-    # the agent goes on: http hooks find nobody (Claude Code reports it and continues) ...
     with pytest.raises(ConnectionRefusedError):
         post(s.port, {**s.base, "hook_event_name": "PreToolUse", "tool_name": "Bash"}, secret=s.secret)
-    (ws / "lost.txt").write_text("made by a Bash whose hooks went nowhere\n")
-    # ... and the next command hook starts the sidecar again
+    (s.ws / "lost.txt").write_text("made by a Bash whose hooks went nowhere\n")
     s.command("UserPromptSubmit", prompt="go on")
     s.write("c.txt", "c\n")
     s.http("PostToolBatch", tool_calls=[])
     cps = s.checkpoints()
     assert [c["kind"] for c in cps] == ["baseline", "round", "round"]
-    assert {"lost.txt", "c.txt"} <= files_of(shadow_git_dir(ws, env), cps[-1]["hash"])
+    assert {"lost.txt", "c.txt"} <= files_of(shadow_git_dir(s.ws, s.env), cps[-1]["hash"])
     reasons = [w["reason"] for w in cps[-1]["warnings"]]
     assert any(r.startswith("events_missed") for r in reasons), reasons
     assert cps[1]["warnings"] == []
+    return pid, cps
+
+
+def test_an_unreachable_sidecar_fails_open_and_the_next_checkpoint_says_events_were_missed(
+        workspace: Path, env: dict[str, str]) -> None:
+    ws = make_tree(workspace, {"a.txt": "a\n"})
+    s = Session(ws, env, "claude-missed-session")
+    s.command("SessionStart", source="startup")
+    outlive_the_sidecar(s)
 
 
 def test_bad_payloads_are_logged_and_ignored(workspace: Path, env: dict[str, str]) -> None:
