@@ -1,10 +1,11 @@
-"""`read_plain_settings`: the few settings a fast command needs (docs root, gc grace, logging),
-read from the same sources as `Settings` (`SHADOWPOINT_*` variables, then the TOML file
+"""`read_plain_settings`: the settings (`PlainSettings`, every field) for the sidecar and the fast
+commands, read from the same sources as `Settings` (`SHADOWPOINT_*` variables, then the TOML file
 `config_file()` names, then the defaults) without importing pydantic (~150 ms, issue 13).
 
-Used by `shadowpoint.cli.quick` at start-up, on the main thread. It proves, not guesses: every
-variable and TOML key naming a field of `Settings` (not only the ones it returns) is checked
-with a grammar narrower than pydantic's, and on anything it cannot prove valid or unambiguous
+Used at start-up, on the main thread, by the sidecar (`entry`: its first answer comes ~130 ms
+sooner without pydantic, issue 11) and by `shadowpoint.cli.quick`. It proves, not guesses: every
+variable and TOML key naming a field of `Settings` is checked with a grammar narrower than
+pydantic's, and on anything it cannot prove valid or unambiguous
 it returns None: the caller then loads the full `Settings`, which accepts the value or reports
 it as it does for every command. tests/unit/test_config_plain.py holds both readers to the
 same answers, field by field.
@@ -17,11 +18,14 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from shadowpoint.config import ENV_PREFIX, config_file, resolve_docs_dir
+from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS, ENV_PREFIX, config_file, resolve_docs_dir
+
+if TYPE_CHECKING:
+    from shadowpoint.config.settings import Settings
 
 
 class _Unproven(Exception):
@@ -30,17 +34,37 @@ class _Unproven(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PlainSettings:
-    """The settings `delete-task` reads; the defaults are `Settings`' (the tests compare them)."""
+    """Every field of `Settings` as a plain value, with `Settings`' defaults (the tests compare
+    them field by field): what the sidecar and the fast commands hold instead of `Settings`."""
 
     docs_dir: Path | None = None
+    init_warn_s: float = 15.0
+    init_timeout_s: float = 600.0
+    read_only_tools: list[str] = field(default_factory=lambda: list(DEFAULT_READ_ONLY_TOOLS))
+    extra_exclusions: list[str] = field(default_factory=list)
+    max_file_bytes: int = 100 * 1024 * 1024
+    hash_workers: int | None = None
+    watcher: bool = True
+    watcher_observer: Literal["inotify", "portable"] = "inotify"
+    verify_interval_s: float = 60.0
+    verify_cpu_share: float = 0.05
+    watch_debounce_s: float = 2.0
+    lock_timeout_s: float = 30.0
+    retention_max_age_days: float | None = None
+    retention_max_tasks: int | None = None
+    retention_max_bytes: int | None = None
     gc_grace_s: float = 3600.0
-    log_format: str = "console"
-    log_level: str = "warning"
+    log_format: Literal["console", "json"] = "console"
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
     log_file: Path | None = None
 
     def resolved_docs_dir(self) -> Path:
         """The docs root, with the platform default filled in (as `Settings.resolved_docs_dir`)."""
         return resolve_docs_dir(self.docs_dir)
+
+    def values(self) -> dict[str, Any]:
+        """Every field's value, by name."""
+        return {name: getattr(self, name) for name in FIELDS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,9 +229,30 @@ def read_values() -> dict[str, Any] | None:
 
 
 def read_plain_settings() -> PlainSettings | None:
-    """The settings of a fast command, or None: then load the full `Settings` instead."""
+    """The settings, or None: then load the full `Settings` instead (`load_plain_settings`)."""
     values = read_values()
     if values is None:
         return None
-    wanted = PlainSettings.__dataclass_fields__
-    return PlainSettings(**{name: value for name, value in values.items() if name in wanted})
+    return PlainSettings(**values)
+
+
+def plain_settings(settings: Settings | PlainSettings) -> PlainSettings:
+    """`settings` as a plain value."""
+    if isinstance(settings, PlainSettings):
+        return settings
+    return PlainSettings(**{name: getattr(settings, name) for name in FIELDS})
+
+
+def load_plain_settings() -> PlainSettings:
+    """The settings without pydantic when the plain reader proves them, else read by `Settings`
+    (which reports a value it refuses as it does for every command).
+
+    Raises:
+        pydantic.ValidationError: a value `Settings` refuses.
+    """
+    plain = read_plain_settings()
+    if plain is not None:
+        return plain
+    from shadowpoint.config.settings import load_settings
+
+    return plain_settings(load_settings())

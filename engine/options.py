@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from shadowpoint.config import Settings
 from shadowpoint.observe.watcher import ObserverKind
 from shadowpoint.store.storage import RetentionLimits
+
+if TYPE_CHECKING:
+    from shadowpoint.config import Settings
+    from shadowpoint.config.plain import PlainSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +40,7 @@ class EngineOptions:
     verify_cpu_share: float = 0.05
 
     @classmethod
-    def from_settings(cls, s: Settings) -> EngineOptions:
+    def from_settings(cls, s: Settings | PlainSettings) -> EngineOptions:
         return cls(
             docs_dir=s.resolved_docs_dir(),
             read_only_tools=frozenset(s.read_only_tools),

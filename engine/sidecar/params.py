@@ -1,185 +1,192 @@
-"""The params of each sidecar method as a pydantic model: the wire's JSON checked and typed
+"""The params of each sidecar method as a frozen dataclass: the wire's JSON checked and typed
 before it reaches the engine.
 
-One model per method (`PARAMS` maps the names); `parse(model, params)` answers the model or
-raises `InvalidParamsError` with the message the sidecar has always given for that field
+One class per method; `parse(model, params)` answers the class's value or raises
+`InvalidParamsError` with the message the sidecar has always given for that field
 (PROTOCOL.md's `invalid_params`), the first wrong field in the order the fields are declared.
-Each field's check is a plain function run before pydantic's own (`BeforeValidator`): JSON
-has no strict types of its own (`true` is not an integer, `1` is not a boolean), and a missing
-field is checked as null so that it gets the same message. Used by `server.py` on the thread
-that runs the request; only the sidecar imports this module (the hook paths never do).
+Each field carries its check in its metadata (`checked`): a plain function of the field's wire name and its
+JSON value that answers the typed value or refuses. JSON has no strict types of its own
+(`true` is not an integer, `1` is not a boolean); a missing field is checked as null unless
+the field says what a missing one stands for. Unknown fields are ignored. Wire names are the
+fields' names in camelCase unless a field names its own.
+
+No pydantic here (it was, issue 11): the sidecar answers its first request without importing
+it, ~80 ms of every sidecar's start. Used by `server.py` on the thread that runs the request.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
-
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
-from pydantic.alias_generators import to_camel
-from pydantic_core import PydanticCustomError
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from shadowpoint.errors import InvalidParamsError, UnknownCheckpointError
 from shadowpoint.kinds import EditRestore, RestoreMode, Role, ToolKind
 
 M = TypeVar("M", bound="Params")
 
-
-def _refuse(message: str) -> PydanticCustomError:
-    return PydanticCustomError("invalid_params", message)
+Check = Callable[[str, Any], Any]
 
 
-def _check_text(key: str, value: object) -> str:
+def checked(check: Check, *, wire: str | None = None, missing: Any = None) -> dict[str, Any]:
+    """A field's metadata: checked by `check(wire_name, value)`; `missing` is what an absent
+    field is checked as (null unless said otherwise); `wire` its JSON name when not the
+    camelCase one."""
+    return {"check": check, "wire": wire, "missing": missing}
+
+
+def _refuse(message: str) -> InvalidParamsError:
+    return InvalidParamsError(message)
+
+
+def _text(key: str, value: object) -> str:
+    """A non-empty string."""
     if not isinstance(value, str) or not value:
         raise _refuse(f"`{key}` must be a non-empty string.")
     return value
 
 
-def _text(key: str) -> BeforeValidator:
-    """A non-empty string."""
-    return BeforeValidator(lambda value: _check_text(key, value))
-
-
-def _ms(key: str, *, default: int | None = None) -> BeforeValidator:
-    """An integer (a ts, in milliseconds); `default` stands for a missing one (not for null)."""
-
-    def check(value: object) -> object:
-        if value is _MISSING and default is not None:
-            return default
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise _refuse(f"`{key}` must be an integer (milliseconds).")
-        return value
-
-    return BeforeValidator(check)
-
-
-def _paths(key: str) -> BeforeValidator:
-    def check(value: object) -> object:
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
-            raise _refuse(f"`{key}` must be a list of strings.")
-        return tuple(value)
-
-    return BeforeValidator(check)
-
-
-def _flag(key: str) -> BeforeValidator:
-    """true or false; missing is false (null is refused, as it always was)."""
-
-    def check(value: object) -> object:
-        if value is _MISSING:
-            return False
-        if not isinstance(value, bool):
-            raise _refuse(f"`{key}` must be true or false.")
-        return value
-
-    return BeforeValidator(check)
-
-
-def _one_of(key: str, words: str, choices: Callable[[str], object]) -> BeforeValidator:
-    """A non-empty string naming one of `choices` (an enum's values)."""
-    def check(value: object) -> object:
-        word = _check_text(key, value)
-        try:
-            return choices(word)
-        except ValueError:
-            raise _refuse(f"`{key}` must be {words}.") from None
-
-    return BeforeValidator(check)
-
-
-class _Missing:
-    """A field the request left out (told apart from an explicit null where that matters)."""
-
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-_MISSING: Any = _Missing()
-_NULL: Any = None  # a missing field is checked as null
-
-
-def _any(value: object) -> object:
+def _ms(key: str, value: object) -> int:
+    """An integer (a ts, in milliseconds)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _refuse(f"`{key}` must be an integer (milliseconds).")
     return value
 
 
-def _tool_kind(value: object) -> object:
-    if value is not None and value not in ("read", "edit", "command"):
+def _paths(key: str, value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise _refuse(f"`{key}` must be a list of strings.")
+    return tuple(value)
+
+
+def _flag(key: str, value: object) -> bool:
+    """true or false (missing is false: the fields say so; null is refused, as it always was)."""
+    if not isinstance(value, bool):
+        raise _refuse(f"`{key}` must be true or false.")
+    return value
+
+
+def _any(key: str, value: object) -> object:
+    return value
+
+
+def _tool_kind(key: str, value: object) -> ToolKind | None:
+    if value is None:
+        return None
+    if value not in ("read", "edit", "command"):
         raise _refuse("`kind` must be read, edit or command.")
-    return ToolKind(value) if value is not None else None
+    return ToolKind(value)
 
 
-class Params(BaseModel):
-    """Base of every method's params: unknown fields are ignored, values are frozen."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore", validate_default=True, alias_generator=to_camel)
+def _ok(key: str, value: object) -> bool:
+    return value is not False  # anything but an explicit false is success (a host that never sends `ok`)
 
 
-TaskId = Annotated[str, _text("taskId")]
-
-
-class TaskParams(Params):
-    """task/retry, task/disable, round/begin, checkpoint/list, checkpoint/undoRestore,
-    checkpoint/redoRestore, task/delete: the task only."""
-
-    task_id: TaskId = Field(default=_NULL)
-
-
-class TaskStartParams(Params):
-    task_id: TaskId = Field(default=_NULL)
-    ts: Annotated[int, _ms("ts", default=0)] = Field(default=_MISSING)
-
-
-class TsParams(Params):
-    """round/end, task/complete, task/compacted, checkpoint/viewChanges."""
-
-    task_id: TaskId = Field(default=_NULL)
-    ts: Annotated[int, _ms("ts")] = Field(default=_NULL)
-
-
-class ToolBeginParams(Params):
-    task_id: TaskId = Field(default=_NULL)
-    tool: Annotated[str, _text("tool")] = Field(default=_NULL)
-    kind: Annotated[ToolKind | None, BeforeValidator(_tool_kind)] = Field(default=_NULL)
-    paths: Annotated[tuple[str, ...] | None, _paths("paths")] = Field(default=_NULL)
-
-
-class ToolEndParams(ToolBeginParams):
-    # anything but an explicit false is success (a host that never sends `ok`)
-    ok: Annotated[bool, BeforeValidator(lambda v: v is not False)] = Field(default=_NULL)
-
-
-def _message_text(value: object) -> object:
+def _message_text(key: str, value: object) -> str | None:
     if value is not None and not isinstance(value, str):
         raise _refuse("`text` must be a string.")
     return value
 
 
-def _edited_text(value: object) -> object:
+def _edited_text(key: str, value: object) -> str:
     if not isinstance(value, str):
         raise _refuse("`text` must be a string.")
     return value
 
 
-def _role(value: object) -> object:
-    _check_text("role", value)
-    if value not in ("user", "assistant"):
-        raise _refuse("`role` must be user or assistant.")
+def _role(key: str, value: object) -> Role:
+    _text(key, value)
+    if value == "user":
+        return "user"
+    if value == "assistant":
+        return "assistant"
+    raise _refuse("`role` must be user or assistant.")
+
+
+def _edit_restore(key: str, value: object) -> EditRestore:
+    word = _text(key, value)
+    try:
+        return EditRestore(word)
+    except ValueError:
+        raise _refuse(f"`{key}` must be chat or all.") from None
+
+
+def _favorites(key: str, value: object) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
+        raise _refuse("`keepFavorites` must be a list of task ids.")
+    return list(value)
+
+
+def _roots(key: str, value: object) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
+        raise _refuse("`roots` must be a list of absolute paths.")
+    return list(value)
+
+
+def _overrides(key: str, value: object) -> dict[str, Any]:
+    value = value or {}  # null, false, 0, "" and [] mean no overrides, as they always did
+    if not isinstance(value, dict):
+        raise _refuse("`settings` must be an object.")
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class Params:
+    """Base of every method's params."""
+
+
+
+@dataclass(frozen=True, slots=True)
+class TaskParams(Params):
+    """task/retry, task/disable, round/begin, checkpoint/list, checkpoint/undoRestore,
+    checkpoint/redoRestore, task/delete: the task only."""
+
+    task_id: str = field(metadata=checked(_text))
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStartParams(Params):
+    task_id: str = field(metadata=checked(_text))
+    ts: int = field(metadata=checked(_ms, missing=0))
+
+
+@dataclass(frozen=True, slots=True)
+class TsParams(Params):
+    """round/end, task/complete, task/compacted, checkpoint/viewChanges."""
+
+    task_id: str = field(metadata=checked(_text))
+    ts: int = field(metadata=checked(_ms))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolBeginParams(Params):
+    task_id: str = field(metadata=checked(_text))
+    tool: str = field(metadata=checked(_text))
+    kind: ToolKind | None = field(metadata=checked(_tool_kind))
+    paths: tuple[str, ...] | None = field(metadata=checked(_paths))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolEndParams(ToolBeginParams):
+    ok: bool = field(metadata=checked(_ok))
+
+
+@dataclass(frozen=True, slots=True)
 class MessageAddParams(Params):
-    role: Annotated[Role, BeforeValidator(_role)] = Field(default=_NULL)
-    text: Annotated[str | None, BeforeValidator(_message_text)] = Field(default=_NULL)
-    task_id: TaskId = Field(default=_NULL)
-    ts: Annotated[int, _ms("ts")] = Field(default=_NULL)
+    role: Role = field(metadata=checked(_role))
+    text: str | None = field(metadata=checked(_message_text))
+    task_id: str = field(metadata=checked(_text))
+    ts: int = field(metadata=checked(_ms))
 
 
+@dataclass(frozen=True, slots=True)
 class DiffParams(Params):
-    task_id: TaskId = Field(default=_NULL)
-    from_ts: Annotated[int, _ms("from")] = Field(alias="from", default=_NULL)
-    to_ts: Annotated[object, BeforeValidator(_any)] = Field(alias="to", default=_NULL)
+    task_id: str = field(metadata=checked(_text))
+    from_ts: int = field(metadata=checked(_ms, wire="from"))
+    to_ts: object = field(metadata=checked(_any, wire="to"))
 
     @property
     def to(self) -> int | None:
@@ -195,13 +202,14 @@ class DiffParams(Params):
         raise UnknownCheckpointError(f"No checkpoint at ts={to!r}.")
 
 
+@dataclass(frozen=True, slots=True)
 class RestoreParams(Params):
-    task_id: TaskId = Field(default=_NULL)
-    ts: Annotated[int, _ms("ts")] = Field(default=_NULL)
-    mode: Annotated[str, _text("mode")] = Field(default=_NULL)
-    paths: Annotated[tuple[str, ...] | None, _paths("paths")] = Field(default=_NULL)
-    dry_run: Annotated[bool, _flag("dryRun")] = Field(default=_MISSING)
-    keep_outside_edits: Annotated[bool, _flag("keepOutsideEdits")] = Field(default=_MISSING)
+    task_id: str = field(metadata=checked(_text))
+    ts: int = field(metadata=checked(_ms))
+    mode: str = field(metadata=checked(_text))
+    paths: tuple[str, ...] | None = field(metadata=checked(_paths))
+    dry_run: bool = field(metadata=checked(_flag, missing=False))
+    keep_outside_edits: bool = field(metadata=checked(_flag, missing=False))
 
     @property
     def restore_mode(self) -> RestoreMode:
@@ -218,69 +226,74 @@ class RestoreParams(Params):
 _RESTORE_MODES = frozenset(RestoreMode)
 
 
+@dataclass(frozen=True, slots=True)
 class RestoreSafetyParams(Params):
     """checkpoint/restoreSafety (the CLI's, not in PROTOCOL.md)."""
 
-    task_id: TaskId = Field(default=_NULL)
-    n: Annotated[int, _ms("n")] = Field(default=_NULL)
-    paths: Annotated[tuple[str, ...] | None, _paths("paths")] = Field(default=_NULL)
-    dry_run: Annotated[bool, _flag("dryRun")] = Field(default=_MISSING)
-    keep_outside_edits: Annotated[bool, _flag("keepOutsideEdits")] = Field(default=_MISSING)
+    task_id: str = field(metadata=checked(_text))
+    n: int = field(metadata=checked(_ms))
+    paths: tuple[str, ...] | None = field(metadata=checked(_paths))
+    dry_run: bool = field(metadata=checked(_flag, missing=False))
+    keep_outside_edits: bool = field(metadata=checked(_flag, missing=False))
 
 
+@dataclass(frozen=True, slots=True)
 class DiffSafetyParams(Params):
     """checkpoint/diffSafety (the CLI's, not in PROTOCOL.md)."""
 
-    task_id: TaskId = Field(default=_NULL)
-    n: Annotated[int, _ms("n")] = Field(default=_NULL)
+    task_id: str = field(metadata=checked(_text))
+    n: int = field(metadata=checked(_ms))
 
 
+@dataclass(frozen=True, slots=True)
 class ForkParams(Params):
-    task_id: TaskId = Field(default=_NULL)
-    ts: Annotated[int, _ms("ts")] = Field(default=_NULL)
-    new_task_id: Annotated[str, _text("newTaskId")] = Field(default=_NULL)
+    task_id: str = field(metadata=checked(_text))
+    ts: int = field(metadata=checked(_ms))
+    new_task_id: str = field(metadata=checked(_text))
 
 
+@dataclass(frozen=True, slots=True)
 class MessageEditParams(Params):
-    restore: Annotated[EditRestore, _one_of("restore", "chat or all", EditRestore)] = Field(default=_NULL)
-    text: Annotated[str, BeforeValidator(_edited_text)] = Field(default=_NULL)
-    task_id: TaskId = Field(default=_NULL)
-    ts: Annotated[int, _ms("ts")] = Field(default=_NULL)
+    restore: EditRestore = field(metadata=checked(_edit_restore))
+    text: str = field(metadata=checked(_edited_text))
+    task_id: str = field(metadata=checked(_text))
+    ts: int = field(metadata=checked(_ms))
 
 
-def _favorites(value: object) -> object:
-    if value is _MISSING:
-        return []
-    if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
-        raise _refuse("`keepFavorites` must be a list of task ids.")
-    return value
-
-
+@dataclass(frozen=True, slots=True)
 class DeleteAllParams(Params):
-    keep_favorites: Annotated[list[str], BeforeValidator(_favorites)] = Field(default=_MISSING)
+    keep_favorites: list[str] = field(metadata=checked(_favorites, missing=[]))
 
 
-def _roots(value: object) -> object:
-    if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
-        raise _refuse("`roots` must be a list of absolute paths.")
-    return value
-
-
-def _overrides(value: object) -> object:
-    value = value or {}  # null, false, 0, "" and [] mean no overrides, as they always did
-    if not isinstance(value, dict):
-        raise _refuse("`settings` must be an object.")
-    return value
-
-
+@dataclass(frozen=True, slots=True)
 class InitializeParams(Params):
-    roots: Annotated[list[str], BeforeValidator(_roots)] = Field(default=_NULL)
+    roots: list[str] = field(metadata=checked(_roots))
     # PROTOCOL.md `Settings`: checked by `Settings` itself once mapped to its names
-    settings: Annotated[dict[str, Any], BeforeValidator(_overrides)] = Field(default=_NULL)
+    settings: dict[str, Any] = field(metadata=checked(_overrides))
 
 
+@dataclass(frozen=True, slots=True)
 class NoParams(Params):
     """shutdown, sidecar/status, sidecar/stop: nothing (whatever is sent is ignored)."""
+
+
+def _camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(word.capitalize() for word in rest)
+
+
+_Fields = tuple[tuple[str, str, Check, Any], ...]
+_FIELDS: dict[type[Params], _Fields] = {}
+
+
+def _fields(model: type[Params]) -> _Fields:
+    """Each field of `model` in declaration order: (name, wire name, check, missing)."""
+    found = _FIELDS.get(model)
+    if found is None:
+        found = _FIELDS[model] = tuple(
+            (f.name, f.metadata["wire"] or _camel(f.name), f.metadata["check"], f.metadata["missing"])
+            for f in dataclasses.fields(model))
+    return found
 
 
 def parse(model: type[M], params: dict[str, Any]) -> M:
@@ -289,8 +302,6 @@ def parse(model: type[M], params: dict[str, Any]) -> M:
     Raises:
         InvalidParamsError: a field is missing or wrong; the message names the first one.
     """
-    try:
-        return model.model_validate(params)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
-        raise InvalidParamsError(first["msg"]) from None
+    values = {name: check(wire, params[wire] if wire in params else missing)
+              for name, wire, check, missing in _fields(model)}
+    return model(**values)

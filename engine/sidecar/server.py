@@ -31,13 +31,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from types import FrameType
-from typing import Any, BinaryIO, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TypeVar
 
 import structlog
 
 from shadowpoint import __version__
 from shadowpoint.bus import RoundBus
-from shadowpoint.config import Settings, load_settings
+from shadowpoint.config.plain import PlainSettings, load_plain_settings, plain_settings
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.errors import InvalidParamsError, NoWorkspaceError, ShadowpointError
 from shadowpoint.events import (
@@ -72,6 +72,9 @@ from shadowpoint.sidecar.params import (
     parse,
 )
 
+if TYPE_CHECKING:
+    from shadowpoint.config import Settings
+
 log = structlog.get_logger(__name__)
 
 PROTOCOL_VERSION = 1
@@ -99,10 +102,10 @@ _SETTING_NAMES = {"readOnlyTools": "read_only_tools", "extraExclusions": "extra_
                   "initTimeoutS": "init_timeout_s", "watcher": "watcher"}
 
 
-def engine_key(roots: Sequence[str], settings: Settings) -> str:
+def engine_key(roots: Sequence[str], settings: PlainSettings) -> str:
     """Identity of an engine in a shared host: its canonical roots and its settings."""
     reals = [os.path.realpath(os.path.expanduser(r)) for r in roots]
-    return json.dumps([reals, settings.model_dump(mode="json")], sort_keys=True)
+    return json.dumps([reals, settings.values()], sort_keys=True, default=str)
 
 
 class _Answerer(Protocol):
@@ -158,8 +161,8 @@ class Host:
     engine, so task state survives between hook invocations).
     """
 
-    def __init__(self, settings: Settings | None = None, *, shared: bool = False) -> None:
-        self.settings = settings or load_settings()
+    def __init__(self, settings: Settings | PlainSettings | None = None, *, shared: bool = False) -> None:
+        self.settings = plain_settings(settings) if settings is not None else load_plain_settings()
         self.shared = shared
         self.owner: str | None = None  # "watch" when `shadowpoint watch` owns this host
         self.stop_requested = threading.Event()
@@ -173,13 +176,13 @@ class Host:
 
     # ------------------------------------------------------------------ engines
 
-    def adopt(self, engine: Engine, settings: Settings) -> None:
+    def adopt(self, engine: Engine, settings: Settings | PlainSettings) -> None:
         """Serve an engine created elsewhere (`shadowpoint watch`) to this host's connections."""
-        key = engine_key([str(ws.root) for ws in engine.workspaces], settings)
+        key = engine_key([str(ws.root) for ws in engine.workspaces], plain_settings(settings))
         with self._lock:
             self._engines[key] = engine
 
-    def open_engine(self, roots: list[str], settings: Settings, conn: Server) -> Engine:
+    def open_engine(self, roots: list[str], settings: PlainSettings, conn: Server) -> Engine:
         """The engine for `roots` (created on first use); `conn` receives its notifications."""
         key = engine_key(roots, settings)
         with self._lock:
@@ -307,7 +310,7 @@ class Host:
 class Server:
     """A JSON-RPC 2.0 endpoint over a pair of byte streams (one connection)."""
 
-    def __init__(self, reader: BinaryIO, writer: BinaryIO, settings: Settings | None = None,
+    def __init__(self, reader: BinaryIO, writer: BinaryIO, settings: Settings | PlainSettings | None = None,
                  host: Host | None = None) -> None:
         self.reader = reader
         self.writer = writer
@@ -487,14 +490,8 @@ class Server:
         return self.engine
 
     def _initialize(self, q: InitializeParams) -> Wire:
-        data = self.settings.model_dump()
-        for key, value in q.settings.items():
-            if key in _SETTING_NAMES:
-                data[_SETTING_NAMES[key]] = value
-        try:
-            settings = Settings.model_validate(data)
-        except ValueError as exc:
-            raise InvalidParamsError(f"Invalid settings: {exc}") from exc
+        overrides = {_SETTING_NAMES[key]: value for key, value in q.settings.items() if key in _SETTING_NAMES}
+        settings = _overridden(self.settings, overrides) if overrides else self.settings
         engine = self.host.open_engine(q.roots, settings, self)
         self.engine = engine
         return {
@@ -661,7 +658,22 @@ class _SignalledInput:
             yield chunk
 
 
-def serve_stdio(settings: Settings | None = None) -> int:
+def _overridden(settings: PlainSettings, overrides: dict[str, Any]) -> PlainSettings:
+    """`settings` with an `initialize`'s overrides, checked by `Settings` (pydantic is imported
+    only here: a sidecar whose clients send no overrides never imports it).
+
+    Raises:
+        InvalidParamsError: a value `Settings` refuses.
+    """
+    from shadowpoint.config.settings import Settings
+
+    try:
+        return plain_settings(Settings.model_validate(settings.values() | overrides))
+    except ValueError as exc:
+        raise InvalidParamsError(f"Invalid settings: {exc}") from exc
+
+
+def serve_stdio(settings: Settings | PlainSettings | None = None) -> int:
     """Serve on stdin/stdout. Anything else that writes to fd 1 is sent to stderr instead.
 
     SIGTERM and SIGINT end the reading after what stdin already holds; every request read

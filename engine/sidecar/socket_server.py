@@ -21,13 +21,17 @@ import socket
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import structlog
 
-from shadowpoint.config import Settings
 from shadowpoint.errors import SidecarRunningError
 from shadowpoint.sidecar.hook_endpoint import HookEndpoint, HttpConfig, load_http_config, looks_like_http, serve_http
 from shadowpoint.sidecar.server import Host, Server
+
+if TYPE_CHECKING:
+    from shadowpoint.config import Settings
+    from shadowpoint.config.plain import PlainSettings
 
 log = structlog.get_logger(__name__)
 
@@ -234,7 +238,7 @@ class SocketServer:
             t.join(join_timeout_s)
 
 
-def serve_socket(path: str, settings: Settings | None = None,
+def serve_socket(path: str, settings: Settings | PlainSettings | None = None,
                  idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S, http_root: str | None = None) -> int:
     """Serve the protocol on a Unix socket with one shared engine host; returns the exit status.
 

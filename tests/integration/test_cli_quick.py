@@ -271,3 +271,62 @@ def test_a_running_sidecar_deletes_the_task_as_with_click(ws: Path, hooks_env: d
 def test_the_console_script_is_the_entry_point() -> None:
     assert SHADOWPOINT.is_file() and os.access(SHADOWPOINT, os.X_OK)
     assert "shadowpoint.entry" in SHADOWPOINT.read_text()
+
+
+def test_the_sidecar_serves_a_task_without_pydantic(ws: Path, hooks_env: dict[str, str], tmp_path: Path) -> None:
+    """`serve --socket` with pydantic, click and rich unimportable: a task's rounds are answered and
+    checkpointed (the params are checked, the settings read without them), and the process never
+    loaded them (issue 11: ~0.1 s of every sidecar's start). Settings sent with `initialize` are
+    the one use of pydantic: checked by `Settings` in a sidecar that may import it."""
+    listing = tmp_path / "modules.json"
+    proc = _serve(ws, {**hooks_env, "SP_TEST_BLOCK": "1", "SP_TEST_MODULES": str(listing)})
+    try:
+        with SidecarClient(socket_path(ws), timeout_s=60) as sc:
+            sc.request("initialize", {"roots": [str(ws)]})
+            sc.request("task/start", {"taskId": "lean", "ts": 1})
+            sc.request("tool/begin", {"taskId": "lean", "tool": "write", "kind": "edit", "paths": ["made.txt"]})
+            (ws / "made.txt").write_text("made while no pydantic was loaded\n")
+            sc.request("tool/end", {"taskId": "lean", "tool": "write", "kind": "edit", "paths": ["made.txt"]})
+            ended = sc.request("round/end", {"taskId": "lean", "ts": 2})
+            with pytest.raises(SidecarError) as err:
+                sc.request("tool/begin", {"taskId": "lean", "tool": "write", "kind": "write"})
+            assert err.value.kind == "invalid_params" and "`kind` must be read, edit or command." in str(err.value)
+            sc.request("sidecar/stop")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+    git_dir = next((Path(hooks_env["SHADOWPOINT_DOCS_DIR"]) / "checkpoints").iterdir()) / ".git"
+    shown = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{ended['checkpoint']['hash']}:made.txt"],
+                           capture_output=True, text=True, check=True).stdout
+    assert shown == "made while no pydantic was loaded\n"
+    loaded = json.loads(listing.read_text())
+    assert "shadowpoint.sidecar.params" in loaded and "pygit2" in loaded
+    assert not [m for m in loaded if m.split(".")[0] in HEAVY], [m for m in loaded if m.split(".")[0] in HEAVY]
+
+    proc = _serve(ws, hooks_env)  # pydantic importable: settings overrides are checked by `Settings`
+    try:
+        with SidecarClient(socket_path(ws), timeout_s=60) as sc:
+            with pytest.raises(SidecarError) as err:
+                sc.request("initialize", {"roots": [str(ws)], "settings": {"maxFileBytes": 0}})
+            assert err.value.kind == "invalid_params" and str(err.value).startswith("Invalid settings:")
+            sc.request("initialize", {"roots": [str(ws)], "settings": {"maxFileBytes": 10}})
+            sc.request("task/start", {"taskId": "small", "ts": 1})
+            (ws / "big.txt").write_text("more than ten bytes\n")
+            sc.request("tool/begin", {"taskId": "small", "tool": "bash", "kind": "command"})
+            sc.request("tool/end", {"taskId": "small", "tool": "bash", "kind": "command"})
+            ended = sc.request("round/end", {"taskId": "small", "ts": 2})
+            listed = ["git", "--git-dir", str(git_dir), "ls-tree", "-r", "--name-only", ended["checkpoint"]["hash"]]
+            tree = subprocess.run(listed, capture_output=True, text=True, check=True).stdout.split()
+            assert "made.txt" not in tree and "big.txt" not in tree, "files over maxFileBytes are left out"
+            sc.request("sidecar/stop")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
