@@ -1,10 +1,10 @@
 """The `shadowpoint` command's entry point: imports only what the command needs.
 
 `shadowpoint serve` (the sidecar, on stdio or its socket) and `shadowpoint delete-task ID
---yes` (`quick`) start without click, rich or pydantic (the settings read by
-`config.plain`, pydantic only for a value it cannot judge), `shadowpoint hook AGENT` (run on
-every tool call) without any of them; every other command, and any of these in a form they do not take, goes to
-the click CLI (`cli.app.main`).
+--yes` (`quick`) start without click, rich or pydantic (the settings read by `config.plain`,
+pydantic only for a value it cannot judge), `shadowpoint hook AGENT` (run on every tool call)
+without any of them; every other command, and any of these in a form they do not take, goes
+to the click CLI (`cli.app.main`).
 structlog and the settings are imported without rich and asyncio (`lean_imports`); `logs`
 renders a traceback with rich only on a terminal, importing it then.
 """
