@@ -4,11 +4,11 @@ before it reaches the engine.
 One class per method; `parse(model, params)` answers the class's value or raises
 `InvalidParamsError` with the message the sidecar has always given for that field
 (PROTOCOL.md's `invalid_params`), the first wrong field in the order the fields are declared.
-Each field carries its check in its metadata (`checked`): a plain function of the field's wire name and its
-JSON value that answers the typed value or refuses. JSON has no strict types of its own
-(`true` is not an integer, `1` is not a boolean); a missing field is checked as null unless
-the field says what a missing one stands for. Unknown fields are ignored. Wire names are the
-fields' names in camelCase unless a field names its own.
+Each field carries its check in its metadata (`checked`): a plain function of the field's
+wire name and its JSON value that answers the typed value or refuses. JSON has no strict
+types of its own (`true` is not an integer, `1` is not a boolean); a missing field is checked
+as null unless the field says what a missing one stands for. Unknown fields are ignored. Wire
+names are the fields' names in camelCase unless a field names its own.
 
 No pydantic here (it was, issue 11): the sidecar answers its first request without importing
 it, ~80 ms of every sidecar's start. Used by `server.py` on the thread that runs the request.
