@@ -10,7 +10,10 @@ hook command only counts the call: the agent's own cost of running a hook proces
 the Python client `python -I -S …/hookrun.py AGENT` for every event, as before the bash client).
 Reported per agent (medians): the wall times, the number of hook events, the one-time
 sidecar start (SessionStart's time in the hooks' trace log) and the overhead per event:
-(hooked - plain - sidecar start) / events. A benchmark, not a test: nothing is asserted.
+(hooked - plain - sidecar start) / events; beside it, every other command hook's own time in
+that log (the command's start to its exit; Claude Code's http hooks are not traced there),
+which the session's own noise does not reach.
+A benchmark, not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -31,12 +34,28 @@ from tests.agents.sessions import SESSIONS
 _COUNTER = "#!/bin/sh\ncat >/dev/null\necho x >> \"$SHADOWPOINT_BENCH_COUNT\"\n"
 
 
-def _sidecar_start_ms(run: harness.Run) -> float:
+def _hook_times_ms(run: harness.Run) -> list[tuple[str, float]]:
+    """Each hook event's own time as hooks.log traces it (`EVENT ok in X ms`): from the hook
+    command's start to its exit, the agent's cost of starting the process left out."""
     log = Path(run.env["XDG_STATE_HOME"]) / "shadowpoint" / "hooks.log"
+    out: list[tuple[str, float]] = []
     for line in log.read_text().splitlines() if log.exists() else []:
-        if ": SessionStart ok in " in line:
-            return float(line.rsplit(" ok in ", 1)[1].split()[0])
-    return 0.0
+        head, sep, tail = line.rpartition(" ok in ")
+        if sep:
+            out.append((head.rsplit(": ", 1)[-1], float(tail.split()[0])))
+    return out
+
+
+def _sidecar_start_ms(run: harness.Run) -> float:
+    """The first SessionStart's time: the one that started the sidecar."""
+    return next((ms for event, ms in _hook_times_ms(run) if event == "SessionStart"), 0.0)
+
+
+def _own_times_ms(run: harness.Run) -> list[float]:
+    """Every event's own time but the sidecar's start (the first SessionStart)."""
+    times = _hook_times_ms(run)
+    first = next((i for i, (event, _) in enumerate(times) if event == "SessionStart"), None)
+    return [ms for i, (_, ms) in enumerate(times) if i != first]
 
 
 def _counted(agent: str, root: Path, run_dir: Path) -> tuple[float, int]:
@@ -59,6 +78,7 @@ def measure(agent: str, repeat: int, work: Path, python_client: bool = False) ->
     starts: list[float] = []
     py_hooked: list[float] = []
     py_starts: list[float] = []
+    own: list[float] = []
 
     def one(kind: str, i: int, run_dir: Path) -> None:
         root = work / f"{i}-{kind}"
@@ -77,6 +97,7 @@ def measure(agent: str, repeat: int, work: Path, python_client: bool = False) ->
             run = harness.run_agent(agent, root, run_dir, hooked=True)
             hooked.append(run.outcome.wall_s)
             starts.append(_sidecar_start_ms(run) / 1e3)
+            own.extend(_own_times_ms(run))
 
     run_dir = Path(tempfile.mkdtemp(prefix="sp-bench-"))
     try:
@@ -101,12 +122,17 @@ def measure(agent: str, repeat: int, work: Path, python_client: bool = False) ->
         "per_event_ms": (med(hooked) - med(plain) - med(starts)) / n_events * 1e3,
         "per_event_ms_vs_counted": (med(hooked) - med(counted) - med(starts)) / n_events * 1e3,
         "hook_process_ms": (med(counted) - med(plain)) / n_events * 1e3,
+        # the command hooks' own times (hooks.log, every hooked run's but the sidecar's start):
+        # not the agent's cost of starting a process, nor the noise of its session
+        "hook_own_ms_median": med(own) if own else None,
+        "hook_own_ms_p95": statistics.quantiles(own, n=20)[-1] if len(own) >= 2 else None,
         # per run: (that run - the median plain - that run's sidecar start) / events: the spread
         "per_event_ms_runs": _per_event_runs(hooked, starts, med(plain), n_events),
         "per_event_ms_paired": paired(hooked, starts, plain, n_events),
         **extra,
         "raw": {"plain_s": plain, "counted_s": counted, "hooked_s": hooked, "events": events,
-                "sidecar_start_s": starts, "python_client_s": py_hooked, "python_client_sidecar_start_s": py_starts},
+                "sidecar_start_s": starts, "hook_own_ms": own,
+                "python_client_s": py_hooked, "python_client_sidecar_start_s": py_starts},
     }
 
 
@@ -117,6 +143,10 @@ def _per_event_runs(walls: list[float], starts: list[float], plain: float, n_eve
 def paired(walls: list[float], starts: list[float], plains: list[float], n_events: int) -> list[float]:
     """Per repetition, against the plain run of the same repetition (run next to it): less drift."""
     return sorted(round((w - p - s) / n_events * 1e3, 1) for w, s, p in zip(walls, starts, plains, strict=True))
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f} ms"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{agent:7} plain {r['plain_s']:6.2f} s  counting hook {r['counted_s']:6.2f} s  "
                   f"shadowpoint {r['hooked_s']:6.2f} s  events {r['events']:3d}  sidecar start "
                   f"{r['sidecar_start_s']:5.2f} s  per event {r['per_event_ms']:7.1f} ms "
-                  f"(of which a bare hook process {r['hook_process_ms']:6.1f} ms); per run {r['per_event_ms_runs']}",
+                  f"(of which a bare hook process {r['hook_process_ms']:6.1f} ms); per run {r['per_event_ms_runs']}; "
+                  f"the hooks' own times (hooks.log) median {_ms(r['hook_own_ms_median'])}, "
+                  f"p95 {_ms(r['hook_own_ms_p95'])}",
                   flush=True)
             if args.python_client:
                 print(f"{agent:7} Python client for every event {r['python_client_s']:6.2f} s  sidecar start "
