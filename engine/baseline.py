@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from functools import partial
 from typing import TYPE_CHECKING
 
 import structlog
@@ -23,10 +24,9 @@ from shadowpoint.errors import InitFailedError, InitTimeoutError, ShadowpointErr
 from shadowpoint.kinds import CheckpointKind, ErrorKind, TaskState
 from shadowpoint.options import EngineOptions
 from shadowpoint.results import KindError
-from shadowpoint.roots import Notify, RootState
+from shadowpoint.roots import LockedRoot, Notify, RootState
 from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
 from shadowpoint.stage.scanner import StageResult
-from shadowpoint.stage.stager import StagePlan
 from shadowpoint.store.checkpoints import CheckpointRecord
 from shadowpoint.workspace import RepoPath
 
@@ -143,6 +143,7 @@ class BaselineBuilder:
         hashes: dict[str, str] = {}
         warnings: list[dict[str, str]] = []
         hashed = taken = 0
+        rescanned = False
 
         def wanted() -> bool:
             with rt.lock:
@@ -151,9 +152,12 @@ class BaselineBuilder:
         try:
             self._start_watchers(captures, requested)
             for name, root in self.roots.items():
-                # on a git repository, ids the user's index proves unchanged are taken
-                made = checkpoint_root(root, StagePlan(rescan=True), rt.record.task_id,
-                                       f"baseline checkpoint at {ts}", None, capture=captures[name],
+                # the whole scan, or what a healthy watcher recorded since the root's latest
+                # snapshot (`LockedRoot.baseline_plan`); on a git repository, a scan takes the
+                # ids the user's index proves unchanged
+                capture = captures[name]
+                made = checkpoint_root(root, partial(LockedRoot.baseline_plan, capture=capture), rt.record.task_id,
+                                       f"baseline checkpoint at {ts}", None, capture=capture,
                                        borrow=True, wanted=wanted, save_cache=True)
                 if made is None:
                     return
@@ -162,6 +166,7 @@ class BaselineBuilder:
                 warnings.extend(self._warnings(name, result))
                 hashed += result.stats.hashed
                 taken += result.stats.borrowed
+                rescanned = rescanned or result.stats.rescan
         finally:
             for root in self.roots.values():
                 if root.watcher is not None:
@@ -173,7 +178,7 @@ class BaselineBuilder:
             rt.record.add_checkpoint(cp)
             rt.state, rt.error = TaskState.READY, None
             self._save(rt)
-        log.info("task.baseline_built", task_id=rt.record.task_id, hashed=hashed, borrowed=taken,
+        log.info("task.baseline_built", task_id=rt.record.task_id, hashed=hashed, borrowed=taken, rescan=rescanned,
                  duration_ms=round((time.perf_counter() - start) * 1e3, 1))
         self._built()
 

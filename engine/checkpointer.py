@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shadowpoint.roots import RootState
+from shadowpoint.roots import LockedRoot, RootState
 from shadowpoint.stage.early_capture import EarlyCapture
 from shadowpoint.stage.scanner import StageResult
 from shadowpoint.stage.stager import StagePlan
@@ -23,22 +23,26 @@ class RootCheckpoint:
     result: StageResult
 
 
-def checkpoint_root(root: RootState, plan: StagePlan, task_id: str, message: str, parent: str | None,
+def checkpoint_root(root: RootState, plan: StagePlan | Callable[[LockedRoot], StagePlan], task_id: str, message: str,
+                    parent: str | None,
                     *, capture: EarlyCapture | None = None, borrow: bool = False,
                     wanted: Callable[[], bool] | None = None, save_cache: bool = False) -> RootCheckpoint | None:
     """Stage `plan` in `root` and commit it on `parent` (the task's previous snapshot of this
     root, None for a baseline); the task's ref moves to the commit, the head to its tree.
+    `plan` may be decided under the same lock hold, from the locked root (a baseline's).
 
     `capture`: a baseline's early captures, finished once the root is scanned (its edits wait
     no more); `borrow`: a baseline may take blob ids from the user's git index; `wanted`: asked
     before the ref moves, None as its answer when false (a task deleted or restarted meanwhile);
-    `save_cache`: write the stat cache too (after a baseline's whole scan).
+    `save_cache`: write the stat cache too, after a whole scan (a baseline's).
 
     Raises:
         whatever staging or committing raised (LockTimeoutError, RepoError, StorageFailedError):
         nothing moved; the caller carries the plan to the next round.
     """
     with root.locked() as r:
+        if callable(plan):
+            plan = plan(r)
         try:
             result = r.stage(plan, capture, borrow=borrow)
         finally:
@@ -57,6 +61,6 @@ def checkpoint_root(root: RootState, plan: StagePlan, task_id: str, message: str
                 return None
             repo.set_ref(task_ref(task_id), commit)
         r.set_head(result.tree)
-        if save_cache:
+        if save_cache and result.stats.rescan:
             r.save_cache()
         return RootCheckpoint(commit, reused, result)

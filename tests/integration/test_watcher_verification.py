@@ -13,6 +13,7 @@ to verify. The tests that hold for it run on both observers (the `observer` fixt
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ from structlog.testing import capture_logs
 
 from shadowpoint.engine import Engine
 from shadowpoint.observe.watcher import ObserverKind
+from shadowpoint.roots import RootState
 from shadowpoint.verifier import Verdict
+from shadowpoint.workspace import RepoPath
 from tests.conftest import make_tree, wait_for
 
 TREE = {f"pkg{i % 20:02d}/mod{i:04d}.py": f"x = {i}\n" for i in range(400)}
@@ -283,3 +286,81 @@ def test_a_round_begun_while_the_baseline_builds_is_trusted_from_its_first_tool(
     assert _file_at(eng, 2, "pkg01/mod0001.py") == b"x = 'by the command'\n"
     assert _file_at(eng, 2, "made.txt") == b"made\n"
     assert {f["path"] for f in eng.diff("t", 1, 2).to_wire()["files"]} == {"pkg01/mod0001.py", "made.txt"}
+
+
+def _tree_matches_workspace(eng: Engine, commit: str, workspace: Path) -> None:
+    """The oracle: git reads the commit's tree into a scratch index and finds nothing to report
+    against the workspace (every file byte-exact, none missing, none extra)."""
+    git_dir = eng.roots["proj"].ws.git_dir
+    env = {**os.environ, "GIT_INDEX_FILE": str(workspace.parent / "oracle-index"), "GIT_CONFIG_NOSYSTEM": "1"}
+    git = ["git", f"--git-dir={git_dir}", f"--work-tree={workspace}"]
+    subprocess.run([*git, "read-tree", commit], env=env, check=True)
+    subprocess.run([*git, "update-index", "-q", "--refresh"], env=env, check=False, capture_output=True)
+    for check in (["diff-files", "--name-status"], ["ls-files", "--others"]):
+        out = subprocess.run([*git, *check], env=env, check=True, capture_output=True, text=True).stdout
+        assert out == "", (check, out)
+
+
+@inotify_only
+def test_a_later_tasks_baseline_is_what_the_healthy_watcher_recorded(
+        workspace: Path, make_engine: Any, observer: ObserverKind) -> None:
+    """SPEC §4: a healthy watcher is authoritative, for a new task too. The engine's second
+    task (a second agent session while the sidecar runs) takes the first task's state and what
+    the watcher recorded since: the person's edits between the sessions, no rescan of the
+    workspace. Its baseline is byte-exact against the workspace (git as oracle)."""
+    eng = _ready(workspace, make_engine, observer)
+    (workspace / "pkg00/mod0000.py").write_text("x = 'edited between sessions'\n")
+    (workspace / "pkg03/new.py").write_text("made between sessions\n")
+    (workspace / "pkg01/mod0001.py").unlink()
+    with capture_logs() as logs:
+        eng.start_task("t2", ts=10)
+        eng.tool_began("t2", "execute_command", "command", None)  # waits for the whole baseline
+    staged = [e for e in logs if e["event"] == "scanner.staged"]
+    assert [(e["rescan"], e["examined"], e["changed"]) for e in staged] == [(False, 2, 3)], staged
+    baseline = eng._task("t2").record.checkpoint(10)
+    assert baseline is not None
+    _tree_matches_workspace(eng, baseline.hashes["proj"], workspace)
+    # and its first command round is trusted to the watcher as before
+    eng.tool_ended("t2", "execute_command", None, "command")
+    (workspace / "pkg04/late.py").write_text("after the baseline\n")
+    with capture_logs() as logs2:
+        cp = eng.end_round("t2", 11)
+    assert cp is not None and [e["rescan"] for e in logs2 if e["event"] == "round.checkpointed"] == [False]
+    _tree_matches_workspace(eng, cp.hashes["proj"], workspace)
+
+
+@inotify_only
+def test_a_later_tasks_baseline_keeps_an_early_captured_file_at_its_captured_bytes(
+        workspace: Path, make_engine: Any, observer: ObserverKind, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC §3 with the watcher's baseline: an edit let through once its path is captured, and
+    done before the baseline takes what the watcher recorded, is not in the baseline (it holds
+    the bytes from before the edit), and is in the edit's round. The seam holds the baseline
+    after its watchers' start, while captures are served."""
+    eng = _ready(workspace, make_engine, observer)
+    go = threading.Event()
+    start = RootState.start_watcher
+
+    def held_start(self: RootState, *args: Any, **kwargs: Any) -> None:
+        assert go.wait(60)
+        start(self, *args, **kwargs)
+
+    monkeypatch.setattr(RootState, "start_watcher", held_start)
+    (workspace / "pkg05/mod0005.py").write_text("x = 'a person, before the session'\n")
+    eng.start_task("t2", ts=10)
+    eng.tool_began("t2", "write_to_file", "edit", ["pkg02/mod0002.py"])  # captured; the baseline is held
+    (workspace / "pkg02/mod0002.py").write_text("x = 'edited by the agent'\n")
+    eng.roots["proj"].watcher.flush()  # type: ignore[union-attr]  # the watcher has recorded the edit
+    go.set()
+    eng.tool_ended("t2", "write_to_file", ["pkg02/mod0002.py"], "edit")
+    cp = eng.end_round("t2", 11)
+    task = eng._task("t2").record
+    baseline = task.checkpoint(10)
+    assert baseline is not None and cp is not None
+    with eng.roots["proj"].locked() as root:
+        def content(commit: str, path: str) -> bytes | None:
+            entry = root.repo.lookup(root.repo.commit_tree(commit), RepoPath(path))
+            return root.repo.read_blob(entry.oid) if entry else None
+
+        assert content(baseline.hashes["proj"], "pkg02/mod0002.py") == b"x = 2\n", "the bytes from before the edit"
+        assert content(baseline.hashes["proj"], "pkg05/mod0005.py") == b"x = 'a person, before the session'\n"
+        assert content(cp.hashes["proj"], "pkg02/mod0002.py") == b"x = 'edited by the agent'\n"
