@@ -153,6 +153,8 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
                  Target("≤ 1/100 git reset", max_ratio=1 / 100), "restore_file_watcher"),
     ScenarioSpec("restore_keep_mine", "restore 1 file keeping an outside edit, watcher", "s", "git reset --hard",
                  Target("≤ 1/100 git reset", max_ratio=1 / 100), "restore_keep_mine"),
+    ScenarioSpec("later_baseline", "a later task's baseline, watcher, 1 file changed", "s", SEED_ROUND, None,
+                 "later_baseline"),
     ScenarioSpec("watcher_startup", "watcher start-up", "s", None, None, "watcher_startup"),
     ScenarioSpec("first_edit_wait", "first edit's wait, baseline building", "s", SEED_BASELINE,
                  Target("≤ 1 s (SPEC §9)", max_value=1.0), "first_edit_wait"),
@@ -764,6 +766,27 @@ class TreeBench:
                 res.ours.add(seconds)
                 res.rival.add(rival_s)
         res.notes.append("includes the flush barrier at the round's end; the seed commits an empty round")
+
+    def later_baseline(self, res: ScenarioResult) -> None:
+        """A new task on the running engine (the next agent session while the sidecar runs),
+        one file changed since the last snapshot: its baseline is the latest snapshot and what
+        the healthy watcher recorded (SPEC §4), where the seed commits the whole tree again."""
+        assert res.ours is not None and res.rival is not None
+        eng, rival = self._watch_task("watch")
+        path = self.candidates[0]
+        for i in range(self.repeat + 1):
+            self.touch([path], f"lb-o{i}")
+            mark = self.tap.mark()
+            seconds = eng.start(f"later-{i}")
+            flags = self._events(mark, "task.baseline_built", "rescan")
+            if any(flags):
+                res.notes.append(f"task {i}: the baseline rescanned the workspace (rescan={flags})")
+            self.touch([path], f"lb-g{i}")
+            rival_s = rival.round()
+            if i:
+                res.ours.add(seconds)
+                res.rival.add(rival_s)
+        res.notes.append("ours: task/start to its baseline ready; the seed's new task commits the tree again")
 
     def first_edit_wait(self, res: ScenarioResult) -> None:
         """A new task's first edit on a workspace whose shadow repo is new: from task/start to
