@@ -1,5 +1,6 @@
-"""`BaselineBuilder`: builds a task's baseline (the first checkpoint: every root scanned and
-committed) on a thread of its own, with the slow and timeout timers, the watchers started
+"""`BaselineBuilder`: builds a task's baseline (the first checkpoint: every root scanned, or for
+a later task of a root whose watcher stayed healthy, staged from its record, and committed) on
+a thread of its own, with the slow and timeout timers, the watchers started
 before the scan, and the barriers tool calls wait on (the whole baseline, or only the paths an
 edit tool is about to change, which the building scan captures first: SPEC §3).
 
