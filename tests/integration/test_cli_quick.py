@@ -6,13 +6,12 @@ click; and the fast path imports neither click, rich nor pydantic."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from shadowpoint.sidecar.client import SidecarClient, SidecarError, socket_path
 from tests.conftest import wait_for
 from tests.integration.test_cli import save, sp_json
+from tests.integration.test_socket import server
 
 SHADOWPOINT = Path(sys.executable).parent / "shadowpoint"  # the installed console script (entry.main)
 CLICK = [sys.executable, "-c", "import sys; from shadowpoint.cli import main; sys.exit(main(sys.argv[1:]))"]
@@ -224,26 +224,15 @@ def test_the_fast_path_imports_no_click_rich_or_pydantic(two_tasks: Path, ws: Pa
     assert {"click", "pydantic"} <= set(json.loads(listing.read_text()))
 
 
-def _serve(ws: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _serving(ws: Path, env: dict[str, str]) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    """The workspace's socket sidecar (`test_socket.server`), from the workspace."""
     path = socket_path(ws)
     path.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "shadowpoint", "serve", "--socket", str(path)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                            cwd=ws)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            SidecarClient(path, timeout_s=60).close()
-            return proc
-        except SidecarError:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
-            assert time.monotonic() < deadline, "the sidecar did not come up"
-            time.sleep(0.05)
+    return server(path, env=env, cwd=ws)
 
 
 def test_a_running_sidecar_deletes_the_task_as_with_click(ws: Path, hooks_env: dict[str, str]) -> None:
-    proc = _serve(ws, hooks_env)
-    try:
+    with _serving(ws, hooks_env) as proc:
         for task in ("kept", "live-1", "live-2"):
             sp_json("save", "--task-id", task, cwd=ws, env=hooks_env)
         fast = run([str(SHADOWPOINT)], ["delete-task", "live-1", "--yes", "--json"], ws,
@@ -257,15 +246,6 @@ def test_a_running_sidecar_deletes_the_task_as_with_click(ws: Path, hooks_env: d
         assert proc.poll() is None, "the sidecar still serves the workspace"
         git_dir = next((Path(hooks_env["SHADOWPOINT_DOCS_DIR"]) / "checkpoints").iterdir()) / ".git"
         assert not [r for r in refs(git_dir) if "/live-" in r]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
 
 
 def test_the_console_script_is_the_entry_point() -> None:
@@ -279,8 +259,7 @@ def test_the_sidecar_serves_a_task_without_pydantic(ws: Path, hooks_env: dict[st
     loaded them (issue 11: ~0.1 s of every sidecar's start). Settings sent with `initialize` are
     the one use of pydantic: checked by `Settings` in a sidecar that may import it."""
     listing = tmp_path / "modules.json"
-    proc = _serve(ws, {**hooks_env, "SP_TEST_BLOCK": "1", "SP_TEST_MODULES": str(listing)})
-    try:
+    with _serving(ws, {**hooks_env, "SP_TEST_BLOCK": "1", "SP_TEST_MODULES": str(listing)}) as proc:
         with SidecarClient(socket_path(ws), timeout_s=60) as sc:
             sc.request("initialize", {"roots": [str(ws)]})
             sc.request("task/start", {"taskId": "lean", "ts": 1})
@@ -293,12 +272,6 @@ def test_the_sidecar_serves_a_task_without_pydantic(ws: Path, hooks_env: dict[st
             assert err.value.kind == "invalid_params" and "`kind` must be read, edit or command." in str(err.value)
             sc.request("sidecar/stop")
         assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
     git_dir = next((Path(hooks_env["SHADOWPOINT_DOCS_DIR"]) / "checkpoints").iterdir()) / ".git"
     shown = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{ended['checkpoint']['hash']}:made.txt"],
                            capture_output=True, text=True, check=True).stdout
@@ -307,8 +280,8 @@ def test_the_sidecar_serves_a_task_without_pydantic(ws: Path, hooks_env: dict[st
     assert "shadowpoint.sidecar.params" in loaded and "pygit2" in loaded
     assert not [m for m in loaded if m.split(".")[0] in HEAVY], [m for m in loaded if m.split(".")[0] in HEAVY]
 
-    proc = _serve(ws, hooks_env)  # pydantic importable: settings overrides are checked by `Settings`
-    try:
+    # pydantic importable: settings overrides are checked by `Settings`
+    with _serving(ws, hooks_env) as proc:
         with SidecarClient(socket_path(ws), timeout_s=60) as sc:
             with pytest.raises(SidecarError) as err:
                 sc.request("initialize", {"roots": [str(ws)], "settings": {"maxFileBytes": 0}})
@@ -324,9 +297,3 @@ def test_the_sidecar_serves_a_task_without_pydantic(ws: Path, hooks_env: dict[st
             assert "made.txt" not in tree and "big.txt" not in tree, "files over maxFileBytes are left out"
             sc.request("sidecar/stop")
         assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()

@@ -32,9 +32,12 @@ def sock_dir() -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def server(path: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+def server(path: Path, *extra: str, env: dict[str, str] | None = None,
+           cwd: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """`shadowpoint serve --socket PATH`, once it accepts; stopped (SIGTERM, else killed) on exit
+    when the test left it running."""
     proc = subprocess.Popen([*SP, "serve", "--socket", str(path), *extra], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
     try:
         connect(path, proc).close()
         yield proc

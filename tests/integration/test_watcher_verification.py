@@ -22,7 +22,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from shadowpoint.engine import Engine
-from shadowpoint.observe.watcher import ObserverKind
+from shadowpoint.observe.watcher import ObserverKind, WorkspaceWatcher
 from shadowpoint.roots import RootState
 from shadowpoint.verifier import Verdict
 from shadowpoint.workspace import RepoPath
@@ -217,18 +217,19 @@ def test_the_background_verification_degrades_the_watcher(
     assert _file_at(eng, 3, "pkg06/mod0006.py") == b"changed behind its back\n"
 
 
-def _hold_watcher_start(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """The seam: the baseline's watcher (made, not started) starts only once the event is set."""
-    from shadowpoint.observe.watcher import WorkspaceWatcher
-
+def _hold_watcher_start(monkeypatch: pytest.MonkeyPatch, cls: Any = WorkspaceWatcher,
+                        name: str = "start") -> threading.Event:
+    """The seam: the baseline's watcher (made, not started) starts only once the event is set;
+    `RootState.start_watcher` instead holds a baseline at its watchers' start even when they
+    already run (captures are served meanwhile)."""
     go = threading.Event()
-    start = WorkspaceWatcher.start
+    start = getattr(cls, name)
 
-    def held_start(self: WorkspaceWatcher, *args: Any, **kwargs: Any) -> None:
+    def held_start(self: Any, *args: Any, **kwargs: Any) -> None:
         assert go.wait(60)
         start(self, *args, **kwargs)
 
-    monkeypatch.setattr(WorkspaceWatcher, "start", held_start)
+    monkeypatch.setattr(cls, name, held_start)
     return go
 
 
@@ -337,14 +338,7 @@ def test_a_later_tasks_baseline_keeps_an_early_captured_file_at_its_captured_byt
     the bytes from before the edit), and is in the edit's round. The seam holds the baseline
     after its watchers' start, while captures are served."""
     eng = _ready(workspace, make_engine, observer)
-    go = threading.Event()
-    start = RootState.start_watcher
-
-    def held_start(self: RootState, *args: Any, **kwargs: Any) -> None:
-        assert go.wait(60)
-        start(self, *args, **kwargs)
-
-    monkeypatch.setattr(RootState, "start_watcher", held_start)
+    go = _hold_watcher_start(monkeypatch, RootState, "start_watcher")
     (workspace / "pkg05/mod0005.py").write_text("x = 'a person, before the session'\n")
     eng.start_task("t2", ts=10)
     eng.tool_began("t2", "write_to_file", "edit", ["pkg02/mod0002.py"])  # captured; the baseline is held
