@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -47,6 +48,7 @@ _WORKSPACE_ROOT: Final = RepoPath("")
 # the kernel's coarse file clock (a jiffy) and small clock steps: an entry added in the same
 # clock tick as the listing would otherwise leave the times unchanged (git's racy-clean rule).
 _RACY_MARGIN_NS: Final = 1_000_000_000
+_entry_name = attrgetter("name")  # a folder's entries are listed in name order
 
 # a folder's (mtime, ctime, inode) as one small bytes: a tuple of three big ints took ~180 bytes
 _STAMP: Final = struct.Struct("<qqQ")
@@ -468,7 +470,8 @@ class ExclusionRules:
             prefix = f"{rel}/" if rel else ""
             if listing.files and mine:
                 yield prefix, listing.files
-            for dir_name in listing.dirs.split(NAME_SEP) if listing.dirs else ():
+            # pushed last first: the sub-folders are walked in name order (see `_list_folder`)
+            for dir_name in reversed(listing.dirs.split(NAME_SEP)) if listing.dirs else ():
                 sub = prefix + dir_name
                 if part is None:
                     pending.append((sub, dir_name, info, True))
@@ -512,6 +515,10 @@ class ExclusionRules:
         except OSError as exc:
             log.debug("exclusions.folder_skipped", path=rel, error=str(exc))
             return None
+        # In name order, and the sub-folders walked in it: a walk then yields its paths nearly
+        # sorted, which a baseline's sort of every path (for its trees) takes in ~8 ms at 100k
+        # files instead of ~34 ms in the directories' own order (both of its processes sort).
+        entries.sort(key=_entry_name)
         if not stat.S_ISDIR(st.st_mode):
             return None
         newest = max(st.st_mtime_ns, st.st_ctime_ns)
