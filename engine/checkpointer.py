@@ -34,7 +34,8 @@ def checkpoint_root(root: RootState, plan: StagePlan | Callable[[LockedRoot], St
     `capture`: a baseline's early captures, finished once the root is scanned (its edits wait
     no more); `borrow`: a baseline may take blob ids from the user's git index; `wanted`: asked
     before the ref moves, None as its answer when false (a task deleted or restarted meanwhile);
-    `save_cache`: write the stat cache too, after a whole scan (a baseline's).
+    `save_cache`: after a whole scan (a baseline's), have the stat cache written at the next quiet
+    moment (`RootState.save_cache_soon`).
 
     Raises:
         whatever staging or committing raised (LockTimeoutError, RepoError, StorageFailedError):
@@ -62,5 +63,5 @@ def checkpoint_root(root: RootState, plan: StagePlan | Callable[[LockedRoot], St
             repo.set_ref(task_ref(task_id), commit)
         r.set_head(result.tree)
         if save_cache and result.stats.rescan:
-            r.save_cache()
+            r.save_cache_soon()
         return RootCheckpoint(commit, reused, result)

@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from shadowpoint.errors import RepoError, ShadowpointError
+from shadowpoint.errors import LockTimeoutError, RepoError, ShadowpointError
 from shadowpoint.observe.journal import JournalSnapshot, PathJournal
 from shadowpoint.observe.watcher import WorkspaceWatcher
 from shadowpoint.options import EngineOptions
@@ -36,6 +36,13 @@ from shadowpoint.store.values import HEAD_REF
 from shadowpoint.workspace import RepoPath, Workspace
 
 log = structlog.get_logger(__name__)
+
+# How long the root's background thread tries the lock at a time (`RootState._held_in_background`).
+_BACKGROUND_LOCK_TRY_S = 0.05
+
+
+class _Closing(Exception):
+    """The root closes: its background thread stops waiting for the lock."""
 
 Notify = Callable[[str, dict[str, Any]], None]
 
@@ -84,15 +91,20 @@ class RootState:
         # watch excluded folders, so a round using its paths stages these too. Without it, a
         # command changing a force-added node_modules/ file was missed (tests/property/test_model.py).
         self._excluded_tracked: set[RepoPath] = set()
-        # The copy of blobs a baseline borrowed from the user's git objects (borrowed.py): its
-        # thread, a test seam that holds it until set, and what it calls between batches of
-        # objects (the engine's `yield_to_rounds`).
+        # The background thread: it copies the blobs a baseline borrowed from the user's git
+        # objects (borrowed.py) and writes a stat cache left due; a test seam that holds it until
+        # set, and what it calls between batches of objects (the engine's `yield_to_rounds`).
         self.copy_gate: threading.Event | None = None
         self.copy_pause: Callable[[], None] | None = None
         self._copier: threading.Thread | None = None
         self._copy_stop = threading.Event()
-        self._copy_again = False
+        # what the thread has still to do, and whether it runs (it ends under this lock)
+        self._upkeep_lock = threading.Lock()
+        self._copy_due = False
+        self._upkeep_running = False
         self.last_copy: borrowed.CopyReport | None = None
+        # A whole scan's stat cache, left for that thread to write (`save_cache_soon`).
+        self._cache_due = False
 
     @property
     def will_start_watcher(self) -> bool:
@@ -326,42 +338,104 @@ class RootState:
         if self._handles is not None and self.ws.git_dir.is_dir():
             self.cache.save(self.cache_file)
 
+    def save_cache_soon(self) -> None:
+        """After a whole scan (lock held): the stat cache is written by the background thread
+        (`_wake`, the one that copies borrowed blobs) at the first quiet moment, and on close
+        anyway. Written on the spot, its
+        ~30 ms at 100k files were part of every baseline, which a task's first command waits
+        for; lost to a crash before then, it costs the next start a rescan."""
+        self._cache_due = True
+        self._wake(copy=False)
+
+    def _save_due_cache(self) -> None:
+        """`save_cache_soon`'s write, once no round ran for a moment (`copy_pause`, asked again
+        whenever the lock was taken meanwhile); none when the root closes first (the close
+        writes it)."""
+        if self._cache_due:
+            with self._held_in_background(between=self._pause_copy):
+                if self._cache_due:
+                    self._cache_due = False
+                    self.save_cache()
+
+    @contextlib.contextmanager
+    def _held_in_background(self, between: Callable[[], bool] | None = None) -> Iterator[None]:
+        """The workspace lock, for the background thread: tried briefly, again and again (after
+        `between()`, whose False gives up), until it is free; `_Closing` once the root closes.
+        The close holds the lock while it waits for this thread, which therefore must never
+        wait out the lock's own timeout (tests/integration/test_stat_cache_upkeep.py)."""
+        with contextlib.ExitStack() as stack:
+            while True:
+                if self._copy_stop.is_set() or (between is not None and not between()):
+                    raise _Closing
+                try:
+                    stack.enter_context(self.lock.held(timeout_s=_BACKGROUND_LOCK_TRY_S))
+                    break
+                except LockTimeoutError:
+                    continue  # a round, another process or the close holds it
+            yield
+
     # ------------------------------------------------------------------ borrowed blobs
 
     def start_copy(self) -> None:
         """Copy the blobs a baseline borrowed from the user's repository into the shadow repo,
-        on a background thread (nothing when no ledger is left)."""
-        if self._copier is not None and self._copier.is_alive():
-            self._copy_again = True
-            return
-        self._copy_again = False
-        self._copy_stop.clear()
-        self._copier = threading.Thread(target=self._copy, name=f"shadowpoint-copy:{self.ws.name}", daemon=True)
-        self._copier.start()
+        on the background thread (nothing when no ledger is left)."""
+        self._wake(copy=True)
 
-    def _copy(self) -> None:
-        gate = self.copy_gate
-        while gate is not None and not gate.wait(0.05):
-            if self._copy_stop.is_set():
+    def _wake(self, *, copy: bool) -> None:
+        """Have the background thread write a stat cache that is due (`save_cache_soon`) and,
+        if `copy`, copy borrowed blobs: started unless it runs, when it takes the work on
+        before it ends."""
+        with self._upkeep_lock:
+            self._copy_due = self._copy_due or copy
+            if self._upkeep_running:
                 return
+            self._upkeep_running = True
+            self._copy_stop.clear()
+            self._copier = threading.Thread(target=self._upkeep, name=f"shadowpoint-copy:{self.ws.name}",
+                                            daemon=True)
+            self._copier.start()
+
+    def _upkeep(self) -> None:
+        try:
+            gate = self.copy_gate
+            while gate is not None and not gate.wait(0.05):
+                if self._copy_stop.is_set():
+                    return
+            while self._upkeep_step():
+                pass
+        finally:
+            with self._upkeep_lock:
+                if self._copier is threading.current_thread():  # not a newer thread's
+                    self._upkeep_running = False
+
+    def _upkeep_step(self) -> bool:
+        """One pass of the background thread; False when it ends (nothing left, or stopped:
+        a copy left undone is resumed by the next open)."""
+        with self._upkeep_lock:
+            copy, self._copy_due = self._copy_due, False
+            if not copy and not self._cache_due:
+                self._upkeep_running = False
+                return False
         git_dir = self.ws.git_dir
-        while True:
-            try:
-                borrowed.sweep_staging(git_dir)
-                report = borrowed.copy_borrowed(git_dir, self.ws.root, self.lock.held, self._pause_copy)
-            except (ShadowpointError, OSError) as exc:
-                log.warning("borrowed.copy_failed", root=str(self.ws.root), reason=str(exc),
-                            action="the next open tries again")
-                return
-            if report.stopped:
-                log.info("borrowed.copy_stopped", root=str(self.ws.root), action="the next open resumes it")
-                return
-            self.last_copy = report
-            if report.lost:
-                self.mark_damaged()  # the next stage re-hashes what is still on disk
-            if not self._copy_again or self._copy_stop.is_set():
-                return
-            self._copy_again = False
+        try:
+            self._save_due_cache()
+            if not copy:
+                return True
+            borrowed.sweep_staging(git_dir)
+            report = borrowed.copy_borrowed(git_dir, self.ws.root, self._held_in_background, self._pause_copy)
+        except _Closing:
+            return False
+        except (ShadowpointError, OSError) as exc:
+            log.warning("borrowed.copy_failed", root=str(self.ws.root), reason=str(exc),
+                        action="the next open tries again")
+            return False
+        if report.stopped:
+            log.info("borrowed.copy_stopped", root=str(self.ws.root), action="the next open resumes it")
+            return False
+        self.last_copy = report
+        if report.lost:
+            self.mark_damaged()  # the next stage re-hashes what is still on disk
+        return not self._copy_stop.is_set()
 
     def _pause_copy(self) -> bool:
         """Between two batches of the copy: yield to the rounds; False (stop) once the root closes."""
@@ -510,9 +584,9 @@ class LockedRoot:
         """`RootState.mark_damaged`."""
         self.state.mark_damaged()
 
-    def save_cache(self) -> None:
-        """Write the stat cache beside the repository."""
-        self.state.save_cache()
+    def save_cache_soon(self) -> None:
+        """`RootState.save_cache_soon`."""
+        self.state.save_cache_soon()
 
     def close(self) -> None:
         """Stop the root's watcher and background copy, save the cache, close the repository."""

@@ -36,17 +36,19 @@ class WorkspaceLock:
         self._fd: int | None = None
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the lock (thread lock first, then the file lock).
+    def held(self, timeout_s: float | None = None) -> Iterator[None]:
+        """Hold the lock (thread lock first, then the file lock); `timeout_s`: wait this long
+        instead of the lock's own timeout (a background job that tries again later).
 
         Raises:
-            LockTimeoutError: another process held it for longer than the timeout.
+            LockTimeoutError: another thread or process held it for longer than the timeout.
         """
-        if not self._thread_lock.acquire(timeout=self.timeout_s):
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        if not self._thread_lock.acquire(timeout=timeout):
             raise LockTimeoutError(f"Timed out waiting for the checkpoint lock {self.path}.")
         try:
             if self._depth == 0:
-                self._acquire_file()
+                self._acquire_file(timeout)
             self._depth += 1
             try:
                 yield
@@ -57,10 +59,10 @@ class WorkspaceLock:
         finally:
             self._thread_lock.release()
 
-    def _acquire_file(self) -> None:
+    def _acquire_file(self, timeout_s: float) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + timeout_s
         delay = 0.005
         while True:
             try:
@@ -70,7 +72,7 @@ class WorkspaceLock:
                 if time.monotonic() >= deadline:
                     os.close(fd)
                     raise LockTimeoutError(
-                        f"Another shadowpoint process has held {self.path} for over {self.timeout_s:.0f} s."
+                        f"Another shadowpoint process has held {self.path} for over {timeout_s:.0f} s."
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)

@@ -36,7 +36,8 @@ PROTOCOL_KINDS_COPY = frozenset({
 # Exceptions that are signals inside one module and never reach a caller (errors.py says so).
 MODULE_SIGNALS = {"shadowpoint.stage.git_index.IndexDoubt", "shadowpoint.stage.patterns._Unmatchable",
                   "shadowpoint.sidecar.hook_endpoint.BadRequestError", "shadowpoint.config.plain._Unproven",
-                  "shadowpoint.store.shadow_repo._NotATree", "shadowpoint.store.borrowed._Stopped"}
+                  "shadowpoint.store.shadow_repo._NotATree", "shadowpoint.store.borrowed._Stopped",
+                  "shadowpoint.roots._Closing"}
 
 
 def protocol_kinds() -> frozenset[str]:
