@@ -26,7 +26,9 @@ EDIT_TOOL = "write_to_file"
 COMMAND_TOOL = "execute_command"
 POLL_S = 0.002
 POLL_MAX_S = 0.1
-BACKGROUND_THREAD_PREFIX = "shadowpoint-gc"
+# the engine's background packs, and each root's thread that writes a baseline's stat cache
+# and copies borrowed blobs (it waits for a quiet moment: up to ~0.3 s here)
+BACKGROUND_THREAD_PREFIXES = ("shadowpoint-gc", "shadowpoint-copy")
 
 
 class NotReadyError(RuntimeError):
@@ -35,14 +37,15 @@ class NotReadyError(RuntimeError):
 
 @dataclasses.dataclass(slots=True)
 class BackgroundWaits:
-    """Time spent waiting, outside every timing, for the engine's background packs (`shadowpoint-gc`)."""
+    """Time spent waiting, outside every timing, for the engine's background threads
+    (`BACKGROUND_THREAD_PREFIXES`; `packs` counts every one joined)."""
 
     packs: int = 0
     seconds: float = 0.0
 
     def settle(self) -> None:
-        """Join every running background pack of any engine in this process, then write back
-        dirty pages (sync).
+        """Join every running background pack and stat cache write or blob copy of any engine
+        in this process, then write back dirty pages (sync).
 
         The engine packs loose objects in a background thread every so many checkpoints; a
         timed operation (ours or the rival's) running beside it would measure the pack too.
@@ -53,7 +56,7 @@ class BackgroundWaits:
         time between an agent's rounds, which a loop of rounds one right after the other lacks.
         """
         for t in threading.enumerate():
-            if t.name.startswith(BACKGROUND_THREAD_PREFIX) and t.is_alive():
+            if t.name.startswith(BACKGROUND_THREAD_PREFIXES) and t.is_alive():
                 start = time.perf_counter()
                 t.join()
                 self.packs += 1

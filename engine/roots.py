@@ -341,9 +341,9 @@ class RootState:
     def save_cache_soon(self) -> None:
         """After a whole scan (lock held): the stat cache is written by the background thread
         (`_wake`, the one that copies borrowed blobs) at the first quiet moment, and on close
-        anyway. Written on the spot, its
-        ~30 ms at 100k files were part of every baseline, which a task's first command waits
-        for; lost to a crash before then, it costs the next start a rescan."""
+        anyway. Written on the spot, its ~30 ms at 100k files were part of every baseline,
+        which a task's first command waits for; lost to a crash before then, it costs the next
+        start a rescan."""
         self._cache_due = True
         self._wake(copy=False)
 
