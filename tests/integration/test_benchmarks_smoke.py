@@ -87,3 +87,28 @@ def test_the_session_replay_runs_every_hook_on_a_tiny_tree(tmp_path: Path) -> No
     responses = sum(batches(turn.batches) + 1 for turn in SESSION)  # each batch, and each turn's answer
     for mode in ("none", "shadowpoint", "seed"):
         assert data["wall_s"][mode] >= responses * model_s, (mode, data["wall_s"])
+
+
+def test_the_baseline_profile_times_a_baseline_without_touching_the_tree(tmp_path: Path) -> None:
+    """`benchmarks.baseline_profile` on a small git repository: each run's phases and their
+    medians are printed, the tree is left as it was and its scratch folder removed."""
+    tree = tmp_path / "tree"
+    for i in range(40):
+        (tree / f"pkg{i % 4}").mkdir(parents=True, exist_ok=True)
+        (tree / f"pkg{i % 4}" / f"mod{i}.py").write_text(f"value = {i}\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgSign=false"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "tree"]):
+        subprocess.run([*git, *args], cwd=tree, check=True, capture_output=True)
+    before = sorted((str(p.relative_to(tree)), p.stat().st_mtime_ns) for p in tree.rglob("*") if p.is_file())
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.baseline_profile", str(tree), "--runs", "2", "--workdir", str(work)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("baseline ready after") == 2
+    medians = proc.stdout.split("medians over 2 runs", 1)[1]
+    assert "parent _first_scan" in medians and "parent commit" in medians
+    assert sorted((str(p.relative_to(tree)), p.stat().st_mtime_ns) for p in tree.rglob("*") if p.is_file()) == before
+    assert not list(work.iterdir())
