@@ -70,9 +70,9 @@ PACKED_TREES_MIN = 256
 # after the first byte, its cut, the paths' count and the root's entries (pickled); or the
 # second byte alone (this process makes them)
 _TREES_ITEMS, _TREES_HERE = b"T", b"H"
-# the child's share of the paths whose trees it writes: this process writes the borrowed ledger
-# meanwhile (~85 ms at 100k files, the trees of all ~200 ms), or only sorts the paths
-_TREES_CHILD_SHARE, _TREES_CHILD_SHARE_NO_LEDGER = 0.7, 0.5
+# the child's share of the paths whose trees it writes (~200 ms at 100k files in all), cut at
+# the end of a top-level folder (`_trees_cut`)
+_TREES_CHILD_SHARE = 0.5
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # the fewest bytes an index entry takes (62 of fields, a name's byte and its NUL, in any version):
@@ -213,11 +213,10 @@ class _Staging:
     index_fd: int | None = None
     # a deferred watcher start's watches, placed as the scan lists each folder
     watches: WatchPlacer | None = None
-    borrowed: dict[RepoPath, str] = field(default_factory=dict)  # path -> the index's blob id
+    borrowed: list[RepoPath] = field(default_factory=list)  # paths whose blob id the index gave
     # a fresh baseline's files proven by the index, recorded together (`Scanner._keep_proven`)
     proven_paths: list[RepoPath] = field(default_factory=list)
     proven_states: list[FileState] = field(default_factory=list)
-    restaged: set[RepoPath] = field(default_factory=set)  # borrowed paths recorded again since
     alternate_added: bool = False
     # paths whose unchanged stat proves them unchanged even when racy (`StagePlan.vouched`)
     vouched: frozenset[RepoPath] = frozenset()
@@ -284,25 +283,24 @@ class Scanner:
         # forced paths last: they win over every exclusion
         for path in sorted(plan.forced):
             self._stage_path(run, path, forced=True)
-        share = _TREES_CHILD_SHARE if run.borrowed else _TREES_CHILD_SHARE_NO_LEDGER
         # from nothing, every path changed: sorted once, for the trees too (at 1M files each
         # list of the paths is 7 MiB, held at a baseline's peak memory), and before the trees'
         # child is forked, which takes the list as it is (sorting it there took ~28 ms at 100k,
         # the fork's copy-on-write included, against ~10 ms here)
         ordered = sorted(cache.entries) if run.fresh else None
-        trees = self._trees_aside(cache, share, ordered) if ordered is not None else None
+        trees = self._trees_aside(cache, _TREES_CHILD_SHARE, ordered) if ordered is not None else None
         try:
-            self._note_borrowed(run)
             changed_paths = ordered if ordered is not None else tuple(run.changes)
             if changed_paths:
                 if trees is not None:
                     child, trees = trees, None
-                    cache.tree = self._trees_beside(run, cache, changed_paths, child, share)
+                    cache.tree = self._trees_beside(run, cache, changed_paths, child, _TREES_CHILD_SHARE)
                 else:
                     cache.tree = self._write_tree(run, cache, changed_paths if run.fresh else None)
         finally:
             if trees is not None:
                 trees.abandon()
+        self._note_borrowed(run)
         run.stats.changed = len(changed_paths)
         run.stats.changed_paths = changed_paths
         run.stats.duration_ms = (time.perf_counter() - start) * 1e3
@@ -323,7 +321,7 @@ class Scanner:
 
     def _trees_aside(self, cache: StatCache, share: float, ordered: Sequence[RepoPath]) -> Forked | None:
         """A big baseline's trees, about `share` of them written by a forked child (the second
-        core) while this process writes the borrowed ledger and the rest (`_trees_beside`);
+        core) while this process writes the rest (`_trees_beside`);
         None: all written here. `ordered`: the cache's paths, sorted."""
         least = self.options.split_min_files
         if least is None or len(cache.entries) < max(least, PACKED_TREES_MIN):
@@ -691,12 +689,11 @@ class Scanner:
         self._borrowing(run)
         run.stats.examined += 1
         run.stats.borrowed += 1
-        oid = state_oid(state).hex()
         if run.fresh:
             run.cache.set(path, state)  # from nothing, the cache alone holds what changed (`_record`)
         else:
-            self._record(run, path, TreeEntry(oid, state_mode(state)), state)
-        run.borrowed[path] = oid
+            self._record(run, path, TreeEntry(state_oid(state).hex(), state_mode(state)), state)
+        run.borrowed.append(path)
 
     def _borrowing(self, run: _Staging) -> None:
         """Before the first borrowed id is used: the user's objects become readable here (read-only)."""
@@ -722,7 +719,7 @@ class Scanner:
         run.stats.examined += len(paths)
         run.stats.borrowed += len(paths)
         run.cache.set_many(zip(paths, states, strict=True))  # from nothing, the cache holds what changed
-        run.borrowed.update(zip(paths, [state_oid(state).hex() for state in states], strict=True))
+        run.borrowed.extend(paths)
 
     def _unborrow(self, run: _Staging) -> None:
         """Take no more ids from the index, and hash the files whose id was taken."""
@@ -731,7 +728,7 @@ class Scanner:
         log.info("git_index.doubted", root=str(self.root), reason=run.proof.doubt, action="hashing every file",
                  rehashing=len(run.borrowed))
         run.proof = None
-        taken, run.borrowed, run.restaged = run.borrowed, {}, set()
+        taken, run.borrowed = run.borrowed, []
         run.stats.borrowed -= len(taken)
         for path in taken:
             run.stats.examined -= 1
@@ -744,16 +741,12 @@ class Scanner:
             self._stage_stat(run, path, st)
 
     def _note_borrowed(self, run: _Staging) -> None:
-        """Write down, before any commit names them, the blobs still read from the user's
-        repository (a path staged again since keeps the id it got then)."""
-        if not run.borrowed:
-            return
-        if run.batch is not None:
-            self._finish(run, run.batch.flush())
-        for path in run.restaged:
-            if (e := run.cache.entry(path)) is None or e.oid != run.borrowed[path]:
-                del run.borrowed[path]
-        borrowed.record(self.repo.git_dir, run.borrowed)
+        """Write down, before any commit names it, the tree whose blobs may still be read from
+        the user's repository: one line, whatever the count (the copy lists the tree's blobs
+        and copies those the shadow repository lacks). At 100k files, a line per blob took
+        ~60 ms of every baseline."""
+        if run.borrowed and run.cache.tree is not None:
+            borrowed.record_tree(self.repo.git_dir, run.cache.tree)
 
     def _capture_early(self, run: _Staging) -> None:
         """Record the current content of the paths edit tools asked for, and pin them (SPEC §3).
@@ -873,8 +866,6 @@ class Scanner:
                 state: FileState | None = None) -> None:
         """Note the new content of `path`; a path back at its original content is no change."""
         cache = run.cache
-        if run.borrowed and path in run.borrowed:
-            run.restaged.add(path)  # borrowed, then staged again: `_note_borrowed` checks it
         if not run.fresh:  # from nothing, the cache alone holds what changed
             if path not in run.originals:
                 run.originals[path] = cache.entry(path)

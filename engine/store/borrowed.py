@@ -4,10 +4,12 @@ A baseline that took blob ids from the user's index (`git_index.py`) reads those
 from the user's `objects` folder, read-only (`ShadowRepo.borrow_from`: a read-only odb
 backend, never an `objects/info/alternates` line, whose writers would touch the user's
 files and skip storing objects found there). The ledger,
-`<shadow git dir>/shadowpoint/borrowed` (JSON lines: the alternate, then one `{oid, path}`
-per borrowed file), is written before the baseline's commit. `copy_borrowed`, run on a
-background thread soon after the baseline (and on the next open after a crash), copies every
-borrowed blob into the shadow repository as one pack, then drops the ledger (every handle
+`<shadow git dir>/shadowpoint/borrowed` (JSON lines: the alternate, then a `{tree}` line naming
+the baseline's tree, written durably before the baseline's commit; earlier versions wrote one
+`{oid, path}` line per borrowed file instead, still read). `copy_borrowed`, run on a
+background thread soon after the baseline (and on the next open after a crash), lists the
+blobs of those trees, copies every one the shadow repository lacks into it as one pack, then
+drops the ledger (every handle
 opened afterwards reads its own objects only), so that no snapshot depends on the user's
 repository for long.
 
@@ -25,17 +27,17 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
 
 import structlog
 
-from shadowpoint.errors import RepoError
+from shadowpoint.errors import RepoError, ShadowpointError
 from shadowpoint.store.atomic import write_atomic
 from shadowpoint.store.shadow_repo import BORROWED_LEDGER, ShadowRepo
-from shadowpoint.workspace import RepoPath
+from shadowpoint.store.values import MODE_GITLINK
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +61,7 @@ def ledger_path(git_dir: Path) -> Path:
 class Ledger:
     alternates: list[str] = field(default_factory=list)
     items: dict[str, str] = field(default_factory=dict)  # oid -> one path that holds it
+    trees: list[str] = field(default_factory=list)  # trees whose blobs may be borrowed
 
 
 def read_ledger(git_dir: Path) -> Ledger | None:
@@ -91,14 +94,19 @@ def parse_ledger(text: str) -> Ledger:
         if isinstance(rec, dict):
             if isinstance(rec.get("alt"), str) and rec["alt"] not in out.alternates:
                 out.alternates.append(rec["alt"])
+            elif isinstance(tree := rec.get("tree"), str) and _OID.fullmatch(tree):
+                if tree not in out.trees:
+                    out.trees.append(tree)
             elif isinstance(oid := rec.get("oid"), str) and _OID.fullmatch(oid) and isinstance(rec.get("path"), str):
                 out.items[oid] = rec["path"]  # an id of any other form is a damaged line
     return out
 
 
-def _lines(alternate: str | None, items: Iterable[tuple[str, str]]) -> Iterator[str]:
+def _lines(alternate: str | None, items: Iterable[tuple[str, str]], trees: Iterable[str] = ()) -> Iterator[str]:
     if alternate is not None:
         yield json.dumps({"alt": alternate}) + "\n"
+    for tree in trees:
+        yield f'{{"tree": "{tree}"}}\n'
     quoted = encode_basestring_ascii  # json.dumps's own string encoder: one dumps per blob took ~0.2 s at 100k
     for oid, path in items:
         # an id is 40 hex digits (`bytes.hex()` here, checked by `parse_ledger` there): JSON takes them as they are
@@ -108,21 +116,20 @@ def _lines(alternate: str | None, items: Iterable[tuple[str, str]]) -> Iterator[
 def begin(repo: ShadowRepo, objects_dir: Path) -> None:
     """Before the first borrowed id is used: note the alternate in the ledger, then add it.
     Lock held."""
-    path = ledger_path(repo.git_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8", errors="surrogateescape") as fh:
-        fh.writelines(_lines(str(objects_dir), ()))
-        fh.flush()
-        os.fsync(fh.fileno())
+    ledger_path(repo.git_dir).parent.mkdir(parents=True, exist_ok=True)
+    _append(repo.git_dir, _lines(str(objects_dir), ()))
     repo.borrow_from(objects_dir)
 
 
-def record(git_dir: Path, items: Mapping[RepoPath, str]) -> None:
-    """Append the borrowed blobs (path -> oid), durably, before a commit names them. Lock held."""
-    if not items:
-        return
+def record_tree(git_dir: Path, tree: str) -> None:
+    """Append `tree`, whose blobs may be read from the user's repository, durably, before a
+    commit names it. Lock held."""
+    _append(git_dir, _lines(None, (), (tree,)))
+
+
+def _append(git_dir: Path, lines: Iterable[str]) -> None:
     with open(ledger_path(git_dir), "a", encoding="utf-8", errors="surrogateescape") as fh:
-        fh.writelines(_lines(None, ((oid, path) for path, oid in items.items())))
+        fh.writelines(lines)
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -196,8 +203,9 @@ def _copy(repo: ShadowRepo, ledger: Ledger, text: str, git_dir: Path, worktree: 
           report: CopyReport) -> CopyReport:
     """`copy_borrowed`'s work on an open repository (`text`: the ledger as it was read)."""
     staging = git_dir / "objects" / f"{_STAGING_PREFIX}{os.getpid()}-{threading.get_ident()}"
+    items = ledger_blobs(repo, ledger, step)
     for _ in range(_ATTEMPTS):
-        todo = _in_chunks(repo.own_missing, list(ledger.items), step)
+        todo = _in_chunks(repo.own_missing, list(items), step)
         if not todo:
             break
         readable = _in_chunks(repo.readable, todo, step)
@@ -205,7 +213,7 @@ def _copy(repo: ShadowRepo, ledger: Ledger, text: str, git_dir: Path, worktree: 
         for oid in todo:
             if oid in found:
                 continue
-            rel = ledger.items[oid]
+            rel = items[oid]
             data = _disk_content(worktree / rel)
             if data is not None and _blob_id(data) == oid:
                 repo.write_blob(data)
@@ -223,8 +231,8 @@ def _copy(repo: ShadowRepo, ledger: Ledger, text: str, git_dir: Path, worktree: 
             log.warning("borrowed.copy_retried", git_dir=str(git_dir), reason=str(exc))
             repo.reopen()
             continue
-    remaining = set(_in_chunks(repo.own_missing, list(ledger.items), step))
-    if remaining - {oid for oid, p in ledger.items.items() if p in report.lost}:
+    remaining = set(_in_chunks(repo.own_missing, list(items), step))
+    if remaining - {oid for oid, p in items.items() if p in report.lost}:
         log.warning("borrowed.copy_unfinished", git_dir=str(git_dir), missing=len(remaining))
         return report
     with locked():
@@ -232,10 +240,11 @@ def _copy(repo: ShadowRepo, ledger: Ledger, text: str, git_dir: Path, worktree: 
         now_text = _ledger_text(git_dir)
         now = Ledger() if now_text is None or now_text == text else parse_ledger(now_text)
         left = {oid: p for oid, p in now.items.items() if oid not in ledger.items}
-        if left:
+        left_trees = [tree for tree in now.trees if tree not in ledger.trees]
+        if left or left_trees:
             alternate = now.alternates[-1] if now.alternates else None
-            write_atomic(ledger_path(git_dir),
-                         "".join(_lines(alternate, left.items())).encode("utf-8", "surrogateescape"))
+            write_atomic(ledger_path(git_dir), "".join(_lines(alternate, left.items(), left_trees)).encode(
+                "utf-8", "surrogateescape"))
             return report
         with contextlib.suppress(FileNotFoundError):
             ledger_path(git_dir).unlink()
@@ -243,6 +252,26 @@ def _copy(repo: ShadowRepo, ledger: Ledger, text: str, git_dir: Path, worktree: 
     log.info("borrowed.copied", git_dir=str(git_dir), copied=report.copied, rehashed=report.rehashed,
              lost=len(report.lost))
     return report
+
+
+def ledger_blobs(repo: ShadowRepo, ledger: Ledger, step: Callable[[], None] | None = None) -> dict[str, str]:
+    """The blobs `ledger` names (oid -> a path that holds it), those of its trees included:
+    every blob of such a tree, the copy skips those the shadow repository holds. A tree the
+    repository lost names nothing (no commit that names it is readable either). `step`:
+    called before each tree is listed."""
+    items = dict(ledger.items)
+    for tree in ledger.trees:
+        if step is not None:
+            step()
+        try:
+            listing = repo.list_tree(tree)  # ~0.1 s at 100k files
+        except ShadowpointError as exc:
+            log.warning("borrowed.tree_unreadable", git_dir=str(repo.git_dir), tree=tree, reason=str(exc))
+            continue
+        for path, entry in listing.items():
+            if entry.mode != MODE_GITLINK:
+                items.setdefault(entry.oid, path)
+    return items
 
 
 def _in_chunks(check: Callable[[list[str]], list[str]], oids: list[str], pause: Callable[[], None]) -> list[str]:

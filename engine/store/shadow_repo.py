@@ -204,7 +204,7 @@ BORROWED_LEDGER = "shadowpoint/borrowed"  # borrowed.py's ledger, relative to th
 
 def _ledger_alternates(git_dir: Path) -> list[dict[str, Any]]:
     """The ledger's alternate lines (`borrowed._lines` writes them as `{"alt": …}`; the others,
-    one per borrowed blob, are `{"oid": …}` and not parsed here)."""
+    `{"tree": …}` or, from earlier versions, `{"oid": …}` per blob, are not parsed here)."""
     try:
         text = (git_dir / BORROWED_LEDGER).read_text("utf-8", "surrogateescape")
     except OSError:

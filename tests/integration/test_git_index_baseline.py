@@ -122,6 +122,17 @@ def assert_byte_exact(sh: Shadow, tree: str | None) -> dict[str, str]:
     return {p: e.oid for p, e in listing.items()}
 
 
+def still_borrowed(sh: Shadow) -> dict[str, str]:
+    """The blobs (oid -> a path) the ledger names that the shadow repo does not hold itself:
+    those read from the user's repository until the copy; {} without a ledger."""
+    ledger = borrowed.read_ledger(sh.git_dir)
+    if ledger is None:
+        return {}
+    named = borrowed.ledger_blobs(sh.repo, ledger)
+    lacking = set(sh.repo.own_missing(list(named)))
+    return {oid: path for oid, path in named.items() if oid in lacking}
+
+
 def own_objects_only(sh: Shadow, oids: list[str]) -> None:
     """The shadow repo needs the user's repository no more: no ledger, every blob its own."""
     assert not (sh.git_dir / "objects" / "info" / "alternates").exists()
@@ -280,8 +291,8 @@ def test_nested_attributes_file_takes_back_ids_already_taken(tmp_path: Path, sha
 
 
 def test_a_borrowed_file_staged_again_with_new_content_leaves_the_ledger(tmp_path: Path, shadow: Any) -> None:
-    """The ledger names a blob only while the snapshot's path still holds the index's id: an
-    edit tool's early capture of a file the scan may have proven already (its id is recorded
+    """A blob is read from the user's repository only while the snapshot's path still holds
+    the index's id: an edit tool's early capture of a file the scan may have proven already (its id is recorded
     once the walk is over) keeps the capture, hashed."""
     files = {f"m/f{i:03d}.txt": f"file {i}\n".encode() for i in range(40)}
     root = make_repo(tmp_path / "repo", files)
@@ -293,12 +304,12 @@ def test_a_borrowed_file_staged_again_with_new_content_leaves_the_ledger(tmp_pat
         assert request.done.wait(60)
     result = done["result"]
     assert result.stats.borrowed + result.stats.hashed == len(files) and result.stats.hashed >= 1
-    ledger = borrowed.read_ledger(sh.git_dir)
-    assert ledger is not None
+    assert borrowed.read_ledger(sh.git_dir) is not None
     snapshot = assert_byte_exact(sh, result.tree)
-    assert changed not in ledger.items.values() and snapshot[changed] not in ledger.items
-    assert all(snapshot[path] == oid for oid, path in ledger.items.items())
-    assert len(ledger.items) == result.stats.borrowed
+    lent = still_borrowed(sh)
+    assert changed not in lent.values() and snapshot[changed] not in lent
+    assert all(snapshot[path] == oid for oid, path in lent.items())
+    assert len(lent) == result.stats.borrowed
 
 
 def test_split_index_is_doubt_and_hashes(tmp_path: Path, shadow: Any) -> None:
@@ -464,6 +475,41 @@ def test_interrupted_copy_resumes_on_next_open(tmp_path: Path, make_engine: Any)
     assert not borrowed.ledger_path(git_dir).exists()
 
 
+def test_a_ledger_of_blobs_from_an_earlier_version_is_copied_on_next_open(tmp_path: Path, make_engine: Any) -> None:
+    """A baseline's ledger is one line for its tree, not one per file; one that an earlier
+    version wrote (a line per borrowed blob) is still copied by the next open."""
+    root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
+    eng: Engine = make_engine(root)
+    (state,) = eng.roots.values()
+    state.copy_gate = threading.Event()  # never set: the process "dies" before the copy
+    eng.start_task("t1", 0)
+    from tests.integration.test_engine import wait_ready
+
+    assert wait_ready(eng, "t1") == "ready"
+    with state.locked() as locked:
+        listing = locked.repo.list_tree(locked.cache.tree)
+    eng.close()
+    git_dir = state.ws.git_dir
+    ledger = borrowed.read_ledger(git_dir)
+    assert ledger is not None and ledger.items == {} and len(ledger.trees) == 1
+    assert len(borrowed.ledger_path(git_dir).read_text().splitlines()) == 2  # the alternate, the tree
+    # the same blobs as an earlier version named them: one line each, no tree
+    borrowed.ledger_path(git_dir).write_text("".join(borrowed._lines(
+        ledger.alternates[0], ((e.oid, p) for p, e in listing.items()))))
+    eng2: Engine = make_engine(root)
+    (state2,) = eng2.roots.values()
+    with state2.locked() as locked:
+        locked.open()
+        oids = sorted({e.oid for e in listing.values()})
+        assert locked.repo.own_missing(oids) == oids  # nothing copied yet: the copy is the test
+    assert state2.wait_copied(60)
+    assert state2.last_copy is not None and state2.last_copy.finished
+    assert state2.last_copy.copied == len(oids)
+    assert not borrowed.ledger_path(git_dir).exists()
+    with state2.locked() as locked:
+        assert locked.repo.own_missing(oids) == []
+
+
 def test_close_stops_a_waiting_copy_and_the_next_open_resumes_it(tmp_path: Path, make_engine: Any,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A sidecar told to stop does not first copy every borrowed blob (at 100k files that kept
@@ -538,10 +584,10 @@ def test_a_split_baseline_takes_what_one_process_takes(tmp_path: Path, shadow: A
     assert (split.stats.borrowed, split.stats.hashed) == (whole.stats.borrowed, whole.stats.hashed) == (77, 3)
     assert split_cache.entries == whole_cache.entries
     oids = assert_byte_exact(sh, split.tree)
-    ledger = borrowed.read_ledger(sh.git_dir)
-    assert ledger is not None and sorted(ledger.items.values()) == sorted(
+    lent = still_borrowed(sh)
+    assert sorted(lent.values()) == sorted(
         p for p in SPLIT_FILES if p not in ("a/x03.txt", "a/x04.txt", "b/z01.txt"))
-    assert oids["a/new.txt"] not in ledger.items
+    assert oids["a/new.txt"] not in lent
 
 
 def test_a_failed_child_leaves_its_folders_to_this_process(tmp_path: Path, shadow: Any, forks: list[str],
@@ -565,8 +611,7 @@ def test_a_conversion_attribute_in_the_childs_folders_hashes_every_file(tmp_path
     assert split.tree == whole.tree
     assert (split.stats.borrowed, split.stats.hashed) == (0, len(files))
     assert_byte_exact(sh, split.tree)
-    ledger = borrowed.read_ledger(sh.git_dir)
-    assert ledger is None or ledger.items == {}  # no blob is read from the user's repository
+    assert still_borrowed(sh) == {}  # no blob is read from the user's repository
 
 
 def test_an_edit_captured_while_the_child_scans_keeps_its_old_bytes(tmp_path: Path, shadow: Any,

@@ -54,3 +54,15 @@ def test_an_id_of_another_form_is_a_damaged_line_and_never_written_back() -> Non
     assert ledger.items == dict(ITEMS)
     rewritten = "".join(borrowed._lines(ledger.alternates[-1], ledger.items.items()))
     assert [json.loads(line) for line in rewritten.splitlines()][1:] == [{"oid": o, "path": p} for o, p in ITEMS]
+
+
+def test_tree_lines_round_trip_beside_the_earlier_form() -> None:
+    """A baseline writes one `{"tree"}` line (whatever its count of files); a ledger an earlier
+    version wrote holds a line per blob. Both are read, a tree once however often it is named,
+    and a tree id of another form is a damaged line."""
+    trees = ["e" * 40, "f" * 40]
+    text = ledger_text() + "".join(borrowed._lines(None, (), trees)) + "".join(borrowed._lines(None, (), trees[:1]))
+    text += '{"tree": "' + "E" * 40 + '"}\n'
+    ledger = borrowed.parse_ledger(text)
+    assert ledger.trees == trees and ledger.items == dict(ITEMS)
+    assert ledger.alternates == ["/repo/.git/objects", "/other/.git/objects"]
