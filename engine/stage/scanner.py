@@ -583,7 +583,7 @@ class Scanner:
         least = self.options.split_min_files
         if run.proof is None or least is None or len(run.proof.entries) < least:
             return None
-        return WalkPart.halving(list(run.proof.entries), inside=True)
+        return WalkPart.halving(list(run.proof.entries), inside=True, left_out=self.rules.left_out_by_name)
 
     def _share_in_child(self, run: _Staging, want_walked: bool) -> bytes:
         """In the forked child: the index parsed from the shared descriptor and split as this

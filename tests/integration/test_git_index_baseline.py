@@ -755,7 +755,9 @@ def test_a_split_baselines_watches_are_those_of_a_walk(tmp_path: Path, shadow: A
         assert placer.finished
         deferred.placed()
         walked.start()
-        assert forks == ["a"] and adopted == [2]  # a and a/deep: the child's
+        # the child's units: a (a and a/deep: its watches) and nested, whose one indexed path
+        # brings its share nearest the aim (a nested repository: the walks leave it out)
+        assert forks == ["a", "nested"] and adopted == [2]
         assert _watched(deferred) == _watched(walked)
         assert {str(root / "a" / "deep"), str(root / "b")} <= _watched(deferred)
         assert not any("nested" in p or "node_modules" in p for p in _watched(deferred))

@@ -766,6 +766,28 @@ def test_halving_picks_folders_holding_about_half_of_the_paths() -> None:
     assert WalkPart.halving(sorted(f"one/f{j}" for j in range(100)), inside=True) is None  # one folder of files
 
 
+def test_halving_counts_only_what_the_walk_enters(tmp_path: Path) -> None:
+    """A committed `node_modules` is in the index but never walked: its paths count for
+    neither side, so the units hold about half of what is walked (the built-in rules say which
+    folders are left out, at any depth the halving looks)."""
+    paths = sorted([f"node_modules/p{i}/f{j}" for i in range(8) for j in range(10)]  # 80, never walked
+                   + [f"big/sub{i}/f{j}" for i in range(4) for j in range(10)]
+                   + [f"big/node_modules/f{j}" for j in range(30)]  # inside a folder split up
+                   + [f"mid/f{j}" for j in range(20)] + [f"small/f{j}" for j in range(20)]
+                   + [f"r{j}" for j in range(20)])
+    rules = ExclusionRules(tmp_path)
+    walked = [p for p in paths if "node_modules/" not in p]
+    part = WalkPart.halving(paths, inside=True, left_out=rules.left_out_by_name)
+    assert part is not None
+    assert not any("node_modules" in unit for unit in part.units)
+    held = [p for p in walked if any(p.startswith(u + "/") for u in part.units)]
+    assert 0.45 * len(walked) <= len(held) <= 0.6 * len(walked), sorted(part.units)
+    blind = WalkPart.halving(paths, inside=True)  # counted, node_modules would be a unit
+    assert blind is not None and any("node_modules" in unit for unit in blind.units)
+    assert rules.left_out_by_name("node_modules") and rules.left_out_by_name("big/node_modules")
+    assert not rules.left_out_by_name("big") and rules.left_out_by_name("a/.git")
+
+
 def test_in_nested_repo_is_any_folder_on_the_path_being_one(tmp_path: Path) -> None:
     """The one-pass check (a `.git` lookup per level) agrees with `is_nested_repo` on every
     prefix: repositories, a `.git` file, submodules, a symlink to a repository, a file named
