@@ -288,13 +288,14 @@ class Scanner:
         # child is forked, which takes the list as it is (sorting it there took ~28 ms at 100k,
         # the fork's copy-on-write included, against ~10 ms here)
         ordered = sorted(cache.entries) if run.fresh else None
-        trees = self._trees_aside(cache, _TREES_CHILD_SHARE, ordered) if ordered is not None else None
+        cut = _trees_cut(ordered, _TREES_CHILD_SHARE) if ordered is not None else 0
+        trees = self._trees_aside(cache, ordered, cut) if ordered is not None else None
         try:
             changed_paths = ordered if ordered is not None else tuple(run.changes)
             if changed_paths:
                 if trees is not None:
                     child, trees = trees, None
-                    cache.tree = self._trees_beside(run, cache, changed_paths, child, _TREES_CHILD_SHARE)
+                    cache.tree = self._trees_beside(run, cache, changed_paths, child, cut)
                 else:
                     cache.tree = self._write_tree(run, cache, changed_paths if run.fresh else None)
         finally:
@@ -319,16 +320,15 @@ class Scanner:
 
     # ------------------------------------------------------------------ internals
 
-    def _trees_aside(self, cache: StatCache, share: float, ordered: Sequence[RepoPath]) -> Forked | None:
-        """A big baseline's trees, about `share` of them written by a forked child (the second
-        core) while this process writes the rest (`_trees_beside`);
-        None: all written here. `ordered`: the cache's paths, sorted."""
+    def _trees_aside(self, cache: StatCache, ordered: Sequence[RepoPath], cut: int) -> Forked | None:
+        """A big baseline's trees below the root of `ordered[:cut]` (the cache's paths, sorted;
+        `_trees_cut`), written by a forked child (the second core) while this process writes
+        the rest (`_trees_beside`); None: all written here."""
         least = self.options.split_min_files
         if least is None or len(cache.entries) < max(least, PACKED_TREES_MIN):
             return None
 
         def trees_in_child() -> bytes:
-            cut = _trees_cut(ordered, share)
             try:
                 items = self._subtrees(cache, ordered[:cut])
             except ValueError:
@@ -338,12 +338,11 @@ class Scanner:
         return Forked.start(trees_in_child, _SILENCED)
 
     def _trees_beside(self, run: _Staging, cache: StatCache, ordered: Sequence[RepoPath], child: Forked,
-                      share: float) -> str | None:
+                      cut: int) -> str | None:
         """The trees of a fresh baseline whose first run of paths (by top-level name) a child
         writes (`_trees_aside`): the rest written here meanwhile, then the root over both. A
         child that failed leaves its run to this process; a path that is both a file and a
         folder, the whole to `_write_tree`."""
-        cut = _trees_cut(ordered, share)
         try:
             mine: RootItems | None = self._subtrees(cache, ordered[cut:])
         except ValueError:

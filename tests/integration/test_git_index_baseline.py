@@ -292,8 +292,8 @@ def test_nested_attributes_file_takes_back_ids_already_taken(tmp_path: Path, sha
 
 def test_a_borrowed_file_staged_again_with_new_content_leaves_the_ledger(tmp_path: Path, shadow: Any) -> None:
     """A blob is read from the user's repository only while the snapshot's path still holds
-    the index's id: an edit tool's early capture of a file the scan may have proven already (its id is recorded
-    once the walk is over) keeps the capture, hashed."""
+    the index's id: an edit tool's early capture of a file the scan may have proven already
+    (its id is recorded once the walk is over) keeps the capture, hashed."""
     files = {f"m/f{i:03d}.txt": f"file {i}\n".encode() for i in range(40)}
     root = make_repo(tmp_path / "repo", files)
     sh = shadow(root)
