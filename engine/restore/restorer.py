@@ -52,6 +52,7 @@ from shadowpoint.workspace import PathResolver, RepoPath
 
 if TYPE_CHECKING:
     from shadowpoint.engine import TaskRuntime
+    from shadowpoint.store.shadow_repo import ShadowRepo
 
 log = structlog.get_logger(__name__)
 
@@ -406,8 +407,7 @@ class Restorer:
             # after-state is the base: no commit of the same tree.
             base_before = (record.base or {}).get(name) or parent
             before_tree = repo.commit_tree(base_before) if base_before else None
-            # the same writes on the same tree: the same tree again, not worked out twice
-            base_tree = after_tree if before_tree == p.safety_tree else repo.patch_tree(
+            base_tree = after_tree if self._same_after(repo, before_tree, p.safety_tree, writes) else repo.patch_tree(
                 before_tree, writes, expect_new=False)
             base = after if base_tree == after_tree else repo.commit(
                 base_tree, [after], f"base after {request.op} {n}", record.task_id)
@@ -419,6 +419,16 @@ class Restorer:
         if request.of is not None:
             entry["of"] = request.of
         return entry
+
+    @staticmethod
+    def _same_after(repo: ShadowRepo, before: str | None, safety: str | None,
+                    writes: Mapping[RepoPath, TreeEntry | None]) -> bool:
+        """True when `writes` make the same tree of `before` as of `safety`: the two differ in
+        no file that the writes leave alone. The usual case twice over: no outside edit (the
+        trees are the same), or only outside edits to the files the restore writes (it merged
+        them). Comparing the two trees reads only the folders above the differences; patching
+        `before` would write a tree per folder (~0.5 ms for a file nine folders deep)."""
+        return repo.differ_only_at(before, safety, writes.keys())
 
     @staticmethod
     def _restore_inputs(root: LockedRoot, target_tree: str | None, scope: list[RepoPath] | None

@@ -217,6 +217,24 @@ def test_keep_outside_edits_base_after_a_restore_is_the_workspace_it_left(make_e
     assert read_tree(ws)["f.txt"] == lines(l12="mine").encode()
 
 
+def test_an_outside_edit_a_restore_left_alone_stays_the_persons_in_the_next_one(
+        make_engine: MakeEngine, ws: Path) -> None:
+    """The task's base after a restore is its old base with the restore's writes: an outside
+    edit of a file the restore did not write is still the person's, so the next restore that
+    keeps outside edits merges it instead of overwriting it (the base is not simply the
+    workspace the restore left)."""
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"f.txt": lines(l2="task 2"), "g.txt": "g1"})
+    make_tree(ws, {"f.txt": lines(l2="task 2", l11="mine 11")})
+    out = eng.restore("t1", 0, "files", paths=["g.txt"], keep_outside_edits=True).to_wire()
+    assert out["files"]["restored"] == ["g.txt"] and out["files"]["merged"] == []
+    assert read_tree(ws)["f.txt"] == lines(l2="task 2", l11="mine 11").encode()
+    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
+    assert out["files"]["merged"] == ["f.txt"]
+    assert read_tree(ws)["f.txt"] == lines(l11="mine 11").encode(), "the person's line went with the task's"
+
+
 def test_keep_outside_edits_on_a_compaction_checkpoint_is_no_file_snapshot(make_engine: MakeEngine, ws: Path) -> None:
     eng = make_engine(ws)
     start(eng)

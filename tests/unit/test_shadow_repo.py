@@ -127,6 +127,51 @@ def test_patch_of_missing_path_is_a_no_op(repo: ShadowRepo) -> None:
     assert repo.patch_tree(base, {RepoPath("a/zz"): None, RepoPath("q/r"): None}) == base
 
 
+def test_a_restore_patch_writes_a_new_chain_of_trees_whole(repo: ShadowRepo) -> None:
+    """Without `expect_new` only the deepest new tree is looked up; the trees above it are
+    written without asking (they hold it, so they are new too). Every one must be there:
+    git fsck is the witness, and the same patch again changes nothing."""
+    f, g = blob(repo, "f"), blob(repo, "g")
+    base = build(repo, {"a/b/c/d/e/file.txt": f, "a/b/side.txt": g, "top.txt": g})
+    repo.commit(base, [], "base", "t")
+    merged = blob(repo, "content nobody stored before")
+    new = repo.patch_tree(base, {RepoPath("a/b/c/d/e/file.txt"): merged}, expect_new=False)
+    assert repo.list_tree(new) == {"a/b/c/d/e/file.txt": merged, "a/b/side.txt": g, "top.txt": g}
+    commit = repo.commit(new, [], "after", "t")
+    repo.set_ref(task_ref("t"), commit)
+    listed = git(repo, "ls-tree", "-r", "-t", "--name-only", commit).stdout.split()
+    assert listed == ["a", "a/b", "a/b/c", "a/b/c/d", "a/b/c/d/e", "a/b/c/d/e/file.txt", "a/b/side.txt",
+                      "top.txt"]
+    fsck = git(repo, "fsck", "--full", "--no-dangling", check=False)
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+    # putting back the old content finds every old tree held: the base tree again
+    assert repo.patch_tree(new, {RepoPath("a/b/c/d/e/file.txt"): f}, expect_new=False) == base
+
+
+@pytest.mark.parametrize(("old_files", "new_files", "paths", "expected"), [
+    ({"a/b/f": "1", "g": "2"}, {"a/b/f": "1", "g": "2"}, [], True),
+    ({"a/b/f": "1", "g": "2"}, {"a/b/f": "3", "g": "2"}, ["a/b/f"], True),
+    ({"a/b/f": "1", "g": "2"}, {"a/b/f": "3", "g": "2"}, ["a/b"], False),  # a folder is no file of the list
+    ({"a/b/f": "1", "g": "2"}, {"a/b/f": "3", "g": "4"}, ["a/b/f"], False),
+    ({"a/b/f": "1"}, {"a/b/f": "1", "a/c/new": "5"}, ["a/c/new"], True),
+    ({"a/b/f": "1", "a/c/gone": "5"}, {"a/b/f": "1"}, ["a/b/f"], False),
+    ({"x": "1"}, {"x/inside": "1"}, ["x/inside"], False),  # the file x went too
+    ({"x": "1"}, {"x/inside": "1"}, ["x", "x/inside"], True),
+    ({}, {"n/m": "1"}, ["n/m"], True),
+    ({"n/m": "1"}, {}, [], False),
+])
+def test_trees_differ_only_at_the_files_named(repo: ShadowRepo, old_files: dict[str, str],
+                                               new_files: dict[str, str], paths: list[str], expected: bool) -> None:
+    old = build(repo, {p: blob(repo, c) for p, c in old_files.items()})
+    new = build(repo, {p: blob(repo, c) for p, c in new_files.items()})
+    assert repo.differ_only_at(old, new, paths) is expected
+    assert repo.differ_only_at(new, old, paths) is expected
+    if old and new:
+        # the git CLI's own list of differing files agrees, for the cases with two trees
+        changed = set(git(repo, "diff-tree", "-r", "--name-only", "--no-renames", old, new).stdout.split())
+        assert (changed <= set(paths)) is expected
+
+
 def _random_path(rng: random.Random) -> str:
     depth = rng.randint(1, 4)
     return "/".join(rng.choice("abcde") for _ in range(depth - 1)) + ("/" if depth > 1 else "") + rng.choice(
