@@ -60,7 +60,7 @@ def checkpoint_root(root: RootState, plan: StagePlan | Callable[[LockedRoot], St
             reused = False
             if wanted is not None and not wanted():
                 return None
-            repo.set_ref(task_ref(task_id), commit)
+            repo.set_ref(task_ref(task_id), commit, in_place=True)
         r.set_head(result.tree)
         if save_cache and result.stats.rescan:
             r.save_cache_soon()

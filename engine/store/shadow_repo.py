@@ -1051,10 +1051,11 @@ class ShadowRepo:
         except (pygit2.GitError, KeyError):  # not translated: a dangling symbolic ref is no ref
             return None
 
-    def set_ref(self, name: str, commit: str, *, durable: bool = True) -> None:
+    def set_ref(self, name: str, commit: str, *, durable: bool = True, in_place: bool = False) -> None:
         """Point ref `name` at object `commit` (a commit, or the head's tree); the caller holds
         the workspace lock (so no `<ref>.lock` is taken: `loose.write_ref`, which says what
-        `durable=False` gives up).
+        `durable=False` gives up). `in_place` (implied by `durable=False`), for a ref moved
+        every round: its file is written over (`loose.rewrite_ref`).
 
         Raises:
             RepoError: `name` is not a valid ref name, or a file or folder is in the way.
@@ -1064,10 +1065,10 @@ class ShadowRepo:
             raise RepoError(f"Shadow repository failed to move {name}: not a valid ref name")
         with translated(f"move {name}"):
             target = str(pygit2.Oid(hex=commit))
-        if durable:
+        if durable and not in_place:
             loose.write_ref(self.git_dir, name, target, self._pool)
         else:
-            loose.rewrite_ref(self.git_dir, name, target, self._open_refs, self._pool)
+            loose.rewrite_ref(self.git_dir, name, target, self._open_refs, self._pool, durable=durable)
 
     def delete_ref(self, name: str) -> None:
         for attempt in range(2):

@@ -155,6 +155,20 @@ def test_edit_round_stages_only_reported_paths(make_engine: MakeEngine, ws: Path
     assert git(eng, "rev-parse", task_ref("t1")).strip() == cp.hashes["proj"]
 
 
+def test_a_round_moves_the_task_ref_in_place(make_engine: MakeEngine, ws: Path) -> None:
+    """Each round writes its commit over the task ref's file (no new file renamed over it:
+    on ext4 that started a write-back every round); git reads each one."""
+    eng = make_engine(ws)
+    start(eng)
+    ref = git_dir(eng) / task_ref("t1")
+    inode = ref.stat().st_ino
+    for ts in (10, 20, 30):
+        cp = edit_round(eng, ws, ts, {"a.txt": f"a{ts}"})
+        assert cp is not None
+        assert git(eng, "rev-parse", task_ref("t1")).strip() == cp.hashes["proj"]
+        assert ref.stat().st_ino == inode
+
+
 def test_command_round_rescans(make_engine: MakeEngine, ws: Path) -> None:
     eng = make_engine(ws)
     start(eng)

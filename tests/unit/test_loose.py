@@ -245,6 +245,31 @@ def test_the_head_is_moved_in_place_and_a_replaced_file_is_noticed(tmp_path: Pat
             os.close(fd)
 
 
+def test_refs_moved_in_place_keep_the_last_moved_open_and_write_a_missing_one_durably(tmp_path: Path) -> None:
+    """A task's ref is moved in place too (`durable=True`): a missing file is written through a
+    new file and a rename, and only the `OPEN_REFS_MAX` refs moved last keep their files open."""
+    git_dir = tmp_path / "shadow"
+    (git_dir / "objects").mkdir(parents=True)
+    open_refs: dict[str, int] = {}
+    names = [f"refs/shadowpoint/tasks/t{i}" for i in range(loose.OPEN_REFS_MAX + 3)]
+    try:
+        for i, name in enumerate(names):
+            loose.rewrite_ref(git_dir, name, f"{i:x}" * 40 if i < 16 else "a" * 40, open_refs, durable=True)
+        assert len(open_refs) == loose.OPEN_REFS_MAX
+        assert list(open_refs) == [str(git_dir / n) for n in names[-loose.OPEN_REFS_MAX:]]
+        first = git_dir / names[0]
+        inode = first.stat().st_ino
+        loose.rewrite_ref(git_dir, names[0], "b" * 40, open_refs, durable=True)  # closed: a new file
+        assert first.read_text() == "b" * 40 + "\n" and first.stat().st_ino != inode
+        inode = first.stat().st_ino
+        loose.rewrite_ref(git_dir, names[0], "c" * 40, open_refs, durable=True)  # open now: written over
+        assert first.read_text() == "c" * 40 + "\n" and first.stat().st_ino == inode
+        assert len(open_refs) == loose.OPEN_REFS_MAX and str(first) in open_refs
+    finally:
+        for fd in open_refs.values():
+            os.close(fd)
+
+
 def test_a_repository_closes_the_refs_it_keeps_open(repo: ShadowRepo) -> None:
     tree = repo.patch_tree(None, {"a.txt": TreeEntry(repo.write_blob(b"1"), MODE_FILE)})
     assert tree is not None
