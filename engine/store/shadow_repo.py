@@ -729,36 +729,16 @@ class ShadowRepo:
 
     def differ_only_at(self, old: str | None, new: str | None, paths: Collection[str]) -> bool:
         """True when every file that differs between trees `old` and `new` is one of `paths`
-        (file paths). Only the folders above the differences are read, each from memory when
-        a recent patch wrote it (`_tree_data`): a restore asks this of the two trees its writes
-        go on, the newest snapshot's and the workspace's, which the rounds just wrote.
+        (file paths); stops at the first other one (`_differing_files`). A restore asks this of
+        the two trees its writes go on, the newest snapshot's and the workspace's, which the
+        rounds just wrote (read from memory).
 
         Raises:
             ObjectMissingError: the repository does not hold a tree to read.
         """
         wanted = {os.fsencode(p) for p in paths}
         with translated("compare trees"):
-            stack: list[tuple[bytes, bytes | None, bytes | None]] = [
-                (b"", bytes.fromhex(old) if old else None, bytes.fromhex(new) if new else None)]
-            while stack:
-                prefix, a, b = stack.pop()
-                if a == b:
-                    continue
-                a_entries = {n: (int(m, 8), r) for m, n, r in _TREE_ENTRY.findall(self._tree_data(a))} if a else {}
-                b_entries = {n: (int(m, 8), r) for m, n, r in _TREE_ENTRY.findall(self._tree_data(b))} if b else {}
-                for name in a_entries.keys() | b_entries.keys():
-                    ea, eb = a_entries.get(name), b_entries.get(name)
-                    if ea == eb:
-                        continue
-                    path = prefix + name
-                    a_sub = ea[1] if ea is not None and ea[0] == MODE_TREE else None
-                    b_sub = eb[1] if eb is not None and eb[0] == MODE_TREE else None
-                    if a_sub is not None or b_sub is not None:
-                        stack.append((path + b"/", a_sub, b_sub))
-                    if (ea is not None and a_sub is None) or (eb is not None and b_sub is None):
-                        if path not in wanted:
-                            return False
-        return True
+            return all(path in wanted for path, _, _ in self._differing_files(old, new))
 
     def write_tree_packed(self, files: Iterable[tuple[str, int, bytes]]) -> str | None:
         """The tree holding exactly `files` (path, git mode, raw blob id; sorted by path), built
@@ -1146,29 +1126,43 @@ class ShadowRepo:
 
     def _changed_entries(self, old: str | None, new: str | None
                          ) -> list[tuple[RepoPath, tuple[str, int] | None, tuple[str, int] | None]]:
-        """(path, old (blob id, mode), new) of every file that differs, in git's path order;
-        subtrees with the same id on both sides are never read."""
-        out: list[tuple[RepoPath, tuple[str, int] | None, tuple[str, int] | None]] = []
-        stack: list[tuple[str, Any, Any]] = [("", self._obj(old) if old else None, self._obj(new) if new else None)]
+        """(path, old (blob id, mode), new) of every file that differs, in git's path order."""
+        out = [(path, (a[1].hex(), a[0]) if a else None, (b[1].hex(), b[0]) if b else None)
+               for path, a, b in self._differing_files(old, new)]
+        out.sort(key=lambda item: item[0])
+        return [(RepoPath(os.fsdecode(path)), a, b) for path, a, b in out]
+
+    def _differing_files(self, old: str | None, new: str | None
+                         ) -> Iterator[tuple[bytes, tuple[int, bytes] | None, tuple[int, bytes] | None]]:
+        """(path, old (mode, raw id), new) of each file that differs between two trees, in no
+        set order; a file on one side only has None on the other. Subtrees with the same id on
+        both sides are never read, and a tree a recent patch wrote is read from memory
+        (`_tree_data`).
+
+        Raises:
+            ObjectMissingError: the repository does not hold a tree to read.
+        """
+        stack: list[tuple[bytes, bytes | None, bytes | None]] = [
+            (b"", bytes.fromhex(old) if old else None, bytes.fromhex(new) if new else None)]
         while stack:
             prefix, a, b = stack.pop()
-            a_entries = {e.name: e for e in a} if a is not None else {}
-            b_entries = {e.name: e for e in b} if b is not None else {}
+            if a == b:
+                continue
+            a_entries = {n: (int(m, 8), r) for m, n, r in _TREE_ENTRY.findall(self._tree_data(a))} if a else {}
+            b_entries = {n: (int(m, 8), r) for m, n, r in _TREE_ENTRY.findall(self._tree_data(b))} if b else {}
             for name in a_entries.keys() | b_entries.keys():
                 ea, eb = a_entries.get(name), b_entries.get(name)
-                if ea is not None and eb is not None and ea.id == eb.id and ea.filemode == eb.filemode:
+                if ea == eb:
                     continue
                 path = prefix + name
-                a_sub = self._obj(str(ea.id)) if ea is not None and ea.filemode == MODE_TREE else None
-                b_sub = self._obj(str(eb.id)) if eb is not None and eb.filemode == MODE_TREE else None
+                a_sub = ea[1] if ea is not None and ea[0] == MODE_TREE else None
+                b_sub = eb[1] if eb is not None and eb[0] == MODE_TREE else None
                 if a_sub is not None or b_sub is not None:
-                    stack.append((path + "/", a_sub, b_sub))
-                was = (str(ea.id), int(ea.filemode)) if ea is not None and a_sub is None else None
-                now = (str(eb.id), int(eb.filemode)) if eb is not None and b_sub is None else None
+                    stack.append((path + b"/", a_sub, b_sub))
+                was = ea if a_sub is None else None
+                now = eb if b_sub is None else None
                 if was is not None or now is not None:
-                    out.append((RepoPath(path), was, now))
-        out.sort(key=lambda item: os.fsencode(item[0]))
-        return out
+                    yield path, was, now
 
     # ------------------------------------------------------------------ storage
 
