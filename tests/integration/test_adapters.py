@@ -41,11 +41,22 @@ def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether any thread of process `pid` has yet to exit. Its main thread shows as a zombie
+    while the others are still exiting, and the last one to exit closes the process's
+    descriptors: a sidecar whose main thread alone was a zombie still held its listening
+    socket, and a connection made then was accepted by the kernel and reset."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return False
-    return state != "Z"
+    for tid in tasks:
+        try:
+            state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # that thread is gone
+        if state not in ("Z", "X"):
+            return True
+    return False
 
 
 def stop_sidecars(run_dir: Path) -> None:
