@@ -14,14 +14,17 @@ import structlog
 from shadowpoint.options import EngineOptions
 from shadowpoint.roots import RootState
 from shadowpoint.store.locking import SharedUse
-from shadowpoint.store.shadow_repo import loose_object_estimate
+from shadowpoint.store.shadow_repo import loose_object_estimate, pack_count
 from shadowpoint.store.storage import USERS_FILE, apply_retention
 from shadowpoint.store.storage import collect_garbage as collect_repo_garbage
 
 log = structlog.get_logger(__name__)
 
-# git's gc.auto threshold; checked every AUTO_PACK_EVERY checkpoints (one listdir)
+# git's gc.auto and gc.autoPackLimit thresholds; checked every AUTO_PACK_EVERY checkpoints
+# (two listdirs). Rounds write small packs, merged as they go (`ShadowRepo.merge_small_packs`)
+# into packs of up to SMALL_PACK_OBJECTS objects, which only a collection merges further.
 AUTO_PACK_LOOSE = 6700
+AUTO_PACK_PACKS = 50
 AUTO_PACK_EVERY = 25
 
 
@@ -69,10 +72,11 @@ class Maintenance:
         return out
 
     def checkpointed(self) -> None:
-        """One more checkpoint: now and then, pack loose objects (each costs a disk block)."""
+        """One more checkpoint: now and then, pack loose objects (each costs a disk block) and merge packs."""
         self._checkpoints += 1
         if self._checkpoints % AUTO_PACK_EVERY == 0 and any(
-            loose_object_estimate(r.ws.git_dir) > AUTO_PACK_LOOSE for r in self.roots.values()
+            loose_object_estimate(r.ws.git_dir) > AUTO_PACK_LOOSE or pack_count(r.ws.git_dir) > AUTO_PACK_PACKS
+            for r in self.roots.values()
         ):
             self.collect_in_background()
 

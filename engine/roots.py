@@ -105,6 +105,8 @@ class RootState:
         self.last_copy: borrowed.CopyReport | None = None
         # A whole scan's stat cache, left for that thread to write (`save_cache_soon`).
         self._cache_due = False
+        # Small packs of rounds to merge (`ShadowRepo.merge_small_packs`), by that thread too.
+        self._merge_due = False
 
     @property
     def will_start_watcher(self) -> bool:
@@ -160,8 +162,29 @@ class RootState:
             locked = LockedRoot(self)
             try:
                 yield locked
+            except BaseException:
+                with contextlib.suppress(ShadowpointError):
+                    self._flush()  # what the hold wrote, before another process may look (a failure logs)
+                raise
+            else:
+                self._flush()
             finally:
                 locked._released = True
+
+    def _flush(self) -> None:
+        """Write the trees and commits the shadow repo holds in memory (`ShadowRepo.flush`),
+        and have the background thread merge the small packs once enough have piled up."""
+        handles = self._handles
+        if handles is None:
+            return
+        try:
+            handles.repo.flush()
+        except ShadowpointError as exc:
+            log.warning("shadow_repo.flush_failed", root=str(self.ws.root), reason=str(exc))
+            raise
+        if handles.repo.merge_due:
+            self._merge_due = True
+            self._wake(copy=False)
 
     def _open(self) -> _Handles:
         """Open (or create) the shadow repo and bring the stat cache in line with it (LockedRoot)."""
@@ -357,6 +380,19 @@ class RootState:
                     self._cache_due = False
                     self.save_cache()
 
+    def _merge_due_packs(self) -> None:
+        """Merge the rounds' small packs (`ShadowRepo.merge_small_packs`) at a quiet moment, as
+        `_save_due_cache` writes the stat cache; a failure is logged and tried again later."""
+        if self._merge_due:
+            with self._held_in_background(between=self._pause_copy):
+                if self._merge_due and self._handles is not None:
+                    self._merge_due = False
+                    try:
+                        self._handles.repo.merge_small_packs()
+                    except ShadowpointError as exc:
+                        log.warning("shadow_repo.merge_failed", root=str(self.ws.root), reason=str(exc),
+                                    action="merged with the next ones")
+
     @contextlib.contextmanager
     def _held_in_background(self, between: Callable[[], bool] | None = None) -> Iterator[None]:
         """The workspace lock, for the background thread: tried briefly, again and again (after
@@ -413,12 +449,13 @@ class RootState:
         a copy left undone is resumed by the next open)."""
         with self._upkeep_lock:
             copy, self._copy_due = self._copy_due, False
-            if not copy and not self._cache_due:
+            if not copy and not self._cache_due and not self._merge_due:
                 self._upkeep_running = False
                 return False
         git_dir = self.ws.git_dir
         try:
             self._save_due_cache()
+            self._merge_due_packs()
             if not copy:
                 return True
             borrowed.sweep_staging(git_dir)

@@ -1,10 +1,11 @@
-"""Loose objects and refs written by Python into files made ahead of time.
+"""Loose objects, small packs and refs written by Python into files made ahead of time.
 
 On some file systems making a file costs far more than filling one. On the benchmark
 machine (ext4 on a virtual disk) creating a file takes ~0.45 ms, renaming one ~0.05 ms and
-writing a few hundred bytes into an open one ~1 µs. A one-file round writes about six objects
-(its blob, the trees above it, a commit) and moves two refs; through libgit2 each is a new
-file, and those eight creates were most of the round's 8 ms on the 100k-file benchmark tree.
+writing a few hundred bytes into an open one ~1 µs. A one-file round writes its blob, the
+trees above it and a commit, and moves two refs; through libgit2 each was a new file, and
+those creates were most of the round's 8 ms on the 100k-file benchmark tree. (The trees and
+the commit now go into one small pack, `ShadowRepo.flush`: its two files are written here too.)
 
 So a `FilePool` makes empty files beforehand, on a thread of its own and while no write is
 going on; a write takes one, fills it and renames it into place. That is as atomic as
@@ -330,29 +331,43 @@ def write_object(git_dir: Path, kind: bytes, data: bytes, pool: FilePool | None 
         RepoError: the object store is damaged (a file where a fan-out folder should be).
     """
     oid = object_id(kind, data)
-    objects = os.path.join(git_dir, "objects")
-    final = os.path.join(objects, oid[:2], oid[2:])
+    final = os.path.join(git_dir, "objects", oid[:2], oid[2:])
     if not known_new:
         try:
             os.utime(final)
             return oid
         except OSError:
             pass
+    write_file(git_dir, _deflated(b"%s %d\0" % (kind, len(data)), data), final, pool, f"write a {kind.decode()}",
+               size=len(data))
+    return oid
+
+
+def write_file(git_dir: Path, content: bytes, final: str, pool: FilePool | None, action: str, *,
+               size: int | None = None) -> None:
+    """Write `content` as the read-only file `final` (an object, a pack or its index) inside
+    `git_dir`: whole or not at all, through a pool file or else a new temporary file, renamed
+    into place (its folder made when missing). `action` names the write in errors; `size`
+    the bytes to store, when `content` is their compressed form.
+
+    Raises:
+        FileNotStorableError: `content` is beyond a file-size limit (EFBIG: the file system's,
+            or the process's RLIMIT_FSIZE); smaller files can still be stored.
+        StorageFailedError: the docs root refused the write (disk full, quota, I/O error).
+        RepoError: the object store is damaged (a file where a folder should be).
+    """
     try:
-        content = _deflated(b"%s %d\0" % (kind, len(data)), data)
         if not _placed(pool, content, final, 0o444):
-            _write_new(final, content, Path(objects) / f"tmp_shadowpoint_{os.getpid()}_{threading.get_ident()}",
-                       0o444)
+            _write_new(final, content,
+                       Path(git_dir) / "objects" / f"tmp_shadowpoint_{os.getpid()}_{threading.get_ident()}", 0o444)
     except OSError as exc:
-        kind_name = kind.decode()
         if exc.errno in DAMAGE_ERRNOS:
-            raise RepoError(f"Shadow repository failed to write a {kind_name}: {exc}") from exc
+            raise RepoError(f"Shadow repository failed to {action}: {exc}") from exc
         if exc.errno == errno.EFBIG:
             raise FileNotStorableError(
-                f"{exc.strerror}: {len(data)} bytes are beyond a file-size limit of the docs root's "
-                "file system or of the process (RLIMIT_FSIZE)") from exc
-        raise StorageFailedError(storage_message(git_dir, f"write a {kind_name}", exc)) from exc
-    return oid
+                f"{exc.strerror}: {len(content) if size is None else size} bytes are beyond a file-size limit of "
+                "the docs root's file system or of the process (RLIMIT_FSIZE)") from exc
+        raise StorageFailedError(storage_message(git_dir, action, exc)) from exc
 
 
 def write_ref(git_dir: Path, name: str, target: str, pool: FilePool | None = None, *,

@@ -348,7 +348,47 @@ def _index_record(raw_oid: bytes, blob: bytes, offset: int) -> bytes:
     return _RECORD.pack(raw_oid, zlib.crc32(blob), offset)
 
 
+def small_pack(objects: Iterable[tuple[bytes, int, bytes]]) -> tuple[str, bytes, bytes]:
+    """A pack of `objects` (raw id, kind, content; no id twice) made in memory, for the few
+    trees and the commit of one round: its name (`pack-<checksum>`), the `.pack`'s bytes and
+    the `.idx`'s. Stored, not deflated (`PackStream` says why); a collection compresses them."""
+    entries: list[bytes] = []
+    parts = [b""]
+    offset = 12
+    for raw, kind, data in objects:
+        blob = _object_header(kind, len(data)) + stored_zlib(data)
+        entries.append(_index_record(raw, blob, offset))
+        parts.append(blob)
+        offset += len(blob)
+    parts[0] = b"PACK" + struct.pack(">II", 2, len(entries))
+    pack = b"".join(parts)
+    checksum = hashlib.sha1(pack).digest()
+    return f"pack-{checksum.hex()}", pack + checksum, _index_bytes(entries, checksum)
+
+
+def pack_object_count(idx: Path) -> int:
+    """How many objects a version-2 `.idx` lists (its last fan-out entry); -1 when it is not one."""
+    try:
+        with open(idx, "rb") as fh:
+            head = fh.read(8 + 256 * 4)
+    except OSError:
+        return -1
+    if len(head) < 8 + 256 * 4 or head[:4] != _IDX_MAGIC or head[4:8] != b"\0\0\0\2":
+        return -1
+    count: int = struct.unpack(">I", head[-4:])[0]
+    return count
+
+
 def _write_index(path: Path, entries: list[bytes], pack_checksum: bytes) -> None:
+    body = _index_bytes(entries, pack_checksum)
+    with open(path, "wb") as fh:
+        fh.write(body)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _index_bytes(entries: list[bytes], pack_checksum: bytes) -> bytes:
+    """A version-2 pack index of `entries` (`_index_record`s; sorted here), its checksum included."""
     entries.sort()
     fanout = [0] * 256
     ids = bytearray()
@@ -375,11 +415,7 @@ def _write_index(path: Path, entries: list[bytes], pack_checksum: bytes) -> None
         _IDX_MAGIC, struct.pack(">I", 2), struct.pack(">256I", *fanout), ids, crcs, small,
         b"".join(struct.pack(">Q", o) for o in big), pack_checksum,
     ])
-    with open(path, "wb") as fh:
-        fh.write(body)
-        fh.write(hashlib.sha1(body).digest())  # git's index checksum
-        fh.flush()
-        os.fsync(fh.fileno())
+    return body + hashlib.sha1(body).digest()  # git's index checksum
 
 
 def write_delta_pack(repo: pygit2.Repository, oids: Iterable[str], names: dict[str, str], folder: Path) -> None:

@@ -213,8 +213,20 @@ def engine_command(eng: Engine, root: Path, ts: int, run: Callable[[], Any] | No
     return cp
 
 
-def loose_object(git_dir: Path, oid: str) -> Path:
-    return git_dir / "objects" / oid[:2] / oid[2:]
+def lose_object(git_dir: Path, oid: str) -> None:
+    """Take `oid` away as a damaged disk would: its loose file, or else the whole pack holding it
+    (a round's trees and commit share one, `ShadowRepo.flush`)."""
+    path = git_dir / "objects" / oid[:2] / oid[2:]
+    if path.exists():
+        path.unlink()
+        return
+    for idx in (git_dir / "objects" / "pack").glob("pack-*.idx"):
+        listed = git(git_dir, "show-index", input=idx.read_bytes()).stdout.decode().split()
+        if oid in listed:
+            idx.unlink()
+            idx.with_suffix(".pack").unlink()
+            return
+    raise AssertionError(f"{oid} is neither loose nor in a pack of {git_dir}")
 
 
 def tree_objects(git_dir: Path, commit: str) -> list[str]:

@@ -42,7 +42,11 @@ def repo(tmp_path: Path, workspace: Path) -> Iterator[ShadowRepo]:
     r.close()
 
 
-def git(repo: ShadowRepo, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def git(repo: ShadowRepo, *args: str, check: bool = True, flush: bool = True) -> subprocess.CompletedProcess[str]:
+    """The git CLI on the shadow repo; first, unless not `flush`, the handle writes the trees and
+    commits it holds in memory (as it does before a ref moves: `ShadowRepo.flush`)."""
+    if flush:
+        repo.flush()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env["GIT_CONFIG_NOSYSTEM"] = "1"
     return subprocess.run(
@@ -258,6 +262,7 @@ def test_commit_tree_of_commits_written_here_agrees_with_a_fresh_read(repo: Shad
     tree = build(repo, {"a": blob(repo, "a"), "d/b": blob(repo, "b")})
     empty = repo.empty_tree()
     commits = [repo.commit(tree, [], "m", "t"), repo.commit(None, [], "m", "t"), repo.commit(empty, [], "m", "t")]
+    repo.flush()  # on disk, as before a ref moves
     other = ShadowRepo.open_existing(repo.git_dir)
     try:
         for c in commits:

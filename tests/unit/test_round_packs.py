@@ -1,0 +1,234 @@
+"""A round's trees and commit go into one small pack (`ShadowRepo.flush`), written before a ref
+names them or libgit2 reads them; small packs are merged; a collection running while rounds
+land still completes. Real repositories; the git CLI is the witness of what is on disk."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shadowpoint.errors import ObjectMissingError, StorageFailedError
+from shadowpoint.store import loose, packing, shadow_repo
+from shadowpoint.store.shadow_repo import ShadowRepo
+from shadowpoint.store.values import MODE_FILE, TreeEntry, task_ref
+from shadowpoint.workspace import RepoPath
+from tests.unit.test_shadow_repo import blob, build, git
+
+
+@pytest.fixture
+def repo(tmp_path: Path, workspace: Path) -> Iterator[ShadowRepo]:
+    r = ShadowRepo.open_or_init(tmp_path / "shadow" / ".git", workspace)
+    yield r
+    r.close()
+
+
+def _pack_dir(repo: ShadowRepo) -> Path:
+    return repo.git_dir / "objects" / "pack"
+
+
+def _packs(repo: ShadowRepo) -> dict[str, set[str]]:
+    """Every pack's name: the ids its index lists."""
+    return {idx.stem: set(packing.pack_objects(idx)) for idx in _pack_dir(repo).glob("pack-*.idx")}
+
+
+def _loose_ids(repo: ShadowRepo) -> set[str]:
+    objects = repo.git_dir / "objects"
+    return {p.parent.name + p.name for p in objects.glob("[0-9a-f][0-9a-f]/*")}
+
+
+def _on_disk(repo: ShadowRepo, oid: str) -> bool:
+    return git(repo, "cat-file", "-e", oid, check=False, flush=False).returncode == 0
+
+
+def _trees_and_commit(repo: ShadowRepo, commit: str) -> set[str]:
+    trees = git(repo, "ls-tree", "-r", "-t", commit).stdout.splitlines()
+    return {commit, git(repo, "rev-parse", f"{commit}^{{tree}}").stdout.strip(),
+            *(line.split()[2] for line in trees if line.split()[1] == "tree")}
+
+
+def _fsck(repo: ShadowRepo) -> None:
+    fsck = git(repo, "fsck", "--full", "--strict", "--no-dangling", check=False)
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+
+
+def test_a_round_is_one_pack_written_when_its_ref_moves(repo: ShadowRepo) -> None:
+    one = blob(repo, "one")
+    base = build(repo, {"a/b/c/file.txt": one, "a/side.txt": one, "top.txt": one})
+    c1 = repo.commit(base, [], "round 1", "t")
+    # held in memory until a ref names them: nothing on disk yet but the blob, and the
+    # repository answers for them all the same (a round asks for its parent)
+    assert _packs(repo) == {} and _loose_ids(repo) == {one.oid}
+    assert not _on_disk(repo, c1)
+    assert repo.has_object(c1) and base is not None and repo.has_object(base)
+    repo.set_ref(task_ref("t"), c1)
+    packs = _packs(repo)
+    assert list(packs.values()) == [_trees_and_commit(repo, c1)]  # one pack: the 4 trees and the commit
+    assert _loose_ids(repo) == {one.oid}
+    assert git(repo, "cat-file", "-p", f"{task_ref('t')}:a/b/c/file.txt").stdout == "one"
+    # the next round's pack holds only what it changed: the trees above the file, its commit
+    two = blob(repo, "two")
+    tree2 = repo.patch_tree(base, {RepoPath("a/b/c/file.txt"): two})
+    c2 = repo.commit(tree2, [c1], "round 2", "t")
+    repo.set_ref(task_ref("t"), c2, in_place=True)
+    (new,) = set(_packs(repo)) - set(packs)
+    unchanged = git(repo, "rev-parse", f"{c2}:a/side.txt", f"{c1}:a/side.txt").stdout.split()
+    assert unchanged[0] == unchanged[1]
+    assert _packs(repo)[new] == _trees_and_commit(repo, c2) - {git(repo, "rev-parse", f"{c2}:top.txt").stdout.strip()}
+    assert len(_packs(repo)[new]) == 5  # the commit, the root, a, a/b, a/b/c
+    assert git(repo, "log", "--format=%s", task_ref("t")).stdout.split("\n")[:2] == ["round 2", "round 1"]
+    _fsck(repo)
+
+
+def test_an_object_read_through_libgit2_is_written_first(repo: ShadowRepo) -> None:
+    tree = build(repo, {"d/f.txt": blob(repo, "f"), "g.txt": blob(repo, "g")})
+    other = ShadowRepo.open_existing(repo.git_dir)  # another process's view: the disk's
+    try:
+        assert not other.has_object(tree)  # type: ignore[arg-type]
+        assert set(repo.list_tree(tree)) == {"d/f.txt", "g.txt"}  # read by libgit2: written first
+        assert other.has_object(tree)  # type: ignore[arg-type]
+        assert set(other.list_tree(tree)) == {"d/f.txt", "g.txt"}
+    finally:
+        other.close()
+    # closing a handle writes what it still holds
+    commit = repo.commit(tree, [], "held", "t")
+    assert not _on_disk(repo, commit)
+    repo.close()
+    assert _on_disk(repo, commit)
+
+
+def test_a_refused_pack_moves_no_ref_and_forgets_what_it_held(repo: ShadowRepo,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    one = blob(repo, "one")
+    base = build(repo, {"a/b/file.txt": one})
+    c1 = repo.commit(base, [], "round 1", "t")
+    repo.set_ref(task_ref("t"), c1)
+    tree2 = repo.patch_tree(base, {RepoPath("a/b/file.txt"): blob(repo, "two")})
+    c2 = repo.commit(tree2, [c1], "round 2", "t")
+    write_file = loose.write_file
+
+    def full(git_dir: Path, content: bytes, final: str, *args: object, **kwargs: object) -> None:
+        if final.endswith(".idx"):  # the .pack landed, its index did not
+            raise StorageFailedError(loose.storage_message(git_dir, "write a pack", OSError(errno.ENOSPC, "full")))
+        write_file(git_dir, content, final, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loose, "write_file", full)
+    with pytest.raises(StorageFailedError, match="could not write a pack: full"):
+        repo.set_ref(task_ref("t"), c2)
+    monkeypatch.setattr(loose, "write_file", write_file)
+    assert repo.read_ref(task_ref("t")) == c1  # not moved
+    assert not repo.has_object(c2) and not _on_disk(repo, c2)
+    # the round's trees are not taken as held any more: patching on one finds it missing
+    with pytest.raises(ObjectMissingError):
+        repo.patch_tree(tree2, {RepoPath("x"): one})
+    # the pack without its index is never read; the next round writes everything again
+    assert len(list(_pack_dir(repo).glob("*.pack"))) == 2 and len(_packs(repo)) == 1
+    tree2 = repo.patch_tree(base, {RepoPath("a/b/file.txt"): blob(repo, "two")})
+    c2 = repo.commit(tree2, [c1], "round 2", "t")
+    repo.set_ref(task_ref("t"), c2)
+    assert git(repo, "cat-file", "-p", f"{task_ref('t')}:a/b/file.txt").stdout == "two"
+    _fsck(repo)
+
+
+def test_small_packs_are_merged_into_one_and_every_object_stays(repo: ShadowRepo,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shadow_repo, "SMALL_PACK_OBJECTS", 40)
+    # a pack at least that big is not merged: the baseline's
+    tree = build(repo, {f"d{i}/f{j}.txt": blob(repo, f"{i}.{j}") for i in range(40) for j in range(2)})
+    head = repo.commit(tree, [], "baseline", "t")
+    repo.set_ref(task_ref("t"), head)
+    (big,) = _packs(repo)
+    commits = [head]
+    for r in range(shadow_repo.MERGE_PACKS_AT - 1):  # with the baseline's, MERGE_PACKS_AT packs written
+        assert not repo.merge_due
+        tree = repo.patch_tree(tree, {RepoPath(f"d{r}/f0.txt"): blob(repo, f"round {r}")})
+        commits.append(repo.commit(tree, [commits[-1]], f"round {r}", "t"))
+        repo.set_ref(task_ref("t"), commits[-1], in_place=True)
+    assert repo.merge_due
+    before = _packs(repo)
+    assert len(before) == shadow_repo.MERGE_PACKS_AT
+    assert repo.merge_small_packs() == shadow_repo.MERGE_PACKS_AT - 1
+    after = _packs(repo)
+    assert set(after) - {big} and len(after) == 2 and after[big] == before[big]
+    (merged,) = set(after) - {big}
+    assert after[merged] == set().union(*(ids for name, ids in before.items() if name != big))
+    assert not repo.merge_due
+    _fsck(repo)
+    for c in commits:
+        assert repo.has_object(c) and _on_disk(repo, c)
+    # the handle goes on from memory: the next round patches the newest tree
+    tree = repo.patch_tree(tree, {RepoPath("new.txt"): blob(repo, "new")})
+    last = repo.commit(tree, [commits[-1]], "after the merge", "t")
+    repo.set_ref(task_ref("t"), last, in_place=True)
+    assert git(repo, "rev-list", "--count", task_ref("t")).stdout.strip() == str(len(commits) + 1)
+    assert len(after[merged]) >= shadow_repo.SMALL_PACK_OBJECTS  # merged no further
+    assert repo.merge_small_packs() == 0  # one small pack alone stays as it is
+    assert len(_packs(repo)) == 3
+    _fsck(repo)
+
+
+def test_a_collection_completes_while_a_round_lands_during_its_walk(repo: ShadowRepo) -> None:
+    one = blob(repo, "one")
+    base = build(repo, {"a/file.txt": one, "b.txt": one})
+    c1 = repo.commit(base, [], "round 1", "t1")
+    repo.set_ref(task_ref("t1"), c1)
+    doomed = repo.commit(build(repo, {"gone.txt": blob(repo, "a deleted task's")}), [], "doomed", "t2")
+    repo.set_ref(task_ref("t2"), doomed)
+    repo.delete_ref(task_ref("t2"))
+    other = ShadowRepo.open_existing(repo.git_dir)  # the sidecar that checkpoints meanwhile
+    landed: list[str] = []
+
+    def progress(done: int, total: int) -> None:
+        if not landed:  # the collection wrote its pack, without the lock: a round lands
+            tree = other.patch_tree(base, {RepoPath("a/file.txt"): TreeEntry(other.write_blob(b"two"), MODE_FILE)})
+            landed.append(other.commit(tree, [c1], "round 2", "t1"))
+            other.set_ref(task_ref("t1"), landed[0], in_place=True)
+
+    try:
+        repo.collect_garbage(grace_s=0, progress=progress)
+    finally:
+        other.close()
+    assert landed
+    # not put off for the round's pack (its objects are in none of the packs removed)
+    assert not _on_disk(repo, doomed)
+    assert git(repo, "cat-file", "-p", f"{task_ref('t1')}:a/file.txt").stdout == "two"
+    assert git(repo, "rev-list", task_ref("t1")).stdout.split() == [landed[0], c1]
+    _fsck(repo)
+
+
+def test_a_pack_left_without_its_index_is_removed_once_old(repo: ShadowRepo, workspace: Path) -> None:
+    pack_dir = _pack_dir(repo)
+    pack_dir.mkdir(parents=True, exist_ok=True)
+    old, young = pack_dir / f"pack-{'1' * 40}.pack", pack_dir / f"pack-{'2' * 40}.pack"
+    for orphan in (old, young):
+        orphan.write_bytes(b"PACK\0\0\0\2\0\0\0\0")
+    past = time.time() - shadow_repo.ORPHAN_PACK_S - 60
+    os.utime(old, (past, past))
+    c = repo.commit(build(repo, {"f": blob(repo, "f")}), [], "m", "t")
+    repo.set_ref(task_ref("t"), c)
+    (kept,) = _packs(repo)
+    repo.close()
+    again = ShadowRepo.open_or_init(repo.git_dir, workspace)  # an open sweeps what killed writers left
+    try:
+        assert not old.exists()
+        assert young.exists()  # maybe a collection between its two renames
+        assert set(_packs(again)) == {kept} and again.has_object(c)
+    finally:
+        again.close()
+
+
+def test_a_big_patch_is_written_in_packs_of_at_most_held_max_objects(repo: ShadowRepo,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shadow_repo, "HELD_MAX", 4)
+    files = {f"d{i}/e{j}/f.txt": blob(repo, f"{i}.{j}") for i in range(3) for j in range(3)}
+    tree = build(repo, files)  # 3 * 3 + 3 + 1 trees: written 4 at a time as they are made
+    assert [len(ids) for ids in _packs(repo).values()] == [4, 4, 4]
+    c = repo.commit(tree, [], "m", "t")
+    repo.set_ref(task_ref("t"), c)
+    assert sorted(len(ids) for ids in _packs(repo).values()) == [2, 4, 4, 4]  # the root tree and the commit
+    assert repo.list_tree(tree) == files
+    _fsck(repo)
