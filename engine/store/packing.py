@@ -20,6 +20,7 @@ compression threads it starts and joins).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import struct
 import zlib
@@ -407,12 +408,8 @@ def _index_bytes(entries: list[bytes], pack_checksum: bytes) -> bytes:
         else:
             small += (0x80000000 | len(big)).to_bytes(4, "big")
             big.append(off)
-    running = 0
-    for i in range(256):
-        running += fanout[i]
-        fanout[i] = running
     body = b"".join([
-        _IDX_MAGIC, struct.pack(">I", 2), struct.pack(">256I", *fanout), ids, crcs, small,
+        _IDX_MAGIC, struct.pack(">I", 2), struct.pack(">256I", *itertools.accumulate(fanout)), ids, crcs, small,
         b"".join(struct.pack(">Q", o) for o in big), pack_checksum,
     ])
     return body + hashlib.sha1(body).digest()  # git's index checksum

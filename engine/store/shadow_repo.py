@@ -69,7 +69,7 @@ GC_KEEP_PACK_OBJECTS = 5_000
 GC_GENERATION_FILE = "shadowpoint/gc-generation"
 # Empty files made ahead of time for the loose objects and refs a round writes (loose.py)
 FILE_POOL_FOLDER = "shadowpoint/pool"
-# Trees kept in memory from the last patches (raw id: content): the next round's base
+# Trees kept in memory from the last patches (raw id: entries): the next round's base
 RECENT_TREES_MAX = 512
 RECENT_COMMITS_MAX = 64  # commit: tree, of the commits written last (a round asks for its parent's)
 # A round's trees and commit (a restore's too) are held in memory and written as one small pack
@@ -85,6 +85,16 @@ _HEX_ID = re.compile(r"[0-9a-f]{40}")
 _EMPTY_TREE = loose.object_id(b"tree", b"")
 # One entry of a raw tree object: octal mode, space, name, NUL, 20-byte id
 _TREE_ENTRY = re.compile(rb"([0-7]+) ([^\0]*)\0(.{20})", re.S)
+_TREE_MODE = b"%o " % MODE_TREE
+# A tree's entries as patched: name -> the entry's bytes in the tree (mode, space, name, NUL,
+# raw id), in the tree's order. Kept in memory for the trees a patch wrote, a round neither
+# parses its base trees nor formats their unchanged entries again (~8 + 4 us a folder).
+TreeRecords = dict[bytes, bytes]
+
+
+def _entry_of(record: bytes) -> tuple[int, bytes]:
+    """(mode, raw id) of one entry's bytes in a tree."""
+    return int(record[:record.index(b" ")], 8), record[-20:]
 
 _configured = False
 
@@ -369,7 +379,7 @@ class ShadowRepo:
         self._repo = repo
         self.git_dir = git_dir
         self.worktree = worktree
-        self._recent_trees: dict[bytes, bytes] = {}  # raw id: content, of the last patch's trees
+        self._recent_trees: dict[bytes, TreeRecords] = {}  # raw id: entries, of the last patches' trees
         self._recent_commits: dict[str, str | None] = {}  # id: tree (None: empty), of commits written here
         self._pending: dict[bytes, tuple[int, bytes]] = {}  # raw id: (pack kind, content), not yet written
         self._packed_ids: set[bytes] = set()  # raw ids this handle wrote into packs (cleared by `reopen`)
@@ -841,12 +851,13 @@ class ShadowRepo:
             else:
                 node[leaf] = entry
         with written(self.git_dir, "write a tree"):
-            written_now: dict[bytes, bytes] = {}
-            oid, _ = self._patch(self._tree_data(base_tree) if base_tree else None, nested, written_now, expect_new)
+            written_now: dict[bytes, TreeRecords] = {}
+            oid, _ = self._patch(bytes.fromhex(base_tree) if base_tree else None, nested, written_now, expect_new)
             # the next round patches these trees: keep them, not the disk, as its base (cleared
             # when a collection may have removed objects: `reopen`)
             if len(self._recent_trees) + len(written_now) > RECENT_TREES_MAX:
-                self._recent_trees = written_now
+                # the last written: the root and the folders above the last paths (trees are made children first)
+                self._recent_trees = dict(list(written_now.items())[-RECENT_TREES_MAX:])
             else:
                 self._recent_trees.update(written_now)
             return oid
@@ -928,54 +939,53 @@ class ShadowRepo:
             raise ValueError(str(exc)) from None
         return root
 
-    def _tree_data(self, oid: str | bytes) -> bytes:
-        """A tree's raw content (`oid` hex, or raw bytes): one the last patch wrote from memory,
-        any other from the repository.
+    def _entries(self, raw: bytes) -> TreeRecords:
+        """The entries of tree `raw` (a copy, to change): those of a tree a recent patch wrote
+        from memory, any other's read from the repository.
 
         Raises:
             ObjectMissingError: the repository does not hold it.
         """
-        raw = oid if isinstance(oid, bytes) else bytes.fromhex(oid)
-        data = self._recent_trees.get(raw)
-        if data is None:
-            data = bytes(self._obj(pygit2.Oid(raw=raw)).read_raw())
-        return data
+        known = self._recent_trees.get(raw)
+        if known is not None:
+            return dict(known)
+        data = bytes(self._obj(pygit2.Oid(raw=raw)).read_raw())
+        return {m[2]: m[0] for m in _TREE_ENTRY.finditer(data)}
 
-    def _patch(self, tree: bytes | None, changes: dict[str, Any], written_now: dict[bytes, bytes],
+    def _patch(self, tree: bytes | None, changes: dict[str, Any], written_now: dict[bytes, TreeRecords],
                expect_new: bool) -> tuple[str | None, bool]:
-        """Write the tree whose content is `tree` (None: an empty one) with `changes` applied:
-        the new tree's id (None when nothing is left in it), and whether it was written as new.
-        git's tree format is written here, names as bytes (a name that is not UTF-8 comes as a
-        lone surrogate, surrogateescape; test_hostile.py), and the object through
-        `loose.write_object` (its file made ahead of time); `written_now` gets every tree
-        written (raw id: content).
+        """Write tree `tree` (raw id; None: an empty one) with `changes` applied: the new tree's
+        id (None when nothing is left in it), and whether it was written as new. git's tree
+        format is written here, names as bytes (a name that is not UTF-8 comes as a lone
+        surrogate, surrogateescape; test_hostile.py), and the object held for the next `flush`;
+        `written_now` gets every tree written (raw id: entries).
 
         Without `expect_new` the repository is asked whether it holds a tree before it is
         written, except for a tree holding one just written as new: a tree the repository held
         would hold only trees it held (a restore keeping an outside edit writes a new chain of
         trees: one question instead of one per folder, each ~15 us when the answer is no)."""
-        entries: dict[bytes, tuple[int, bytes]] = {}
-        if tree is not None:
-            for mode, name, raw in _TREE_ENTRY.findall(tree):
-                entries[name] = (int(mode, 8), raw)
+        entries = self._entries(tree) if tree is not None else {}
         added = False
         above_new = False
         for name, change in changes.items():
             key = os.fsencode(name)
-            existing = entries.get(key)
-            new, fresh = self._new_entry(existing, change, written_now, expect_new)
+            record = entries.get(key)
+            new, fresh = self._new_entry(_entry_of(record) if record is not None else None, change, written_now,
+                                         expect_new)
             above_new = above_new or fresh
             if new is None:
                 entries.pop(key, None)
             else:
-                added = added or existing is None
-                entries[key] = (new[1], bytes.fromhex(new[0]))
+                added = added or record is None
+                entries[key] = b"%o %s\0%s" % (new[1], key, bytes.fromhex(new[0]))
         if not entries:
             return None, False
-        # git sorts tree entries by name, a folder's name compared as if it ended with "/";
-        # a tree read back is in that order already, so only a new name needs a sort
-        order = sorted(entries, key=lambda n: n + b"/" if entries[n][0] == MODE_TREE else n) if added else entries
-        data = b"".join(b"%o %s\0%s" % (entries[n][0], n, entries[n][1]) for n in order)
+        if added:
+            # git sorts tree entries by name, a folder's name compared as if it ended with "/";
+            # a tree read back is in that order already, so only a new name needs a sort
+            entries = {n: entries[n] for n in sorted(
+                entries, key=lambda n: n + b"/" if entries[n].startswith(_TREE_MODE) else n)}
+        data = b"".join(entries.values())
         oid = loose.object_id(b"tree", data)
         raw = bytes.fromhex(oid)
         fresh = False
@@ -983,10 +993,10 @@ class ShadowRepo:
                 and (expect_new or above_new or not self.has_object(oid)):
             self._hold(b"tree", data)
             fresh = True
-        written_now[raw] = data
+        written_now[raw] = entries
         return oid, fresh
 
-    def _new_entry(self, existing: tuple[int, bytes] | None, change: Any, written_now: dict[bytes, bytes],
+    def _new_entry(self, existing: tuple[int, bytes] | None, change: Any, written_now: dict[bytes, TreeRecords],
                    expect_new: bool) -> tuple[tuple[str, int] | None, bool]:
         """What one name of a tree becomes: (id, mode), or None when it goes away; and whether
         it is a tree just written as new."""
@@ -997,8 +1007,7 @@ class ShadowRepo:
             folder = existing[1] if existing is not None and existing[0] == MODE_TREE else None
             if not change:
                 return ((folder.hex(), MODE_TREE) if folder is not None else None), False
-            new_sub, fresh = self._patch(self._tree_data(folder) if folder is not None else None, change,
-                                         written_now, expect_new)
+            new_sub, fresh = self._patch(folder, change, written_now, expect_new)
             if new_sub is not None:
                 return (new_sub, MODE_TREE), fresh
             return None, False
@@ -1264,7 +1273,7 @@ class ShadowRepo:
         """(path, old (mode, raw id), new) of each file that differs between two trees, in no
         set order; a file on one side only has None on the other. Subtrees with the same id on
         both sides are never read, and a tree a recent patch wrote is read from memory
-        (`_tree_data`).
+        (`_entries`).
 
         Raises:
             ObjectMissingError: the repository does not hold a tree to read.
@@ -1275,12 +1284,14 @@ class ShadowRepo:
             prefix, a, b = stack.pop()
             if a == b:
                 continue
-            a_entries = {n: (int(m, 8), r) for m, n, r in _TREE_ENTRY.findall(self._tree_data(a))} if a else {}
-            b_entries = {n: (int(m, 8), r) for m, n, r in _TREE_ENTRY.findall(self._tree_data(b))} if b else {}
+            a_entries = self._entries(a) if a else {}
+            b_entries = self._entries(b) if b else {}
             for name in a_entries.keys() | b_entries.keys():
-                ea, eb = a_entries.get(name), b_entries.get(name)
-                if ea == eb:
+                ra, rb = a_entries.get(name), b_entries.get(name)
+                if ra == rb:
                     continue
+                ea = _entry_of(ra) if ra is not None else None
+                eb = _entry_of(rb) if rb is not None else None
                 path = prefix + name
                 a_sub = ea[1] if ea is not None and ea[0] == MODE_TREE else None
                 b_sub = eb[1] if eb is not None and eb[0] == MODE_TREE else None
