@@ -1385,7 +1385,10 @@ class ShadowRepo:
                 # borrowed copy) may hold objects only a stat cache reaches yet, and packs get no grace.
                 old_packs = {idx.stem for idx in pack_dir.glob("pack-*.idx")}
                 for idx in sorted(pack_dir.glob("pack-*.idx")):
-                    listed = packing.pack_objects(idx)
+                    try:
+                        listed = packing.pack_objects(idx)
+                    except OSError:  # merged meanwhile (`merge_small_packs`, under the lock): not kept
+                        continue
                     if len(listed) >= GC_KEEP_PACK_OBJECTS and all(o in keep for o in listed):
                         kept_packs.add(idx.stem)
                         packed.update(listed)
