@@ -119,12 +119,34 @@ def pack_objects(idx: Path) -> list[str]:
         RepoError: not a version-2 index.
     """
     data = idx.read_bytes()
-    if data[:4] != _IDX_MAGIC or struct.unpack(">I", data[4:8])[0] != 2:
-        raise RepoError(f"{idx} is not a version-2 pack index.")
-    count = struct.unpack(">I", data[8 + 255 * 4 : 8 + 256 * 4])[0]
-    start = 8 + 256 * 4
-    raw = data[start : start + 20 * count]
+    count = _listed_count(data, idx)
+    raw = data[_IDX_HEAD : _IDX_HEAD + 20 * count]
     return [raw[i : i + 20].hex() for i in range(0, len(raw), 20)]
+
+
+def pack_object_count(idx: Path) -> int:
+    """How many objects a version-2 `.idx` lists, from its header alone; -1 when it cannot be
+    read or is not one."""
+    try:
+        with open(idx, "rb") as fh:
+            return _listed_count(fh.read(_IDX_HEAD), idx)
+    except (OSError, RepoError):
+        return -1
+
+
+_IDX_HEAD = 8 + 256 * 4  # magic, version, fan-out: the ids follow
+
+
+def _listed_count(head: bytes, idx: Path) -> int:
+    """The object count of an index starting with `head` (its last fan-out entry).
+
+    Raises:
+        RepoError: not a version-2 index.
+    """
+    if len(head) < _IDX_HEAD or head[:4] != _IDX_MAGIC or struct.unpack_from(">I", head, 4)[0] != 2:
+        raise RepoError(f"{idx} is not a version-2 pack index.")
+    count: int = struct.unpack_from(">I", head, _IDX_HEAD - 4)[0]
+    return count
 
 
 # ---------------------------------------------------------------- writing packs
@@ -140,6 +162,11 @@ def _object_header(kind: int, size: int) -> bytes:
         size >>= 7
     out.append(byte)
     return bytes(out)
+
+
+def _stored_object(kind: int, data: bytes) -> bytes:
+    """One object as a pack holds it, its content stored without deflating (`PackStream`)."""
+    return _object_header(kind, len(data)) + stored_zlib(data)
 
 
 def _compressed(item: tuple[str, int, bytes], level: int = 6) -> tuple[str, bytes]:
@@ -297,7 +324,7 @@ class PackStream:
         assert self._fh is not None, "the pack is finished"
         if not self._seen.add(raw_oid):
             return
-        blob = _object_header(kind, len(data)) + stored_zlib(data)
+        blob = _stored_object(kind, data)
         self._fh.write(blob)
         self._entries.append(_index_record(raw_oid, blob, self._offset))
         self._offset += len(blob)
@@ -357,7 +384,7 @@ def small_pack(objects: Iterable[tuple[bytes, int, bytes]]) -> tuple[str, bytes,
     parts = [b""]
     offset = 12
     for raw, kind, data in objects:
-        blob = _object_header(kind, len(data)) + stored_zlib(data)
+        blob = _stored_object(kind, data)
         entries.append(_index_record(raw, blob, offset))
         parts.append(blob)
         offset += len(blob)
@@ -365,19 +392,6 @@ def small_pack(objects: Iterable[tuple[bytes, int, bytes]]) -> tuple[str, bytes,
     pack = b"".join(parts)
     checksum = hashlib.sha1(pack).digest()
     return f"pack-{checksum.hex()}", pack + checksum, _index_bytes(entries, checksum)
-
-
-def pack_object_count(idx: Path) -> int:
-    """How many objects a version-2 `.idx` lists (its last fan-out entry); -1 when it is not one."""
-    try:
-        with open(idx, "rb") as fh:
-            head = fh.read(8 + 256 * 4)
-    except OSError:
-        return -1
-    if len(head) < 8 + 256 * 4 or head[:4] != _IDX_MAGIC or head[4:8] != b"\0\0\0\2":
-        return -1
-    count: int = struct.unpack(">I", head[-4:])[0]
-    return count
 
 
 def _write_index(path: Path, entries: list[bytes], pack_checksum: bytes) -> None:

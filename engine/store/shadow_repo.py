@@ -669,13 +669,7 @@ class ShadowRepo:
             return 0
         oids = sorted({oid for idx in small for oid in packing.pack_objects(idx)})
         staging = Path(self._objects_dir) / f"tmp_merge_{os.getpid()}_{threading.get_ident()}"
-        with written(self.git_dir, "merge small packs"):
-            staging.mkdir(exist_ok=True)
-            try:
-                packing.write_pack(self._repo, oids, staging, level=1)
-                merged = self._install_packs(staging, pack_dir)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
+        merged = self._write_own_pack(oids, staging, "merge small packs")
         for idx in small:
             if idx.stem != merged:
                 for part in (idx, idx.with_suffix(".pack")):  # the index first: a pack without one is never read
@@ -800,16 +794,25 @@ class ShadowRepo:
             RepoError: an object cannot be read (gone from the alternate).
             StorageFailedError: the docs root refused the write.
         """
-        if not oids:
-            return
-        pack_dir = self.git_dir / "objects" / "pack"
+        if oids:
+            # level 1: the copy shortens the time a snapshot depends on the user's repository
+            self._write_own_pack(oids, staging, "copy borrowed objects", pause)
+
+    def _write_own_pack(self, oids: list[str], staging: Path, action: str,
+                        pause: Callable[[], None] | None = None) -> str:
+        """Write `oids` (readable by this handle) as one pack, deflated at level 1, in `staging`
+        (removed afterwards), then install it (`.pack` before `.idx`); its name.
+
+        Raises:
+            RepoError: an object cannot be read.
+            StorageFailedError: the docs root refused the write.
+        """
         self.flush()
-        with written(self.git_dir, "copy borrowed objects"):
+        with written(self.git_dir, action):
             staging.mkdir(parents=True, exist_ok=True)
             try:
-                # level 1: the copy shortens the time a snapshot depends on the user's repository
                 packing.write_pack(self._repo, oids, staging, level=1, pause=pause)
-                self._install_packs(staging, pack_dir)
+                return self._install_packs(staging, self.git_dir / "objects" / "pack")
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
 
@@ -819,7 +822,8 @@ class ShadowRepo:
         # first. Objects held for the next `flush` count: they are written before a ref names them.
         if _HEX_ID.fullmatch(oid):
             raw = bytes.fromhex(oid)
-            if raw in self._pending or raw in self._packed_ids or self._has_loose(oid):
+            if raw in self._pending or raw in self._packed_ids \
+                    or os.path.exists(os.path.join(self._objects_dir, oid[:2], oid[2:])):
                 return True
         try:
             return oid in self._repo
