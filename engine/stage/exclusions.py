@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import os
 import stat
 import struct
@@ -361,6 +362,7 @@ class ExclusionRules:
         self._extra = None if extra_set.is_empty else extra_set
         self._lfs: PatternSet | None = None
         self._submodules: frozenset[str] = frozenset()
+        self._submodule_parents: frozenset[str] = frozenset()  # the folders that hold one
         self._dirs: dict[str, _DirInfo] = {}
         self._dirs_lock = threading.Lock()  # guards iteration and writes of _dirs, never I/O
         # `walk_paths` state, kept from one whole-workspace walk to the next (its caller's thread)
@@ -563,16 +565,47 @@ class ExclusionRules:
         folders)."""
         files: list[os.DirEntry[str]] = []
         dirs: list[os.DirEntry[str]] = []
+        undecided = self._undecided(info, prefix, entries)
         entry_reason = self._entry_reason
-        for entry in entries:
+        for i, entry in enumerate(entries):
             entry_name = entry.name
             try:
                 is_dir = entry.is_dir(follow_symlinks=False)
             except OSError:
                 is_dir = False
-            if entry_reason(info, prefix + entry_name, entry_name, is_dir) is None:
+            if (undecided is not None and i not in undecided) \
+                    or entry_reason(info, prefix + entry_name, entry_name, is_dir) is None:
                 (dirs if is_dir else files).append(entry)
         return files, dirs
+
+    def _undecided(self, info: _DirInfo, prefix: str, entries: Sequence[os.DirEntry[str]]) -> set[int] | None:
+        """Which of `entries` (the folder `prefix`'s) a rule of `_entry_reason` may leave out,
+        seen from their names together (`PatternSet.candidates`): the others are kept
+        without a decision each. None: decide every one (names that are not ASCII, a `.git`
+        or a submodule among them, a pattern that may match any name)."""
+        if not entries:
+            return set()
+        names = NAME_SEP.join([entry.name for entry in entries])
+        if not names.isascii():
+            return None
+        lowered = names.lower()
+        if f"{NAME_SEP}{lowered}{NAME_SEP}".find(f"{NAME_SEP}{GIT_DIR}{NAME_SEP}") >= 0:
+            return None
+        folder = prefix[:-1]
+        if folder in self._submodule_parents:
+            return None
+        found: list[int] = []
+        for rules, base in ((self._extra, 0), (self._builtin, 0), (self._lfs, 0), *info.chain):
+            if rules is not None:
+                at = rules.candidates(names, lowered, folder[base:])
+                if at is None:
+                    return None
+                found += at
+        if not found:
+            return set()
+        starts = list(itertools.accumulate((len(entry.name) + 1 for entry in entries[:-1]), initial=0))
+        # an offset is inside its name, or the NUL just before it
+        return {bisect.bisect_right(starts, offset + 1) - 1 for offset in found}
 
     def walk_excluded(self) -> Iterator[tuple[RepoPath, os.DirEntry[str], str]]:
         """Every entry the rules leave out whose parent folder is included, with its reason
@@ -784,6 +817,7 @@ class ExclusionRules:
         modules = read_rule_file(os.path.join(self._root, GITMODULES))
         self._lfs_text, self._modules_text = attributes, modules
         self._submodules = submodule_paths(modules) if modules is not None else frozenset()
+        self._submodule_parents = frozenset(path.rpartition("/")[0] for path in self._submodules)
         own = self._load_gitignore("")
         info = _DirInfo(None, ((own, 0),) if own is not None else ())
         with self._dirs_lock:

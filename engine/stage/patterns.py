@@ -12,7 +12,7 @@ import re
 import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Any, Final, cast
 
 import structlog
 
@@ -217,7 +217,8 @@ class _Bucket:
     """Patterns of one polarity run, indexed for set lookups; only odd ones become regexes."""
 
     __slots__ = (
-        "active", "endings", "fold_types", "name_rx", "names", "needles", "path_rx", "paths", "prefixes", "suffixes",
+        "active", "endings", "fold_types", "name_rx", "names", "needles", "path_rx", "paths", "prefixes",
+        "screen_folders", "screen_rx", "suffixes", "unscreened",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -231,12 +232,20 @@ class _Bucket:
         self.path_rx: list[tuple[re.Pattern[str], str]] = []
         self.fold_types = False  # suffixes, endings and needles are lower case; compare folded names
         self.active = False
+        # for `_Screen`: the folders (below the rule file's) whose entries a literal path
+        # pattern names; a regex for the names a wildcard pattern may match (the last part of
+        # an anchored one), case-folded or not; whether some pattern may match any name
+        self.screen_folders: set[str] = set()
+        self.screen_rx: list[tuple[str, bool]] = []
+        self.unscreened = False
 
     def add(self, pattern: Pattern, label: str, *, casefold: bool) -> None:
         glob = pattern.glob
         self.active = True
         if not _WILDCARDS.intersection(glob):
             (self.paths if pattern.anchored else self.names).setdefault(glob, label)
+            if pattern.anchored:
+                self.screen_folders.add(glob.rpartition("/")[0])
             return
         # Only type patterns (`*.png`) ignore case: a `pods/` folder is not CocoaPods' `Pods/`.
         fold = casefold and glob[0] == "*"
@@ -264,6 +273,24 @@ class _Bucket:
             return
         regex = re.compile(source, re.DOTALL | (re.IGNORECASE if fold else 0))
         (self.path_rx if pattern.anchored else self.name_rx).append((regex, label))
+        self._screen_wildcard(pattern, source, fold)
+
+    def _screen_wildcard(self, pattern: Pattern, source: str, fold: bool) -> None:
+        """What `_Screen` looks for in the names of a folder for a pattern that became a regex:
+        the regex itself for a name pattern; for an anchored one, its last part's (the entry's
+        name must match it: `*` stays within a part), unless that part may be any name."""
+        if pattern.anchored:
+            last = pattern.glob.rpartition("/")[2]
+            if "\\/" in pattern.glob or not last.strip("*"):
+                self.unscreened = True
+                return
+            try:
+                source = _glob_regex(last, pathname=False)
+            except _Unmatchable:
+                return  # matches nothing
+        # a name's regex knows "/" as the one character no name holds; the screen's names are
+        # joined by NUL
+        self.screen_rx.append((source.replace("[^/", "[^\\x00").replace("(?!/)", "(?!\\x00)"), fold))
 
     def finish(self) -> None:
         """Merge regexes that share a label: one regex call per path, not one per pattern."""
@@ -321,6 +348,73 @@ def _merge_regexes(regexes: list[tuple[re.Pattern[str], str]]) -> list[tuple[re.
     return merged
 
 
+_WHOLE, _OPEN = object(), object()  # `_trie_source`'s ends of a word: the name's, or anything may follow
+_NAME_END = r"(?=\x00|\Z)"
+
+
+def _trie_source(words: Iterable[tuple[str, bool]]) -> str | None:
+    """A regex source matching any of `words` where it starts: each (text, whole), whole text
+    ending a name (followed by a NUL or the end), else followed by anything. Written as a
+    trie, so a search tries each character once, not each word (the built-in list holds
+    ~130 endings); None when there are no words."""
+    root: dict[object, dict[object, object]] = {}
+    for text, whole in words:
+        node = root
+        for ch in text:
+            node = cast(dict[object, dict[object, object]], node.setdefault(ch, {}))
+        node[_WHOLE if whole else _OPEN] = {}
+    if not root:
+        return None
+
+    def source(node: dict[object, Any]) -> str:
+        if _OPEN in node:
+            return ""
+        alternatives = [re.escape(ch) + source(child) for ch, child in sorted(
+            (key, child) for key, child in node.items() if isinstance(key, str))]
+        if _WHOLE in node:
+            alternatives.append(_NAME_END)
+        return alternatives[0] if len(alternatives) == 1 else f"(?:{'|'.join(alternatives)})"
+
+    return source(root)
+
+
+class _Screen:
+    """Which entries of a folder a pattern set may match, from the folder's names joined by
+    NUL (ASCII only: `str.lower` then folds each name as the patterns do): a few regex
+    searches in C instead of a decision per entry. Most entries match no pattern, and a walk
+    of 100k files spent ~0.3 s of its ~0.9 s deciding each one. Never leaves out a name a
+    pattern matches; a name it gives is only one to decide."""
+
+    __slots__ = ("fold", "folders", "plain", "typed", "unscreened")
+
+    def __init__(self, bucket: _Bucket) -> None:
+        self.unscreened = bucket.unscreened
+        self.folders = frozenset(bucket.screen_folders)
+        self.fold = bucket.fold_types
+        names = _trie_source([*((n, True) for n in bucket.names), *((p, False) for p, _ in bucket.prefixes)])
+        plain = [names] if names is not None else []
+        plain += [f"(?:{rx}){_NAME_END}" for rx, folded in bucket.screen_rx if not folded]
+        plain += [f"(?i:{rx}){_NAME_END}" for rx, folded in bucket.screen_rx if folded]
+        # searched in the names after a NUL: a literal first character, which the search finds in C
+        self.plain = re.compile(f"\x00(?:{'|'.join(plain)})") if plain else None
+        typed = _trie_source([*((s, True) for s in bucket.suffixes), *((e, True) for e, _ in bucket.endings),
+                              *((n, False) for n, _ in bucket.needles)])
+        self.typed = re.compile(typed) if typed is not None else None
+
+    def candidates(self, names: str, lowered: str, folder: str) -> list[int] | None:
+        """Where the names that a pattern may match start in `names` (a folder's, joined by
+        NUL, ASCII; `lowered`: the same in lower case; `folder`: its path below the rule
+        file's folder, "" for that folder): a match's first offset, or the NUL before the
+        name; None: any name may match."""
+        if self.unscreened or folder in self.folders:
+            return None
+        # in `NUL + names`, a match starts at the NUL before its name: at the name in `names`
+        found = [m.start() for m in self.plain.finditer(f"\x00{names}")] if self.plain is not None else []
+        if self.typed is not None:
+            found += [m.start() for m in self.typed.finditer(lowered if self.fold else names)]
+        return found
+
+
 class _Run:
     """Consecutive patterns of the same polarity: any match in it decides the same way."""
 
@@ -338,7 +432,7 @@ _MATCHES = "matches"  # the filters' one label: their regexes merge into one
 class PatternSet:
     """An ordered gitignore-style pattern list, last match wins (one rule file, or a list)."""
 
-    __slots__ = ("_any_filter", "_dir_filter", "_runs")
+    __slots__ = ("_any_filter", "_dir_filter", "_runs", "_screen")
 
     def __init__(self, patterns: Iterable[tuple[Pattern, str]], *, casefold: bool = False) -> None:
         runs: list[_Run] = []
@@ -362,6 +456,11 @@ class PatternSet:
         self._any_filter.finish()
         self._dir_filter.finish()
         self._runs = tuple(runs)
+        self._screen = _Screen(self._dir_filter)  # every pattern, folders' and files' alike
+
+    def candidates(self, names: str, lowered: str, folder: str) -> list[int] | None:
+        """Where the entries of a folder that a pattern may match start (`_Screen.candidates`)."""
+        return self._screen.candidates(names, lowered, folder)
 
     @property
     def is_empty(self) -> bool:

@@ -810,3 +810,53 @@ def test_in_nested_repo_is_any_folder_on_the_path_being_one(tmp_path: Path) -> N
         assert rules.in_nested_repo(RepoPath(path)) is expected, path
     assert rules.in_nested_repo(RepoPath("vendored/deep/lib.py"))
     assert not rules.in_nested_repo(RepoPath("plain/link/in.py"))  # a symlink to a repository is not one
+
+
+SCREEN_GITIGNORE = (
+    "*.tmp\n"          # a type
+    "*~\n"             # an ending
+    "*cache*\n"        # a needle
+    "draft*\n"         # a prefix
+    "Thumbs.db\n"      # a name
+    "*.py[co]\n"       # a wildcard name
+    "/top-only.txt\n"  # an anchored path
+    "docs/*.old2\n"    # an anchored wildcard: its last part screens the names
+    "*.zzz\n"
+    "!keep.zzz\n"
+)
+
+
+def test_a_folders_names_screened_together_decide_as_each_alone(tmp_path: Path) -> None:
+    """`ExclusionRules._undecided` keeps the entries no pattern may match without deciding them:
+    every kind of pattern (built-in types in any case, a `.gitignore`'s names, prefixes,
+    endings, wildcards, anchored paths) leaves out exactly what a decision per path does, in
+    folders of plain names and of names that are not ASCII; and most names are not decided."""
+    names = ["a.py", "b.tmp", "keep.tmp", "c~", "my_cache_dir.txt", "draft-1.md", "Thumbs.db", "x.pyc",
+             "x.PYC", "IMG.PNG", "photo.png", "top-only.txt", "notes.old2", "plain.txt", "README", ".env.local",
+             "node_modules", "x.ignored", "a.zzz", "A.ZZZ", "keep.zzz"]
+    tree: dict[str, TreeValue] = {".gitignore": SCREEN_GITIGNORE}
+    for folder in ("", "docs/", "src/deep/", "ünï/"):
+        for name in names:
+            tree[f"{folder}{name}"] = "x"
+        tree[f"{folder}f{'é' if folder == 'ünï/' else ''}.txt"] = "x"
+        tree.update({f"{folder}bulk/n{i:03d}.txt": "x" for i in range(40)})
+    tree["ünï/bulk/café.txt"] = "x"
+    root = make_tree(tmp_path / "ws", tree)
+    rules = ExclusionRules(root)
+    decided: list[str] = []
+    real = rules._entry_reason
+
+    def counted(info: object, rel: str, name: str, is_dir: bool) -> str | None:
+        decided.append(rel)
+        return real(info, rel, name, is_dir)  # type: ignore[arg-type]
+
+    rules._entry_reason = counted  # type: ignore[method-assign]
+    included = {str(p) for p, _ in rules.walk()}
+    files, _ = all_paths(root)
+    fresh = ExclusionRules(root)
+    assert included == {p for p in files if not fresh.is_excluded(RepoPath(p), is_dir=False)}
+    assert {"plain.txt", "keep.zzz", "A.ZZZ", "notes.old2", "src/deep/top-only.txt"} <= included
+    assert not {"b.tmp", "a.zzz", "top-only.txt", "docs/notes.old2", "IMG.PNG", "c~", "docs/draft-1.md"} & included
+    # the bulk folders' names were kept undecided; a folder with a name that is not ASCII decides each
+    assert not any("/bulk/" in rel for rel in decided if not rel.startswith("ünï/"))
+    assert any(rel.startswith("ünï/bulk/") for rel in decided)
