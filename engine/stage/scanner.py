@@ -67,11 +67,11 @@ _SILENCED = (sys.modules[__name__], exclusions, patterns, git_index, shadow_repo
 # a stage from an empty tree with at least this many paths writes its trees as one pack
 PACKED_TREES_MIN = 256
 # a forked child's answer with its run of a fresh baseline's trees (`Scanner._trees_aside`):
-# after the first byte, its cut, the paths' count and the root's entries (pickled); or the
+# after the first byte, its runs, the paths' count and the root's entries (pickled); or the
 # second byte alone (this process makes them)
 _TREES_ITEMS, _TREES_HERE = b"T", b"H"
-# the child's share of the paths whose trees it writes (~200 ms at 100k files in all), cut at
-# the end of a top-level folder (`_trees_cut`)
+# the child's share of the paths whose trees it writes (~200 ms at 100k files in all), in whole
+# top-level folders (`_trees_share`)
 _TREES_CHILD_SHARE = 0.5
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -118,17 +118,47 @@ def _tree_files(cache: StatCache, paths: Iterable[RepoPath]) -> Iterator[tuple[s
         yield path, state_mode(state), state_oid(state)
 
 
-def _trees_cut(ordered: Sequence[str], share: float) -> int:
-    """Where the paths (sorted) are cut in two runs of about `share` and the rest, at the end of
-    a top-level folder's paths: no folder's trees are split between two writers. A file and
-    a folder of one name may still fall on both sides (`write_root_tree` refuses them)."""
-    cut = int(len(ordered) * share)
-    if cut >= len(ordered):
-        return len(ordered)
-    top, sep, _ = ordered[cut].partition("/")
-    if sep:  # inside the folder `top`: after its last path ("0" follows "/")
-        cut = bisect.bisect_left(ordered, top + "0", cut)
-    return cut
+Runs = tuple[tuple[int, int], ...]  # ranges [lo, hi) of a sorted list of paths, in order
+
+
+def _trees_share(ordered: Sequence[str], share: float) -> Runs:
+    """The child's part of a baseline's trees: whole top-level folders (and root files) holding
+    about `share` of the paths (sorted), the largest first, as ranges of `ordered`: no
+    folder's trees are split between two writers. Not a prefix of the paths: at 100k files
+    the top-level folders by name cut at 28% or 58% (the larger writer ~35 ms behind). A file
+    and a folder of one name may still fall on both sides (`write_root_tree` refuses them)."""
+    groups: list[tuple[int, int]] = []
+    lo = 0
+    while lo < len(ordered):
+        top, sep, _ = ordered[lo].partition("/")
+        hi = bisect.bisect_left(ordered, top + "0", lo) if sep else lo + 1  # "0" follows "/"
+        groups.append((lo, hi))
+        lo = hi
+    want = len(ordered) * share
+    taken: list[tuple[int, int]] = []
+    count = 0
+    for lo, hi in sorted(groups, key=lambda g: g[0] - g[1]):  # the largest first
+        if count + hi - lo <= want:
+            taken.append((lo, hi))
+            count += hi - lo
+    return tuple(sorted(taken))
+
+
+def _other_runs(runs: Runs, count: int) -> Runs:
+    """The ranges of [0, count) that `runs` leaves."""
+    out: list[tuple[int, int]] = []
+    at = 0
+    for lo, hi in runs:
+        if at < lo:
+            out.append((at, lo))
+        at = hi
+    if at < count:
+        out.append((at, count))
+    return tuple(out)
+
+
+def _in_runs(ordered: Sequence[RepoPath], runs: Runs) -> list[RepoPath]:
+    return [path for lo, hi in runs for path in ordered[lo:hi]]
 
 
 class SkipReason(enum.Enum):
@@ -288,14 +318,14 @@ class Scanner:
         # child is forked, which takes the list as it is (sorting it there took ~28 ms at 100k,
         # the fork's copy-on-write included, against ~10 ms here)
         ordered = sorted(cache.entries) if run.fresh else None
-        cut = _trees_cut(ordered, _TREES_CHILD_SHARE) if ordered is not None else 0
-        trees = self._trees_aside(cache, ordered, cut) if ordered is not None else None
+        runs = _trees_share(ordered, _TREES_CHILD_SHARE) if ordered is not None else ()
+        trees = self._trees_aside(cache, ordered, runs) if ordered is not None else None
         try:
             changed_paths = ordered if ordered is not None else tuple(run.changes)
             if changed_paths:
                 if trees is not None:
                     child, trees = trees, None
-                    cache.tree = self._trees_beside(run, cache, changed_paths, child, cut)
+                    cache.tree = self._trees_beside(run, cache, changed_paths, child, runs)
                 else:
                     cache.tree = self._write_tree(run, cache, changed_paths if run.fresh else None)
         finally:
@@ -320,42 +350,46 @@ class Scanner:
 
     # ------------------------------------------------------------------ internals
 
-    def _trees_aside(self, cache: StatCache, ordered: Sequence[RepoPath], cut: int) -> Forked | None:
-        """A big baseline's trees below the root of `ordered[:cut]` (the cache's paths, sorted;
-        `_trees_cut`), written by a forked child (the second core) while this process writes
-        the rest (`_trees_beside`); None: all written here."""
-        least = self.options.split_min_files
-        if least is None or len(cache.entries) < max(least, PACKED_TREES_MIN):
+    def _trees_aside(self, cache: StatCache, ordered: Sequence[RepoPath], runs: Runs) -> Forked | None:
+        """A big baseline's trees below the root of the paths of `runs` (ranges of `ordered`,
+        the cache's paths sorted: `_trees_share`), written by a forked child (the second core)
+        while this process writes the rest (`_trees_beside`); None: all written here."""
+        if not self._trees_split(cache):
             return None
 
         def trees_in_child() -> bytes:
             try:
-                items = self._subtrees(cache, ordered[:cut])
+                items = self._subtrees(cache, _in_runs(ordered, runs))
             except ValueError:
                 return _TREES_HERE  # a path that is both a file and a folder: patched there
-            return _TREES_ITEMS + pickle.dumps((cut, len(ordered), items), protocol=pickle.HIGHEST_PROTOCOL)
+            return _TREES_ITEMS + pickle.dumps((runs, len(ordered), items), protocol=pickle.HIGHEST_PROTOCOL)
 
         return Forked.start(trees_in_child, _SILENCED)
 
+    def _trees_split(self, cache: StatCache) -> bool:
+        """Whether a fresh baseline of `cache` writes its trees in two processes (`_trees_aside`)."""
+        least = self.options.split_min_files
+        return least is not None and len(cache.entries) >= max(least, PACKED_TREES_MIN)
+
     def _trees_beside(self, run: _Staging, cache: StatCache, ordered: Sequence[RepoPath], child: Forked,
-                      cut: int) -> str | None:
-        """The trees of a fresh baseline whose first run of paths (by top-level name) a child
+                      runs: Runs) -> str | None:
+        """The trees of a fresh baseline whose paths in `runs` (whole top-level folders) a child
         writes (`_trees_aside`): the rest written here meanwhile, then the root over both. A
-        child that failed leaves its run to this process; a path that is both a file and a
+        child that failed leaves its runs to this process; a path that is both a file and a
         folder, the whole to `_write_tree`."""
         try:
-            mine: RootItems | None = self._subtrees(cache, ordered[cut:])
+            mine: RootItems | None = self._subtrees(cache, _in_runs(ordered, _other_runs(runs, len(ordered))))
         except ValueError:
             mine = None
         answer = child.result()
         theirs: RootItems | None = None
         if answer is not None and answer[:1] == _TREES_ITEMS:
-            their_cut, count, items = pickle.loads(answer[1:])
-            if (their_cut, count) == (cut, len(ordered)):  # the same paths: never otherwise by design
+            their_runs, count, items = pickle.loads(answer[1:])
+            if (their_runs, count) == (runs, len(ordered)):  # the same paths: never otherwise by design
                 theirs = items
         if theirs is None and mine is not None:
             try:
-                theirs = self._subtrees(cache, ordered[:cut])
+                theirs = self._subtrees(cache, _in_runs(ordered, runs))
             except ValueError:
                 pass
         if mine is not None and theirs is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowpoint.stage.scanner import _trees_cut
+from shadowpoint.stage.scanner import _in_runs, _other_runs, _trees_share
 from shadowpoint.store import loose, packing, shadow_repo, values
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import task_ref
@@ -149,7 +149,7 @@ def test_a_root_over_runs_of_subtrees_equals_the_whole_tree(repo: ShadowRepo) ->
     for cut in range(len(files) + 1):
         if 0 < cut < len(files) and files[cut - 1][0].split("/")[0] == files[cut][0].split("/")[0] \
                 and "/" in files[cut][0]:
-            continue  # inside a folder: `_trees_cut` never cuts there
+            continue  # inside a folder: `_trees_share` never cuts there
         parts = [repo.write_subtrees_packed(files[:cut]), repo.write_subtrees_packed(files[cut:])]
         assert repo.write_root_tree(parts) == whole, cut
     assert git(repo, "fsck", "--no-dangling", "--strict").returncode == 0
@@ -160,17 +160,20 @@ def test_a_root_over_runs_of_subtrees_equals_the_whole_tree(repo: ShadowRepo) ->
         repo.write_root_tree(clash)
 
 
-def test_the_trees_cut_ends_a_top_level_folder() -> None:
-    paths = sorted(["a", "a.txt", "a/x", "a/y/z", "a0", "b/c", "b/d", "b/e", "c"])
-    assert _trees_cut(paths, 0.0) == 0
-    assert _trees_cut(paths, 1.0) == len(paths)
+def test_the_trees_share_is_whole_top_level_folders() -> None:
+    """The child's part of a baseline's trees: whole top-level folders and root files, the
+    largest first, up to the share; the rest is this process's; together every path once."""
+    paths = sorted(["a", "a.txt", "a/x", "a/y/z", "a0", "b/c", "b/d", "b/e", "c", "d/1", "d/2"])
+    assert _trees_share(paths, 0.0) == ()
+    assert _in_runs(paths, _trees_share(paths, 1.0)) == paths
     for share in (i / 20 for i in range(21)):
-        cut = _trees_cut(paths, share)
-        assert cut >= int(len(paths) * share)
-        if 0 < cut < len(paths):
-            before, after = paths[cut - 1], paths[cut]
-            assert not (after.partition("/")[1] and before.startswith(after.partition("/")[0] + "/")), (share, cut)
-    assert _trees_cut(paths, 0.4) == paths.index("a0")  # "a/x" is paths[3]: the cut moves past "a/y/z"
+        runs = _trees_share(paths, share)
+        mine = _in_runs(paths, _other_runs(runs, len(paths)))
+        theirs = _in_runs(paths, runs)
+        assert sorted(mine + theirs) == paths and len(theirs) <= len(paths) * share
+        folders = {p.partition("/")[0] for p in theirs if "/" in p}
+        assert not folders & {p.partition("/")[0] for p in mine if "/" in p}, share  # no folder on both sides
+    assert _in_runs(paths, _trees_share(paths, 0.5)) == ["a/x", "a/y/z", "b/c", "b/d", "b/e"]  # 3 + 2 of 11
 
 
 def test_a_tree_beyond_one_stored_block_is_read_by_git(repo: ShadowRepo) -> None:
