@@ -301,7 +301,8 @@ class RootState:
 
         Paths whose blob is gone leave the tracked set and are force-staged from the disk (the
         blob comes back when the file still holds it, which mends older checkpoints too); a
-        lost tree is rebuilt from the tracked entries. Returns the plan to stage.
+        lost tree is rebuilt from the tracked entries (the same entries give it back: that
+        mends older checkpoints too). Returns the plan to stage.
         """
         if self._reopen or damaged:
             repo.reopen()
@@ -314,6 +315,11 @@ class RootState:
             return plan
         log.warning("shadow_repo.objects_missing", root=str(self.ws.root), blobs=len(lost_blobs),
                     trees=len(lost_trees), action="rebuilding the tracked set from the workspace")
+        if lost_trees:
+            # the trees of the tracked set as it is, lost blobs' ids included: a tree lost with
+            # the same files (one a baseline took from the user's index: borrowed.py) is whole
+            # again, and so are the checkpoints that name it
+            repo.patch_tree(None, {p: state_entry(st) for p, st in entries.items()})
         for path in lost_blobs:
             self.cache.remove(path)
         self.cache.tree = repo.patch_tree(None, {p: state_entry(st) for p, st in self.cache.entries.items()})

@@ -15,7 +15,9 @@ git's index instead of hashing the file, when the index proves the file unchange
   skip-worktree or intent-to-add, whose stat data equals the file's lstat as git compares
   it, and which is not racy (older than the index file by the stat cache's margin);
 - `open_index` and `read_index_at` let a baseline's forked child read the same index file
-  as the scan that forked it (the scanner's split baseline parses it in both at once).
+  as the scan that forked it (the scanner's split baseline parses it in both at once);
+- `IndexProof.trees` reads the cache-tree extension: the tree ids git knows for folders,
+  which a baseline takes for a folder whose every file it proved (`Scanner._index_trees`).
 
 The engine never runs git and never writes the user's `.git`: the shadow repository reads
 the borrowed blobs through an alternate until `borrowed.py` copied them (see there).
@@ -32,6 +34,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -116,6 +119,8 @@ class GitIndex:
     extensions: tuple[str, ...]
     mtime_ns: int  # the index file's own mtime (git's racy-git rule)
     unmerged: frozenset[str] = frozenset()  # paths with an entry of a stage other than 0
+    # where the cache-tree extension ("TREE") lies in `body`: (start, end), if there is one
+    cache_tree: tuple[int, int] | None = None
 
     @property
     def entries(self) -> list[IndexEntry]:
@@ -202,6 +207,7 @@ def _parse(data: bytes, index_mtime_ns: int) -> GitIndex:
     else:
         offsets, pos, staged = _entries_v2(body, count, version)
     exts: list[str] = []
+    cache_tree: tuple[int, int] | None = None
     while pos < len(body):
         if pos + 8 > len(body):
             raise IndexDoubt("a truncated index extension")
@@ -210,11 +216,13 @@ def _parse(data: bytes, index_mtime_ns: int) -> GitIndex:
         if name_ext in ("link", "sdir") or not ("A" <= name_ext[:1] <= "Z"):
             raise IndexDoubt(f"the index has the required extension {name_ext!r} (split or sparse index)")
         exts.append(name_ext)
+        if name_ext == "TREE":
+            cache_tree = (pos + 8, pos + 8 + size)
         pos += 8 + size
     if pos != len(body):
         raise IndexDoubt("index extensions overrun the file")
     return GitIndex(version, body, offsets, tuple(exts), index_mtime_ns,
-                    frozenset(offsets[i][0] for i in staged))
+                    frozenset(offsets[i][0] for i in staged), cache_tree)
 
 
 def _entries_v2(body: bytes, count: int, version: int) -> tuple[list[tuple[str, int]], int, list[int]]:
@@ -295,6 +303,60 @@ def _entries_v4(body: bytes, count: int) -> tuple[list[tuple[str, int]], int, li
             staged.append(len(offsets))
         offsets.append((name.decode("utf-8", "surrogateescape"), start))
     return offsets, pos, staged
+
+
+def cached_trees(body: bytes, span: tuple[int, int], root_only: bool = False) -> dict[str, tuple[int, bytes]]:
+    """The trees of git's cache-tree extension ("TREE", at `span` of an index's `body`): folder
+    ("" for the root, else "a/b") -> (how many index entries it covers, its raw tree id); a
+    folder whose tree git no longer knows (it writes -1 entries and no id) as (-1, b"").
+    `root_only`: the root's entry only (the first).
+
+    The entries come depth first, each a NUL-ended name (relative to its parent), the decimal
+    entry count and subtree count, a newline and, when valid, the 20-byte id.
+
+    Raises:
+        IndexDoubt: the extension is malformed.
+    """
+    start, end = span
+    out: dict[str, tuple[int, bytes]] = {}
+    # the open folders: [prefix of their children, subtrees still to come]
+    open_folders: list[list[Any]] = []
+    pos = start
+    try:
+        while pos < end:
+            nul = body.index(b"\0", pos, end)
+            line = body.index(b"\n", nul, end)
+            count_text, subtrees_text = body[nul + 1:line].split(b" ")
+            count, subtrees = int(count_text), int(subtrees_text)
+            name = body[pos:nul].decode("utf-8", "surrogateescape")
+            pos = line + 1
+            if open_folders:
+                parent = open_folders[-1]
+                parent[1] -= 1
+                path = parent[0] + name
+            elif name:
+                raise IndexDoubt("the cache-tree's first entry is not the root")
+            else:
+                path = ""
+            if count >= 0:
+                if pos + 20 > end:
+                    raise IndexDoubt("a truncated cache-tree entry")
+                out[path] = (count, body[pos:pos + 20])
+                pos += 20
+            else:
+                out[path] = (-1, b"")
+            if root_only:
+                return out
+            if subtrees < 0 or (open_folders and open_folders[-1][1] < 0):
+                raise IndexDoubt("a cache-tree entry with more subtrees than its folder holds")
+            open_folders.append([f"{path}/" if path else "", subtrees])
+            while open_folders and open_folders[-1][1] == 0:
+                open_folders.pop()
+    except ValueError as exc:  # no NUL or newline, a count that is not a number
+        raise IndexDoubt(f"the cache-tree extension is malformed: {exc}") from exc
+    if open_folders:
+        raise IndexDoubt("the cache-tree extension ends inside a folder")
+    return out
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -409,6 +471,7 @@ class IndexProof:
     doubt: str | None = None  # why no more ids may be taken (set by attributes_clear)
     version: int = 0  # the index file's (for the log)
     extensions: tuple[str, ...] = ()  # its extensions' names (for the log)
+    cache_tree: tuple[int, int] | None = None  # where its cache-tree extension lies in `body`
 
     @classmethod
     def load(cls, root: Path, environ: Mapping[str, str] | None = None, fd: int | None = None) -> IndexProof | None:
@@ -449,7 +512,18 @@ class IndexProof:
             if not os.path.isfile(root / path) or os.path.islink(root / path):
                 return f"{path} is tracked but not on disk"
         return cls(git_dir, objects.resolve(), body, entries, index.mtime_ns - RACY_MARGIN_NS,
-                   version=index.version, extensions=index.extensions)
+                   version=index.version, extensions=index.extensions, cache_tree=index.cache_tree)
+
+    def trees(self, root_only: bool = False) -> dict[str, tuple[int, bytes]]:
+        """The folders whose tree the index's cache-tree holds (`cached_trees`); {} when it has
+        none or it is malformed (no tree is taken then: each is written as without an index)."""
+        if self.cache_tree is None:
+            return {}
+        try:
+            return cached_trees(self.body, self.cache_tree, root_only)
+        except IndexDoubt as exc:
+            log.info("git_index.cache_tree_unreadable", git_dir=str(self.git_dir), reason=str(exc))
+            return {}
 
     def attributes_clear(self, root: Path, prefix: str) -> bool:
         """False if the folder `prefix` ("" or "a/b/") or one of its parents holds a

@@ -1,21 +1,24 @@
-"""Blobs a baseline borrowed from the user's git object store, until they are copied (issue 14).
+"""Objects a baseline borrowed from the user's git object store, until they are copied (issue 14).
 
-A baseline that took blob ids from the user's index (`git_index.py`) reads those blobs
-from the user's `objects` folder, read-only (`ShadowRepo.borrow_from`: a read-only odb
+A baseline that took blob ids from the user's index (`git_index.py`), and the tree ids of
+whole folders from its cache-tree (`Scanner._index_trees`), reads those objects from the
+user's `objects` folder, read-only (`ShadowRepo.borrow_from`: a read-only odb
 backend, never an `objects/info/alternates` line, whose writers would touch the user's
 files and skip storing objects found there). The ledger,
 `<shadow git dir>/shadowpoint/borrowed` (JSON lines: the alternate, then a `{tree}` line naming
 the baseline's tree, written durably before the baseline's commit; earlier versions wrote one
 `{oid, path}` line per borrowed file instead, still read). `copy_borrowed`, run on a
 background thread soon after the baseline (and on the next open after a crash), lists the
-blobs of those trees, copies every one the shadow repository lacks into it as one pack, then
+blobs and trees of those trees, copies every one the shadow repository lacks into it as one pack, then
 drops the ledger (every handle
 opened afterwards reads its own objects only), so that no snapshot depends on the user's
 repository for long.
 
 A blob the user's repository lost before the copy (`git gc --prune=now`, a deleted repo) is
 hashed again from the file when the file still holds it; otherwise the loss is logged as an
-error and the root is told to verify its tracked set (the next stage re-hashes that path).
+error and the root is told to verify its tracked set (the next stage re-hashes that path). A
+lost tree is reported the same way; the root's check writes it again from the tracked files
+(`RootState._verify`).
 """
 
 from __future__ import annotations
@@ -164,7 +167,7 @@ def _disk_content(path: Path) -> bytes | None:
 
 def copy_borrowed(git_dir: Path, worktree: Path, locked: Callable[[], contextlib.AbstractContextManager[object]],
                   pause: Callable[[], bool] | None = None) -> CopyReport:
-    """Copy every blob the ledger names into the shadow repository, then drop the ledger
+    """Copy every object the ledger names into the shadow repository, then drop the ledger
     (under `locked()`, the workspace lock). Runs without the lock otherwise: it
     only reads objects and installs one new pack. `pause`: called between batches of
     objects (the engine's `yield_to_rounds`: the copy never competes with a round for the
@@ -203,7 +206,8 @@ def _copy(repo: ShadowRepo, ledger: Ledger, text: str, git_dir: Path, worktree: 
           report: CopyReport) -> CopyReport:
     """`copy_borrowed`'s work on an open repository (`text`: the ledger as it was read)."""
     staging = git_dir / "objects" / f"{_STAGING_PREFIX}{os.getpid()}-{threading.get_ident()}"
-    items = ledger_blobs(repo, ledger, step)
+    folders: dict[str, str] = {}
+    items = ledger_objects(repo, ledger, step, folders)
     for _ in range(_ATTEMPTS):
         todo = _in_chunks(repo.own_missing, list(items), step)
         if not todo:
@@ -214,6 +218,12 @@ def _copy(repo: ShadowRepo, ledger: Ledger, text: str, git_dir: Path, worktree: 
             if oid in found:
                 continue
             rel = items[oid]
+            if oid in folders:  # a tree the user's repository lost: rebuilt by the root's check
+                if rel not in report.lost:
+                    report.lost.append(rel)
+                    log.error("borrowed.object_lost", git_dir=str(git_dir), path=rel, oid=oid,
+                              reason="the user's repository lost the folder's tree before the copy")
+                continue
             data = _disk_content(worktree / rel)
             if data is not None and _blob_id(data) == oid:
                 repo.write_blob(data)
@@ -254,23 +264,28 @@ def _copy(repo: ShadowRepo, ledger: Ledger, text: str, git_dir: Path, worktree: 
     return report
 
 
-def ledger_blobs(repo: ShadowRepo, ledger: Ledger, step: Callable[[], None] | None = None) -> dict[str, str]:
-    """The blobs `ledger` names (oid -> a path that holds it), those of its trees included:
-    every blob of such a tree, the copy skips those the shadow repository holds. A tree the
+def ledger_objects(repo: ShadowRepo, ledger: Ledger, step: Callable[[], None] | None = None,
+                   folders: dict[str, str] | None = None) -> dict[str, str]:
+    """The objects `ledger` names (oid -> a path that holds it), those of its trees included:
+    every blob and tree of such a tree (a baseline takes the trees of whole folders from the
+    user's index too), the copy skips those the shadow repository holds. A tree the
     repository lost names nothing (no commit that names it is readable either). `step`:
-    called before each tree is listed."""
+    called before each tree is listed; `folders` gets the trees' ids (id -> folder path)."""
     items = dict(ledger.items)
+    trees: dict[str, str] = {} if folders is None else folders
     for tree in ledger.trees:
         if step is not None:
             step()
         try:
-            listing = repo.list_tree(tree)  # ~0.1 s at 100k files
+            listing = repo.list_tree(tree, folders=trees)  # ~0.1 s at 100k files
         except ShadowpointError as exc:
             log.warning("borrowed.tree_unreadable", git_dir=str(repo.git_dir), tree=tree, reason=str(exc))
             continue
         for path, entry in listing.items():
             if entry.mode != MODE_GITLINK:
                 items.setdefault(entry.oid, path)
+    for oid, folder in trees.items():
+        items.setdefault(oid, folder)
     return items
 
 

@@ -278,7 +278,8 @@ class _NotATree(Exception):
 
 def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[bytes, int, bytes], None],
                      root_items: RootItems | None = None) -> bytes | None:
-    """Make the trees holding `files` (path, git mode, raw blob id; sorted by path), handing
+    """Make the trees holding `files` (path, git mode, raw blob id; sorted by path; a path
+    ending in "/" is a whole folder, its tree's id given with mode 040000), handing
     each to `add(raw id, type, data)` as it is made; the root tree's raw id (None: empty).
     `root_items`: the root tree is not made, its entries are added there instead (None is
     returned).
@@ -320,6 +321,9 @@ def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[byt
             raise _NotATree(f"{path}: paths not sorted")
         previous = path
         parent, _, name = path.rpartition("/")
+        whole = not name
+        if whole:  # "folder/": a whole folder, given as its tree's id (mode 040000)
+            parent, _, name = parent.rpartition("/")
         if parent != current:
             while current and parent != current and not parent.startswith(current + "/"):
                 close()
@@ -338,7 +342,7 @@ def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[byt
         mode_bytes = modes.get(mode)
         if mode_bytes is None:
             mode_bytes = modes[mode] = b"%o" % mode
-        items.append((encoded, b"%s %s\0%s" % (mode_bytes, encoded, raw)))
+        items.append((encoded + b"/" if whole else encoded, b"%s %s\0%s" % (mode_bytes, encoded, raw)))
     while len(stack) > 1:
         close()
     if root_items is not None:
@@ -1068,13 +1072,17 @@ class ShadowRepo:
         except RepoError:
             return None
 
-    def list_tree(self, tree: str | None, prefix: str = "") -> dict[RepoPath, TreeEntry]:
-        """Every file of a tree, flattened: {path: TreeEntry}."""
+    def list_tree(self, tree: str | None, prefix: str = "",
+                  folders: dict[str, str] | None = None) -> dict[RepoPath, TreeEntry]:
+        """Every file of a tree, flattened: {path: TreeEntry}. `folders`: given, it gets the id
+        of every tree below `tree` (and of `tree`, as ""): {id: folder path}."""
         out: dict[RepoPath, TreeEntry] = {}
         if tree is None:
             return out
+        if folders is not None:
+            folders.setdefault(tree, prefix.rstrip("/"))
         with translated(f"read tree {tree}"):
-            self._walk(self._obj(tree), prefix, out)
+            self._walk(self._obj(tree), prefix, out, folders)
         return out
 
     def _obj(self, oid: Any) -> Any:
@@ -1091,11 +1099,13 @@ class ShadowRepo:
             raise ObjectMissingError(
                 f"The shadow repository {self.git_dir} is missing object {oid} (lost or damaged).") from exc
 
-    def _walk(self, tree: Any, prefix: str, out: dict[RepoPath, TreeEntry]) -> None:
+    def _walk(self, tree: Any, prefix: str, out: dict[RepoPath, TreeEntry], folders: dict[str, str] | None) -> None:
         for entry in tree:
             path = f"{prefix}{entry.name}"
             if entry.filemode == MODE_TREE:
-                self._walk(self._obj(entry.id), path + "/", out)
+                if folders is not None:
+                    folders.setdefault(str(entry.id), path)
+                self._walk(self._obj(entry.id), path + "/", out, folders)
             else:
                 out[RepoPath(path)] = TreeEntry(str(entry.id), entry.filemode)
 

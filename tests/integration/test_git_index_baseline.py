@@ -107,13 +107,15 @@ def cat_file(git_dir: Path, oid: str) -> bytes:
                           capture_output=True, env=env).stdout
 
 
-def assert_byte_exact(sh: Shadow, tree: str | None) -> dict[str, str]:
-    """Every file of the snapshot, read by git from the shadow repo, equals the raw file."""
+def assert_byte_exact(sh: Shadow, tree: str | None, left_out: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every file of the snapshot, read by git from the shadow repo, equals the raw file; every
+    file on disk is in it, but in the folders `left_out` (names at the root)."""
     listing = sh.repo.list_tree(tree)
     on_disk = {}
     for dp, dns, fns in os.walk(sh.root):
-        if ".git" in dns:
-            dns.remove(".git")
+        for name in (".git", *left_out) if dp == str(sh.root) else (".git",):
+            if name in dns:
+                dns.remove(name)
         for n in fns:
             on_disk[os.path.relpath(os.path.join(dp, n), sh.root)] = Path(dp, n)
     assert set(listing) == set(on_disk)
@@ -128,7 +130,7 @@ def still_borrowed(sh: Shadow) -> dict[str, str]:
     ledger = borrowed.read_ledger(sh.git_dir)
     if ledger is None:
         return {}
-    named = borrowed.ledger_blobs(sh.repo, ledger)
+    named = borrowed.ledger_objects(sh.repo, ledger)
     lacking = set(sh.repo.own_missing(list(named)))
     return {oid: path for oid, path in named.items() if oid in lacking}
 
@@ -138,6 +140,26 @@ def own_objects_only(sh: Shadow, oids: list[str]) -> None:
     assert not (sh.git_dir / "objects" / "info" / "alternates").exists()
     assert not borrowed.ledger_path(sh.git_dir).exists()
     assert sh.repo.own_missing(oids) == []
+
+
+def folder_trees(root: Path, rev: str = "HEAD") -> dict[str, str]:
+    """The oracle's ids of the user's trees at `rev`: folder ("" for the root) -> tree id."""
+    out = {"": git(root, "rev-parse", f"{rev}^{{tree}}").decode().strip()}
+    for line in git(root, "ls-tree", "-r", "-t", "-z", rev).split(b"\0"):
+        if line:
+            meta, _, path = line.partition(b"\t")
+            _, kind, oid = meta.split()
+            if kind == b"tree":
+                out[path.decode()] = oid.decode()
+    return out
+
+
+def hashed_tree(tmp_path: Path, shadow: Any, root: Path) -> str | None:
+    """The oracle's tree: a baseline of `root` that takes nothing from the index."""
+    other = shadow(root, "hashed")
+    result = other.scanner.stage(StagePlan(rescan=True), StatCache(), borrow=False)
+    assert result.stats.borrowed == 0
+    return result.tree
 
 
 # ---- ids taken ---------------------------------------------------------------------------------
@@ -152,15 +174,133 @@ def test_plain_committed_repo_takes_ids_and_copies_them(tmp_path: Path, shadow: 
     assert sh.repo.borrowing == [str((root / ".git" / "objects").resolve())]
     assert borrowed.read_ledger(sh.git_dir) is not None
     oids = assert_byte_exact(sh, result.tree)
+    # every folder's files are the index's: the snapshot is the user's commit's tree, taken whole
+    assert result.tree == git(root, "rev-parse", "HEAD^{tree}").decode().strip()
+    trees = folder_trees(root)
+    assert set(trees.values()) <= set(still_borrowed(sh))
     report = sh.copy()
-    assert report.finished and report.copied == len(set(oids.values())) and not report.lost
-    own_objects_only(sh, list(oids.values()))
+    assert report.finished and not report.lost
+    assert report.copied == len(set(oids.values())) + len(set(trees.values()))
+    own_objects_only(sh, [*oids.values(), *trees.values()])
     # the user's .git was never written (names, bytes, mtimes)
     assert git_dir_state(root / ".git") == before
     # and the snapshot no longer depends on it at all
     shutil.rmtree(root / ".git")
     sh.repo.reopen()
     assert assert_byte_exact(sh, result.tree) == oids
+
+
+def test_folders_whose_files_are_all_the_indexs_take_its_trees(tmp_path: Path, shadow: Any) -> None:
+    """The trees of the index's cache-tree are taken for the folders whose every file the walk
+    proved, no more, no fewer: not above a file left out (a tracked `node_modules`, left out
+    by the built-in rules), an untracked file, a changed one or a racy one; the tree is the one
+    a baseline that hashes every file writes."""
+    files = {f"{folder}/f{i}.txt": f"{folder} {i}\n".encode()
+             for folder in ("whole", "whole/deep", "added", "changed", "racy", "app/kept", "app/other")
+             for i in range(3)}
+    files["node_modules/pkg/index.js"] = b"module.exports = 1\n"
+    root = make_repo(tmp_path / "repo", files)
+    (root / "added" / "new.txt").write_bytes(b"untracked\n")
+    (root / "changed" / "f0.txt").write_bytes(b"changed after the commit\n")
+    (root / "app" / "other" / "f1.txt").write_bytes(b"changed too\n")
+    backdate(root, "added/new.txt", "changed/f0.txt", "app/other/f1.txt")
+    os.utime(root / "racy" / "f2.txt")  # as young as the index: racy (its stat changed: not proven)
+    sh = shadow(root)
+    result = sh.baseline()
+    assert result.tree == hashed_tree(tmp_path, shadow, root)
+    trees = folder_trees(root)
+    lent = still_borrowed(sh)
+    taken = {folder for folder, oid in trees.items() if oid in lent}
+    # the outermost whole folders; `whole/deep` comes with `whole`
+    assert taken >= {"whole", "app/kept"} and trees["whole/deep"] in lent
+    assert not taken & {"", "node_modules", "added", "changed", "racy", "app", "app/other"}
+    assert_byte_exact(sh, result.tree, left_out=("node_modules",))
+    report = sh.copy()
+    assert report.finished and not report.lost
+    assert borrowed.read_ledger(sh.git_dir) is None
+    shutil.rmtree(root / ".git")
+    sh.repo.reopen()
+    assert_byte_exact(sh, result.tree, left_out=("node_modules",))
+
+
+def test_a_big_baseline_takes_the_root_tree_whole_or_writes_every_tree(
+        tmp_path: Path, shadow: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A baseline big enough for two tree writers takes the index's root tree when it is whole
+    (no tree is written, no child forked for them), and otherwise writes every tree in two
+    processes as without an index (finding the whole folders below costs more there)."""
+    files = {f"d{i % 7}/s{i % 3}/f{i:03d}.txt": f"file {i}\n".encode() for i in range(300)}
+    root = make_repo(tmp_path / "repo", files)
+    aside: list[bool] = []
+    real = Scanner._trees_aside
+
+    def spy(self: Scanner, *args: Any) -> Any:
+        child = real(self, *args)
+        aside.append(child is not None)
+        return child
+
+    monkeypatch.setattr(Scanner, "_trees_aside", spy)
+    whole = shadow(root, "whole", split_min_files=10).baseline()
+    assert whole.tree == git(root, "rev-parse", "HEAD^{tree}").decode().strip() and aside == []
+    (root / "d3" / "s1" / "untracked.txt").write_bytes(b"new\n")
+    changed = shadow(root, "changed", split_min_files=10).baseline()
+    assert aside == [True] and changed.tree == hashed_tree(tmp_path, shadow, root)
+    assert git(root, "rev-parse", "HEAD:d0").decode().strip() not in still_borrowed(shadow(root, "changed"))
+
+
+def test_an_invalidated_cache_tree_is_written_around(tmp_path: Path, shadow: Any) -> None:
+    """`git add` of a changed file invalidates the index's trees above it (and a malformed or
+    missing cache-tree gives none): the baseline writes those, and takes the rest."""
+    files = {f"{folder}/f{i}.txt": f"{folder} {i}\n".encode() for folder in ("a", "b/c", "b/d") for i in range(4)}
+    root = make_repo(tmp_path / "repo", files)
+    (root / "b" / "c" / "f0.txt").write_bytes(b"staged, not committed\n")
+    backdate(root, "b/c/f0.txt")
+    git(root, "add", "b/c/f0.txt")
+    sh = shadow(root)
+    result = sh.baseline()
+    assert (result.stats.borrowed, result.stats.hashed) == (len(files), 0)
+    assert result.tree == hashed_tree(tmp_path, shadow, root)
+    lent = still_borrowed(sh)
+    trees = folder_trees(root)
+    assert trees["a"] in lent and trees["b/d"] in lent and trees["b"] not in lent and trees[""] not in lent
+    assert_byte_exact(sh, result.tree)
+
+
+def test_trees_the_user_lost_before_the_copy_are_rebuilt_from_the_files(tmp_path: Path, make_engine: Any) -> None:
+    """Trees only the index named (`git write-tree`, never committed), unreachable once the
+    index changed and pruned by `git gc` before the background copy: the copy reports the
+    root's lost, and the root's next stage writes the trees again from the tracked files and
+    hashes the files whose blobs are not its own (same files, same ids: the baseline's
+    checkpoint is whole again)."""
+    from tests.integration.test_engine import wait_ready
+
+    files = {f"{folder}/f{i}.txt": f"{folder} {i}\n".encode() for folder in ("a", "b") for i in range(3)}
+    root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", files, commit=False)))
+    tree = git(root, "write-tree").decode().strip()
+    eng: Engine = make_engine(root)
+    (state,) = eng.roots.values()
+    gate = threading.Event()
+    state.copy_gate = gate
+    eng.start_task("t1", 0)
+    assert wait_ready(eng, "t1") == "ready"
+    assert state.cache.tree == tree  # taken whole from the index
+    git(root, "rm", "-q", "--cached", "b/f1.txt")  # the index no longer names the root's and b's trees
+    git(root, "gc", "-q", "--prune=now")
+    with pytest.raises(subprocess.CalledProcessError):
+        git(root, "cat-file", "-e", tree)
+    gate.set()
+    assert state.wait_copied(60)
+    report = state.last_copy
+    # the root tree lost, nothing below it could be listed: the ledger goes, and the root's
+    # check finds the snapshot's objects missing
+    assert report is not None and report.lost == [""]
+    assert not borrowed.ledger_path(state.ws.git_dir).exists()
+    from tests.integration.test_engine import edit_round
+
+    assert edit_round(eng, root, 10, {"c/new.txt": "a round after the copy\n"}) is not None
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1"}
+    for rel, data in files.items():  # the shadow repository's own objects only
+        assert subprocess.run(["git", f"--git-dir={state.ws.git_dir}", "cat-file", "blob", f"{tree}:{rel}"],
+                              check=True, capture_output=True, env=env).stdout == data
 
 
 def test_index_version_4(tmp_path: Path, shadow: Any) -> None:
@@ -392,7 +532,8 @@ def test_engine_baseline_borrows_then_copies_in_the_background(tmp_path: Path, m
     git(root, "gc", "-q", "--prune=now")
     gate.set()
     assert state.wait_copied(60)
-    assert state.last_copy is not None and state.last_copy.finished and state.last_copy.copied == len(FILES)
+    assert state.last_copy is not None and state.last_copy.finished
+    assert state.last_copy.copied == len(FILES) + len(folder_trees(root))
     assert not borrowed.ledger_path(state.ws.git_dir).exists()
     assert git_dir_state(root / ".git") != before  # gc ran (the test's own change) ...
     shutil.rmtree(root / ".git")
@@ -430,11 +571,13 @@ def test_engine_copy_waits_while_a_round_is_open(tmp_path: Path, make_engine: An
     """The copy yields to the agent's rounds (a Python thread copying objects slowed every
     hook's request 40-fold at 100k files): it does not read a batch while a round is open."""
     eng, state = _copy_behind_an_open_round(tmp_path, make_engine, monkeypatch)
+    root = state.ws.root
     assert not state.wait_copied(0.5)  # still waiting before its first batch
     assert borrowed.ledger_path(state.ws.git_dir).exists()
     eng.end_round("t1", 10)
     assert state.wait_copied(60)
-    assert state.last_copy is not None and state.last_copy.finished and state.last_copy.copied == len(FILES)
+    assert state.last_copy is not None and state.last_copy.finished
+    assert state.last_copy.copied == len(FILES) + len(folder_trees(root))
     assert not borrowed.ledger_path(state.ws.git_dir).exists()
 
 
@@ -585,7 +728,7 @@ def test_a_split_baseline_takes_what_one_process_takes(tmp_path: Path, shadow: A
     assert split_cache.entries == whole_cache.entries
     oids = assert_byte_exact(sh, split.tree)
     lent = still_borrowed(sh)
-    assert sorted(lent.values()) == sorted(
+    assert sorted(p for p in lent.values() if p in oids) == sorted(
         p for p in SPLIT_FILES if p not in ("a/x03.txt", "a/x04.txt", "b/z01.txt"))
     assert oids["a/new.txt"] not in lent
 
@@ -857,7 +1000,7 @@ def test_engine_baseline_with_a_watcher_takes_ids_and_places_its_watches(
     assert state.watcher is not None and state.watcher.is_healthy
     assert _watched(state.watcher) == {str(root), str(root / "src"), str(root / "src" / "deep"), str(root / "docs")}
     assert state.wait_copied(60)
-    assert state.last_copy is not None and state.last_copy.copied == len(FILES)
+    assert state.last_copy is not None and state.last_copy.copied == len(FILES) + len(folder_trees(root))
     assert_byte_exact_engine(state)
 
 

@@ -225,3 +225,39 @@ def test_proof_refuses_flagged_entries(tmp_path: Path) -> None:
     assert proof.prove("plain.txt", os.lstat(root / "plain.txt")) == bytes.fromhex(oids["plain.txt"])
     for path in ("valid.txt", "skip.txt", "ita.txt"):
         assert proof.prove(path, os.lstat(root / path)) is None, path
+
+
+def test_the_cache_tree_holds_the_trees_git_knows() -> None:
+    """`cached_trees` reads git's TREE extension: every folder's tree id and entry count as
+    `git ls-tree` and the index's paths give them; a folder whose tree `git add` invalidated
+    reads as unknown (-1); a damaged extension raises `IndexDoubt` and `trees()` gives none."""
+    import tempfile
+
+    from shadowpoint.stage.git_index import cached_trees
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {f"{a}/{b}/f{i}.txt": f"{a}{b}{i}\n".encode() for a in ("x", "y") for b in ("p", "q") for i in range(3)}
+        root = make_repo(Path(tmp) / "repo", {**files, "top.txt": b"top\n"})
+        proof = IndexProof.read(root)
+        assert isinstance(proof, IndexProof) and proof.cache_tree is not None
+        trees = proof.trees()
+        listed = {line.split(b"\t")[1].decode(): line.split()[2].decode()
+                  for line in git(root, "ls-tree", "-r", "-d", "HEAD").splitlines()}
+        listed[""] = git(root, "rev-parse", "HEAD^{tree}").decode().strip()
+        assert {folder: oid.hex() for folder, (_, oid) in trees.items()} == listed
+        paths = [*files, "top.txt"]
+        assert all(count == sum(1 for p in paths if not folder or p.startswith(folder + "/"))
+                   for folder, (count, _) in trees.items())
+        assert proof.trees(root_only=True) == {"": trees[""]}
+        (root / "x" / "q" / "f0.txt").write_bytes(b"changed\n")
+        git(root, "add", "x/q/f0.txt")
+        proof = IndexProof.read(root)
+        assert isinstance(proof, IndexProof)
+        after = proof.trees()
+        assert {f for f, (count, _) in after.items() if count < 0} == {"", "x", "x/q"}
+        assert after["y/p"] == trees["y/p"]
+        start, end = proof.cache_tree or (0, 0)
+        with pytest.raises(IndexDoubt):
+            cached_trees(proof.body, (start, end - 7))  # cut inside an id
+        proof.cache_tree = (start, end - 7)
+        assert proof.trees() == {}
