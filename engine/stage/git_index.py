@@ -58,6 +58,7 @@ _EXT_KNOWN = _EXT_SKIP_WORKTREE | _EXT_INTENT_TO_ADD
 _EMPTY_BLOB = bytes.fromhex("e69de29bb2d1d6434b8b29ae775ad8c2e48c5391")
 _ATTRIBUTES = ".gitattributes"
 _U32 = 0xFFFFFFFF
+_TYPE_BITS = 0o170000  # stat.S_IFMT's
 
 # words whose mention in an attributes file may mean a conversion on `git add`
 _ATTR_WORDS = re.compile(rb"text|eol|crlf|ident|filter|encoding", re.IGNORECASE)
@@ -557,29 +558,30 @@ class IndexProof:
 
     def prove(self, path: str, st: os.stat_result) -> bytes | None:
         """The index's blob id for `path` (raw, 20 bytes) if its entry proves the file at `st`
-        unchanged."""
+        unchanged. Called for every file of a baseline's walk: the times are compared whole
+        (seconds and nanoseconds of the entry against the stat's nanoseconds; a time git's
+        32-bit seconds cannot hold never matches: hashed), in one expression."""
         at = self.entries.get(path)
         if at is None:
             return None
         (ctime_s, ctime_ns, mtime_s, mtime_ns, _dev, ino, e_mode, uid, gid, e_size, raw_oid,
          flags) = _ENTRY.unpack_from(self.body, at)
-        if flags & (_FLAG_ASSUME_VALID | _FLAG_EXTENDED):
-            return None  # assume-valid, skip-worktree or intent-to-add: the stat proves nothing
         mode = st.st_mode
-        if stat.S_IFMT(mode) != stat.S_IFMT(e_mode) or not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        mtime = st.st_mtime_ns
+        if (flags & (_FLAG_ASSUME_VALID | _FLAG_EXTENDED)  # assume-valid, skip-worktree, intent-to-add
+                or st.st_size != e_size  # a size over 32 bits never equals the entry's
+                or (mode ^ e_mode) & _TYPE_BITS
+                or mtime != mtime_s * 1_000_000_000 + mtime_ns or mtime_ns >= 1_000_000_000
+                or st.st_ctime_ns != ctime_s * 1_000_000_000 + ctime_ns or ctime_ns >= 1_000_000_000
+                or st.st_ino & _U32 != ino or st.st_uid & _U32 != uid or st.st_gid & _U32 != gid
+                # racy: recorded too close to the index write for the stat to prove the content
+                or mtime >= self.racy_before_ns):
             return None
-        if stat.S_ISREG(mode) and (mode & 0o100) != (e_mode & 0o100):
-            return None
-        size = st.st_size
-        if size > _U32 or size != e_size or (size == 0 and raw_oid != _EMPTY_BLOB):
-            return None  # a 0 size may be git's racy smudge; >4 GiB sizes are truncated
-        if ((st.st_mtime_ns // 1_000_000_000) & _U32 != mtime_s or st.st_mtime_ns % 1_000_000_000 != mtime_ns
-                or (st.st_ctime_ns // 1_000_000_000) & _U32 != ctime_s
-                or st.st_ctime_ns % 1_000_000_000 != ctime_ns
-                or st.st_ino & _U32 != ino or st.st_uid & _U32 != uid or st.st_gid & _U32 != gid):
-            return None
-        # racy: recorded too close to the index write for the stat to prove the content
-        if mtime_s * 1_000_000_000 + mtime_ns >= self.racy_before_ns:
+        kind = mode & _TYPE_BITS
+        if kind == stat.S_IFREG:
+            if (mode ^ e_mode) & 0o100 or (e_size == 0 and raw_oid != _EMPTY_BLOB):
+                return None  # the exec bit; a 0 size may be git's racy smudge
+        elif kind != stat.S_IFLNK:
             return None
         oid: bytes = raw_oid
         return oid

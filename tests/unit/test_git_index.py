@@ -9,11 +9,12 @@ import os
 import random
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from shadowpoint.stage.git_index import IndexDoubt, IndexProof, _attribute_files, read_index
-from tests.gitrepo import git, make_repo
+from tests.gitrepo import backdate, git, make_repo
 
 
 def random_files(rng: random.Random, n: int) -> dict[str, bytes]:
@@ -204,6 +205,23 @@ def test_proof_per_file(tmp_path: Path) -> None:
     os.chmod(root / "exec.sh", 0o755)  # the exec bit differs from the entry's mode
     assert proof.prove("exec.sh", os.lstat(root / "exec.sh")) is None
     assert proof.prove("absent.txt", os.lstat(root / "same.txt")) is None
+    st = os.lstat(root / "same.txt")
+    for field in ("st_mtime_ns", "st_ctime_ns", "st_size", "st_ino"):  # one nanosecond, byte or inode off
+        fields = {f: getattr(st, f) for f in ("st_mode", "st_ino", "st_uid", "st_gid", "st_size", "st_mtime_ns",
+                                               "st_ctime_ns")}
+        fields[field] += 1
+        assert proof.prove("same.txt", SimpleNamespace(**fields)) is None, field  # type: ignore[arg-type]
+
+
+def test_proof_of_a_symlink_ignores_its_permission_bits(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "repo", {"target.txt": b"t\n"}, commit=False)
+    (root / "link").symlink_to("target.txt")
+    backdate(root, "link")
+    git(root, "add", "link")
+    proof = IndexProof.load(root)
+    assert proof is not None and os.lstat(root / "link").st_mode & 0o777 == 0o777
+    oids = {e.path: e.oid for e in read_index(root / ".git" / "index").entries}
+    assert proof.prove("link", os.lstat(root / "link")) == bytes.fromhex(oids["link"])
 
 
 def test_proof_refuses_flagged_entries(tmp_path: Path) -> None:
