@@ -308,6 +308,7 @@ class _Listing:
     chain: Chain
     reason: str | None  # the folder itself is excluded (a nested repository)
     has_gitignore: bool
+    has_attributes: bool  # it holds a `.gitattributes` (`ExclusionRules.lists_attributes`)
     # included entries that are not folders, joined by NAME_SEP: one string per folder, not
     # one per file (~5 MiB of a 100k-file sidecar's peak memory)
     files: str
@@ -363,6 +364,8 @@ class ExclusionRules:
         self._lfs: PatternSet | None = None
         self._submodules: frozenset[str] = frozenset()
         self._submodule_parents: frozenset[str] = frozenset()  # the folders that hold one
+        # the folders the last `walk_folders` listed: whether each holds a `.gitattributes`
+        self._attributes: dict[str, bool] = {}
         self._dirs: dict[str, _DirInfo] = {}
         self._dirs_lock = threading.Lock()  # guards iteration and writes of _dirs, never I/O
         # `walk_paths` state, kept from one whole-workspace walk to the next (its caller's thread)
@@ -474,6 +477,7 @@ class ExclusionRules:
             self._listings = old = {}
         new: dict[str, _Listing] = {}
         infos: dict[str, _DirInfo] = {}
+        self._attributes = attributes = {}
         # the last field: whether the folder's files are this walk's (always, without a part)
         pending: list[tuple[str, str, _DirInfo, bool]] = [("", "", root_info, part is None or not part.inside)]
         while pending:
@@ -486,6 +490,7 @@ class ExclusionRules:
                 listing = self._list_folder(rel, name, parent_info, folder)
                 if listing is None:
                     continue
+            attributes[rel] = listing.has_attributes
             if listing.reason is not None:
                 if watch is not None and mine:
                     watch.drop(folder)
@@ -509,6 +514,11 @@ class ExclusionRules:
         infos.pop("", None)
         with self._dirs_lock:
             self._dirs.update(infos)  # later single-path checks start from these
+
+    def lists_attributes(self, folder: str) -> bool | None:
+        """Whether `folder` ("" for the root, else without a trailing "/") held a
+        `.gitattributes` when the last (or running) `walk_folders` listed it; None: not listed."""
+        return self._attributes.get(folder)
 
     def _reused_listing(self, rel: str, name: str, parent_info: _DirInfo, folder: str,
                         listing: _Listing | None) -> _Listing | None:
@@ -551,21 +561,26 @@ class ExclusionRules:
             return None
         newest = max(st.st_mtime_ns, st.st_ctime_ns)
         stamp = _stamp(st) if newest < listed_ns - _RACY_MARGIN_NS else None
-        has_gitignore = any(e.name == GITIGNORE for e in entries)
+        names = NAME_SEP.join([e.name for e in entries])
+        framed = f"{NAME_SEP}{names}{NAME_SEP}"
+        has_gitignore = f"{NAME_SEP}{GITIGNORE}{NAME_SEP}" in framed
+        has_attributes = f"{NAME_SEP}{GITATTRIBUTES}{NAME_SEP}" in framed
         info = self._listed_dir_info(rel, name, parent_info, folder, entries) if rel else parent_info
         if info.reason is not None:
-            return _Listing(stamp, parent_info.chain, (), info.reason, has_gitignore, "", "")
-        files, dirs = self._included(info, f"{rel}/" if rel else "", entries)
-        return _Listing(stamp, parent_info.chain, info.chain, None, has_gitignore,
+            return _Listing(stamp, parent_info.chain, (), info.reason, has_gitignore, has_attributes, "", "")
+        files, dirs = self._included(info, f"{rel}/" if rel else "", entries, names)
+        return _Listing(stamp, parent_info.chain, info.chain, None, has_gitignore, has_attributes,
                         NAME_SEP.join(e.name for e in files), NAME_SEP.join(e.name for e in dirs))
 
-    def _included(self, info: _DirInfo, prefix: str, entries: Sequence[os.DirEntry[str]]
+    def _included(self, info: _DirInfo, prefix: str, entries: Sequence[os.DirEntry[str]], names: str | None = None
                   ) -> tuple[list[os.DirEntry[str]], list[os.DirEntry[str]]]:
         """The entries of a folder that is not excluded itself that the rules keep: (non-folders,
-        folders)."""
+        folders). `names`: theirs joined by NUL, if the caller has them."""
         files: list[os.DirEntry[str]] = []
         dirs: list[os.DirEntry[str]] = []
-        undecided = self._undecided(info, prefix, entries)
+        if names is None:
+            names = NAME_SEP.join([entry.name for entry in entries])
+        undecided = self._undecided(info, prefix, entries, names)
         entry_reason = self._entry_reason
         for i, entry in enumerate(entries):
             entry_name = entry.name
@@ -578,14 +593,14 @@ class ExclusionRules:
                 (dirs if is_dir else files).append(entry)
         return files, dirs
 
-    def _undecided(self, info: _DirInfo, prefix: str, entries: Sequence[os.DirEntry[str]]) -> set[int] | None:
-        """Which of `entries` (the folder `prefix`'s) a rule of `_entry_reason` may leave out,
-        seen from their names together (`PatternSet.candidates`): the others are kept
-        without a decision each. None: decide every one (names that are not ASCII, a `.git`
-        or a submodule among them, a pattern that may match any name)."""
+    def _undecided(self, info: _DirInfo, prefix: str, entries: Sequence[os.DirEntry[str]], names: str
+                   ) -> set[int] | None:
+        """Which of `entries` (the folder `prefix`'s; `names`: theirs joined by NUL) a rule of
+        `_entry_reason` may leave out, seen from their names together (`PatternSet.candidates`):
+        the others are kept without a decision each. None: decide every one (names that are not
+        ASCII, a `.git` or a submodule among them, a pattern that may match any name)."""
         if not entries:
             return set()
-        names = NAME_SEP.join([entry.name for entry in entries])
         if not names.isascii():
             return None
         lowered = names.lower()

@@ -31,7 +31,7 @@ import os
 import re
 import stat
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -526,15 +526,18 @@ class IndexProof:
             log.info("git_index.cache_tree_unreadable", git_dir=str(self.git_dir), reason=str(exc))
             return {}
 
-    def attributes_clear(self, root: Path, prefix: str) -> bool:
+    def attributes_clear(self, root: Path, prefix: str, listed: Callable[[str], bool | None] | None = None) -> bool:
         """False if the folder `prefix` ("" or "a/b/") or one of its parents holds a
         `.gitattributes` that may convert content (or one that cannot be read). Each folder is
-        read once; called before any file of the folder is proven."""
+        read once; called before any file of the folder is proven. `listed(folder)`: whether
+        the walk's listing of it held one (False: not opened; None: not listed, looked for)."""
         folder = prefix.rstrip("/")
         while folder not in self.checked:
             self.checked.add(folder)
             candidate = f"{root}/{folder}/.gitattributes" if folder else f"{root}/.gitattributes"
             try:
+                if listed is not None and listed(folder) is False:
+                    raise FileNotFoundError  # one open a folder less (~4 us, 8,800 folders at 100k files)
                 fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
             except FileNotFoundError:
                 fd = -1

@@ -655,7 +655,7 @@ class Scanner:
                 walked.append((prefix, joined))
             names = joined.split(NAME_SEP)
             folder = root + prefix
-            if run.proof is not None and not run.proof.attributes_clear(self.root, prefix):
+            if run.proof is not None and not run.proof.attributes_clear(self.root, prefix, self.rules.lists_attributes):
                 self._unborrow(run)  # "any doubt: hash", the ids taken so far included
             try:
                 # names looked up from the folder itself: shorter lookups, and never through
@@ -734,7 +734,8 @@ class Scanner:
             for prefix, joined in self.rules.walk_folders(keep=False, part=part, watch=run.watches):
                 if want_walked:
                     walked.append((prefix, joined))
-                if doubt is None and proof is not None and not proof.attributes_clear(self.root, prefix):
+                if doubt is None and proof is not None \
+                        and not proof.attributes_clear(self.root, prefix, self.rules.lists_attributes):
                     doubt = proof.doubt or "a conversion attribute"
                 yield prefix, joined
 

@@ -860,3 +860,16 @@ def test_a_folders_names_screened_together_decide_as_each_alone(tmp_path: Path) 
     # the bulk folders' names were kept undecided; a folder with a name that is not ASCII decides each
     assert not any("/bulk/" in rel for rel in decided if not rel.startswith("ünï/"))
     assert any(rel.startswith("ünï/bulk/") for rel in decided)
+
+
+def test_a_walk_tells_which_folders_hold_an_attributes_file(tmp_path: Path) -> None:
+    """`lists_attributes`: from the walk's own listings (a baseline's proof then opens no
+    `.gitattributes` that is not there), None for a folder the walk never listed."""
+    root = make_tree(tmp_path / "ws", {".gitattributes": "*.md text\n", "a/x.txt": "x", "b/.gitattributes": "",
+                                       "b/c/y.txt": "y", ".gitignore": "ignored/\n", "ignored/z.txt": "z"})
+    rules = ExclusionRules(root)
+    assert rules.lists_attributes("") is None
+    list(rules.walk_folders())
+    assert [rules.lists_attributes(f) for f in ("", "a", "b", "b/c", "ignored")] == [True, False, True, False, None]
+    list(rules.walk_folders())  # the listings reused: the same answers
+    assert [rules.lists_attributes(f) for f in ("", "a", "b", "b/c")] == [True, False, True, False]
