@@ -512,6 +512,21 @@ def test_borrowed_object_deleted_before_the_copy(tmp_path: Path, shadow: Any) ->
     assert report.finished and borrowed.read_ledger(sh.git_dir) is None
 
 
+def test_a_taken_tree_whose_subtree_the_user_lost_is_reported_not_copied_in_part(tmp_path: Path, shadow: Any) -> None:
+    """The root's tree taken whole from the index, one of its folders' trees gone from the
+    user's objects before the copy: the copy cannot list the snapshot whole, and says which
+    tree is lost (the root then checks its tracked set: `RootState._verify`) instead of
+    dropping the ledger as if all was copied."""
+    root = make_repo(tmp_path / "repo", FILES)
+    sh = shadow(root)
+    result = sh.baseline()
+    assert result.tree == git(root, "rev-parse", "HEAD^{tree}").decode().strip()
+    deep = git(root, "rev-parse", "HEAD:src/deep").decode().strip()
+    (root / ".git" / "objects" / deep[:2] / deep[2:]).unlink()
+    report = sh.copy()
+    assert report.lost == ["src/deep"]  # its id was listed before it could not be read
+
+
 # ---- through the engine -----------------------------------------------------------------------
 
 
