@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,18 @@ def wait_ready(eng: Engine, task_id: str) -> str:
 def start(eng: Engine, task_id: str = "t1", ts: int = 0) -> None:
     eng.start_task(task_id, ts)
     assert wait_ready(eng, task_id) == "ready"
+
+
+def held_copy_engine(make_engine: Any, root: Path, **changes: Any) -> tuple[Engine, Any, threading.Event]:
+    """An engine on `root` (`changes`: its options) whose task "t1" is ready, its root's
+    background work (the borrowed copy, the stat cache's save) held until the returned gate
+    is set (never set: as if the process died first)."""
+    eng: Engine = make_engine(root, **changes)
+    (state,) = eng.roots.values()
+    gate = threading.Event()
+    state.copy_gate = gate
+    start(eng)
+    return eng, state, gate
 
 
 def edit_round(eng: Engine, root: Path, ts: int, files: dict[str, Any], task_id: str = "t1",

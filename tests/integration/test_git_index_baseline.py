@@ -36,6 +36,7 @@ from shadowpoint.store import borrowed
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.workspace import RepoPath
 from tests.gitrepo import backdate, git, git_dir_state, make_repo
+from tests.integration.test_engine import held_copy_engine
 
 FILES = {
     "README.md": b"# readme\n",
@@ -271,17 +272,10 @@ def test_trees_the_user_lost_before_the_copy_are_rebuilt_from_the_files(tmp_path
     root's lost, and the root's next stage writes the trees again from the tracked files and
     hashes the files whose blobs are not its own (same files, same ids: the baseline's
     checkpoint is whole again)."""
-    from tests.integration.test_engine import wait_ready
-
     files = {f"{folder}/f{i}.txt": f"{folder} {i}\n".encode() for folder in ("a", "b") for i in range(3)}
     root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", files, commit=False)))
     tree = git(root, "write-tree").decode().strip()
-    eng: Engine = make_engine(root)
-    (state,) = eng.roots.values()
-    gate = threading.Event()
-    state.copy_gate = gate
-    eng.start_task("t1", 0)
-    assert wait_ready(eng, "t1") == "ready"
+    eng, state, gate = held_copy_engine(make_engine, root)
     assert state.cache.tree == tree  # taken whole from the index
     git(root, "rm", "-q", "--cached", "b/f1.txt")  # the index no longer names the root's and b's trees
     git(root, "gc", "-q", "--prune=now")
@@ -533,14 +527,7 @@ def test_a_taken_tree_whose_subtree_the_user_lost_is_reported_not_copied_in_part
 def test_engine_baseline_borrows_then_copies_in_the_background(tmp_path: Path, make_engine: Any) -> None:
     root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
     before = git_dir_state(root / ".git")
-    eng: Engine = make_engine(root)
-    (state,) = eng.roots.values()
-    gate = threading.Event()
-    state.copy_gate = gate  # hold the copy: the user's repository is collected first
-    eng.start_task("t1", 0)
-    from tests.integration.test_engine import wait_ready
-
-    assert wait_ready(eng, "t1") == "ready"
+    _, state, gate = held_copy_engine(make_engine, root)  # the user's repository is collected first
     with state.locked() as locked:
         assert locked.repo.borrowing
     assert borrowed.ledger_path(state.ws.git_dir).exists()
@@ -566,16 +553,10 @@ def _copy_behind_an_open_round(tmp_path: Path, make_engine: Any, monkeypatch: py
     """An engine whose baseline borrowed blobs, with a round open when its copy is let go (the
     copy's yield limit an hour: only the round's end, or a close, lets it on)."""
     from shadowpoint import engine as engine_module
-    from tests.integration.test_engine import wait_ready
 
     monkeypatch.setattr(engine_module, "COPY_YIELD_MAX_S", 3600.0)
     root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
-    eng: Engine = make_engine(root)
-    (state,) = eng.roots.values()
-    gate = threading.Event()
-    state.copy_gate = gate
-    eng.start_task("t1", 0)
-    assert wait_ready(eng, "t1") == "ready"
+    eng, state, gate = held_copy_engine(make_engine, root)
     eng.begin_round("t1")
     gate.set()
     return eng, state
@@ -613,14 +594,7 @@ def test_engine_never_writes_the_user_git_dir(tmp_path: Path, make_engine: Any) 
 
 def test_interrupted_copy_resumes_on_next_open(tmp_path: Path, make_engine: Any) -> None:
     root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
-    eng: Engine = make_engine(root)
-    (state,) = eng.roots.values()
-    gate = threading.Event()
-    state.copy_gate = gate  # never set: the process "dies" before the copy
-    eng.start_task("t1", 0)
-    from tests.integration.test_engine import wait_ready
-
-    assert wait_ready(eng, "t1") == "ready"
+    eng, state, _ = held_copy_engine(make_engine, root)  # the gate never set: the process "dies" first
     eng.close()
     git_dir = state.ws.git_dir
     assert borrowed.ledger_path(git_dir).exists()
@@ -637,13 +611,7 @@ def test_a_ledger_of_blobs_from_an_earlier_version_is_copied_on_next_open(tmp_pa
     """A baseline's ledger is one line for its tree, not one per file; one that an earlier
     version wrote (a line per borrowed blob) is still copied by the next open."""
     root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
-    eng: Engine = make_engine(root)
-    (state,) = eng.roots.values()
-    state.copy_gate = threading.Event()  # never set: the process "dies" before the copy
-    eng.start_task("t1", 0)
-    from tests.integration.test_engine import wait_ready
-
-    assert wait_ready(eng, "t1") == "ready"
+    eng, state, _ = held_copy_engine(make_engine, root)  # the gate never set: the process "dies" first
     with state.locked() as locked:
         listing = locked.repo.list_tree(locked.cache.tree)
     eng.close()

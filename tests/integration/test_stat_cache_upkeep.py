@@ -20,7 +20,7 @@ from shadowpoint.engine import Engine
 from shadowpoint.stage.stat_cache import StatCache
 from shadowpoint.store.values import HEAD_REF
 from tests.conftest import make_tree
-from tests.integration.test_engine import wait_ready
+from tests.integration.test_engine import held_copy_engine, wait_ready
 
 FILES = {f"src/mod{i:03d}.py": f"value = {i}\n" for i in range(60)} | {"README.md": "hello\n"}
 
@@ -31,13 +31,7 @@ def _engine_held_at_its_upkeep(make_engine: Any, workspace: Path,
     hour_ago = time.time() - 3600
     for rel in FILES:  # not racy: a saved state can prove them unchanged
         os.utime(workspace / rel, (hour_ago, hour_ago))
-    eng: Engine = make_engine(workspace, **changes)
-    (state,) = eng.roots.values()
-    gate = threading.Event()
-    state.copy_gate = gate
-    eng.start_task("t1", 0)
-    assert wait_ready(eng, "t1") == "ready"
-    return eng, state, gate
+    return held_copy_engine(make_engine, workspace, **changes)
 
 
 def test_the_baseline_leaves_its_stat_cache_to_the_background_and_a_later_start_uses_it(
