@@ -39,6 +39,7 @@ from shadowpoint.stage.blob_workers import (
 from shadowpoint.stage.early_capture import EarlyCapture
 from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules, WalkPart, unwalked
 from shadowpoint.stage.forked import Forked
+from shadowpoint.stage.gc_pause import collection_paused
 from shadowpoint.stage.git_index import IndexDoubt, IndexProof, open_index
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import (
@@ -327,11 +328,18 @@ class Scanner:
         rescan): take the blob ids of files the user's git index proves unchanged (git_index.py).
         `watches` (a rescan only): a deferred watcher start's, placed folder by folder as the
         scan lists them; finished (or abandoned, when the scan fails) before this returns.
+        A scan from nothing (a baseline) runs with the garbage collector held off (`gc_pause`).
         """
+        fresh = plan.rescan and cache.tree is None and not cache.entries
+        with collection_paused() if fresh else contextlib.nullcontext():
+            return self._stage(plan, cache, capture, borrow, watches, fresh)
+
+    def _stage(self, plan: StagePlan, cache: StatCache, capture: EarlyCapture | None, borrow: bool,
+               watches: WatchPlacer | None, fresh: bool) -> StageResult:
         start = time.perf_counter()
         run = _Staging(cache, StageStats(rescan=plan.rescan), time.time_ns(), capture=capture if plan.rescan else None,
-                       vouched=plan.vouched, fresh=plan.rescan and cache.tree is None and not cache.entries,
-                       borrow=borrow and plan.rescan, watches=watches if plan.rescan else None)
+                       vouched=plan.vouched, fresh=fresh, borrow=borrow and plan.rescan,
+                       watches=watches if plan.rescan else None)
         try:
             if run.borrow:
                 with contextlib.suppress(IndexDoubt):
