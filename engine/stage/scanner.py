@@ -18,7 +18,7 @@ import pickle
 import stat
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Protocol, cast
 
 import structlog
 
+from shadowpoint.errors import StorageFailedError
 from shadowpoint.stage import exclusions, git_index, patterns
 from shadowpoint.stage.blob_workers import (
     BlobWorkerOptions,
@@ -163,6 +164,51 @@ def _files_around(cache: StatCache, ordered: Sequence[RepoPath],
     yield from _tree_files(cache, ordered[at:])
 
 
+def _own_folders(ordered: Sequence[str], theirs: WalkPart) -> list[tuple[str, int, int]]:
+    """The folders of `ordered` (sorted paths) that are wholly the other side's of `theirs`
+    (a split walk's child part): neither a unit nor above one, and the parent above one or
+    the root. As (folder, lo, hi): where its paths lie in `ordered`."""
+    out: list[tuple[str, int, int]] = []
+    pending = [("", 0, len(ordered))]
+    while pending:
+        prefix, lo, hi = pending.pop()
+        at = lo
+        while at < hi:
+            name, sep, _ = ordered[at][len(prefix):].partition("/")
+            if not sep:
+                at += 1  # a file of the folder itself
+                continue
+            folder = prefix + name
+            end = bisect.bisect_left(ordered, folder + "0", at, hi)  # "0" follows "/"
+            if folder in theirs.above:
+                pending.append((folder + "/", at, end))
+            elif folder not in theirs.units:
+                out.append((folder, at, end))
+            at = end
+    return out
+
+
+def _trees_of_folders(repo: ShadowRepo, paths: Sequence[str], states: Sequence[FileState],
+                      spans: Iterable[tuple[str, int, int]]) -> dict[str, tuple[int, bytes]]:
+    """The tree of each folder of `spans` ((folder, lo, hi): its files are `paths[lo:hi]`, sorted,
+    their states alike in `states`), written as one pack: {folder: (its files' count, raw id)}.
+
+    Raises:
+        ValueError: a path is both a file and a folder.
+        StorageFailedError: the docs root refused the write.
+    """
+    spans = [(folder, lo, hi) for folder, lo, hi in spans if lo < hi]
+
+    def files(folder: str, lo: int, hi: int) -> Iterator[tuple[str, int, bytes]]:
+        cut = len(folder) + 1
+        for i in range(lo, hi):
+            state = states[i]
+            yield paths[i][cut:], state_mode(state), state_oid(state)
+
+    roots = repo.write_trees_packed(files(*span) for span in spans)
+    return {folder: (hi - lo, raw) for (folder, lo, hi), raw in zip(spans, roots, strict=True) if raw is not None}
+
+
 Runs = tuple[tuple[int, int], ...]  # ranges [lo, hi) of a sorted list of paths, in order
 
 
@@ -293,6 +339,10 @@ class _Staging:
     proven_paths: list[RepoPath] = field(default_factory=list)
     proven_states: list[FileState] = field(default_factory=list)
     alternate_added: bool = False
+    # a split fresh baseline: the trees of the units its child wrote (`_unit_trees`), and the
+    # paths recorded since they were taken in (`_taken_units`)
+    unit_trees: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    touched: set[RepoPath] = field(default_factory=set)
     # paths whose unchanged stat proves them unchanged even when racy (`StagePlan.vouched`)
     vouched: frozenset[RepoPath] = frozenset()
     # a rescan from nothing (an empty cache, no tree): every path it records is new, so the
@@ -371,13 +421,17 @@ class Scanner:
         # the fork's copy-on-write included, against ~10 ms here)
         ordered = sorted(cache.entries) if run.fresh else None
         taken = self._index_trees(run, cache, ordered) if ordered else None
-        runs = _trees_share(ordered, _TREES_CHILD_SHARE) if ordered is not None and taken is None else ()
-        trees = self._trees_aside(cache, ordered, runs) if ordered is not None and taken is None else None
+        units = self._taken_units(run, ordered) if ordered and taken is None else {}
+        split = ordered if taken is None and not units else None  # the trees written in two processes
+        runs = _trees_share(split, _TREES_CHILD_SHARE) if split is not None else ()
+        trees = self._trees_aside(cache, split, runs) if split is not None else None
         try:
             changed_paths = ordered if ordered is not None else tuple(run.changes)
             if changed_paths:
                 if taken is not None:
                     cache.tree = taken
+                elif units and ordered is not None:
+                    cache.tree = self._trees_around(run, cache, ordered, units)
                 elif trees is not None:
                     child, trees = trees, None
                     cache.tree = self._trees_beside(run, cache, changed_paths, child, runs)
@@ -441,6 +495,32 @@ class Scanner:
             return self.repo.write_tree_packed(_files_around(cache, ordered, taken))
         except ValueError:
             return None  # a path that is both a file and a folder: written as without an index
+
+    @staticmethod
+    def _taken_units(run: _Staging, ordered: Sequence[RepoPath]) -> dict[str, tuple[int, bytes]]:
+        """The trees a split baseline's child wrote for its units (`_unit_trees`) that still
+        hold: the paths below the unit are as many as it wrote them with, and none of them was
+        recorded since (`touched`) or captured early. {} when they hold less than a third of
+        the paths: the trees are then written in two processes (`_trees_aside`)."""
+        if not run.unit_trees or run.proof is None:
+            return {}
+        changed = sorted(run.touched | (run.capture.pinned if run.capture is not None else set()))
+        taken: dict[str, tuple[int, bytes]] = {}
+        for unit, (count, raw) in run.unit_trees.items():
+            lo, hi = _folder_span(ordered, unit)
+            first, end = _folder_span(changed, unit)
+            if hi - lo == count and first == end:
+                taken[unit] = (count, raw)
+        return taken if 3 * sum(count for count, _ in taken.values()) >= len(ordered) else {}
+
+    def _trees_around(self, run: _Staging, cache: StatCache, ordered: Sequence[RepoPath],
+                      units: Mapping[str, tuple[int, bytes]]) -> str | None:
+        """A fresh baseline's tree written here around the trees of `units` (`_taken_units`),
+        which the child wrote while this process walked."""
+        try:
+            return self.repo.write_tree_packed(_files_around(cache, ordered, units))
+        except ValueError:
+            return self._write_tree(run, cache, ordered)  # a path both a file and a folder: patched
 
     @staticmethod
     def _unproven(run: _Staging, cache: StatCache) -> list[RepoPath]:
@@ -608,6 +688,8 @@ class Scanner:
             mine = None if child is None or theirs is None else WalkPart(theirs.units, inside=False)
             reached, clean, files_done = self._scan_folders(
                 run, self.rules.walk_folders(part=mine, watch=run.watches), walked, 0)
+            if theirs is not None and run.fresh and run.proof is not None:
+                self._own_trees(run, theirs)
         except BaseException:
             if child is not None:
                 child.abandon()
@@ -764,8 +846,48 @@ class Scanner:
             others = proven + others
             proven, states = [], []
         placed = run.watches.placed() if run.watches is not None else None
+        trees = self._unit_trees(part.units, proven, states, others) if proven else {}
         return pickle.dumps((sorted(part.units), found.reached, found.clean, doubt, NAME_SEP.join(proven),
-                             b"".join(states), others, walked, placed), protocol=pickle.HIGHEST_PROTOCOL)
+                             b"".join(states), others, walked, placed, trees), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _unit_trees(self, units: Collection[str], proven: list[str], states: list[FileState],
+                    others: list[str]) -> dict[str, tuple[int, bytes]]:
+        """In a split baseline's child: the tree of each of its units whose files it proved all
+        (none among `others`), written here while the parent still walks its own part: {unit:
+        (its files' count, raw tree id)}. The parent takes a tree whose files it then holds
+        unchanged (`_taken_units`); {} when they cannot be written (a path both a file and a
+        folder: the parent writes them)."""
+        unclean: set[str] = set()
+        for path in others:
+            folder = path
+            while "/" in folder:
+                folder = folder.rpartition("/")[0]
+                if folder in units:
+                    unclean.add(folder)
+                    break
+        pairs = sorted(zip(proven, states, strict=True))
+        paths = [path for path, _ in pairs]
+        spans = [(unit, *_folder_span(paths, unit)) for unit in sorted(units) if unit not in unclean]
+        try:
+            return _trees_of_folders(self.repo, paths, [state for _, state in pairs], spans)
+        except (ValueError, StorageFailedError):
+            return {}
+
+    def _own_trees(self, run: _Staging, theirs: WalkPart) -> None:
+        """In a split fresh baseline, once this process walked its part and while the child
+        still walks or writes its own trees: the trees of this part's folders (those of no
+        unit and above none, `_own_folders`), for `_taken_units` with the child's. Files still
+        with the hashing workers are recorded first."""
+        if run.batch is not None:
+            self._finish(run, run.batch.flush())
+        self._keep_proven(run)
+        entries = run.cache.entries
+        ordered = sorted(entries)
+        try:
+            run.unit_trees.update(_trees_of_folders(self.repo, ordered, [entries[path] for path in ordered],
+                                                    _own_folders(ordered, theirs)))
+        except ValueError:
+            pass  # a path both a file and a folder: written with the rest
 
     def _take_share(self, run: _Staging, theirs: WalkPart, answer: bytes | None,
                     walked: list[tuple[str, str]] | None) -> tuple[int, int] | None:
@@ -778,7 +900,7 @@ class Scanner:
             loaded = pickle.loads(answer)
             if loaded is None:
                 return None
-            units, reached, clean, doubt, joined, states, others, child_walked, placed = loaded
+            units, reached, clean, doubt, joined, states, others, child_walked, placed, trees = loaded
         except Exception:  # a whole answer that is not one: the caller walks the folders itself
             log.info("scanner.child_answer_unreadable")
             return None
@@ -797,6 +919,8 @@ class Scanner:
         if run.proof is None:  # doubted, here or there: the proven files are hashed too
             others = proven + others
             proven = []
+        elif run.fresh:
+            run.unit_trees.update(trees)
         size = STATE_SIZE
         if run.fresh:  # recorded with this process's own (`_keep_proven`)
             run.proven_paths.extend(cast(list[RepoPath], proven))
@@ -862,6 +986,7 @@ class Scanner:
         log.info("git_index.doubted", root=str(self.root), reason=run.proof.doubt, action="hashing every file",
                  rehashing=len(run.borrowed))
         run.proof = None
+        run.unit_trees = {}  # written from the index's ids
         taken, run.borrowed = run.borrowed, []
         run.stats.borrowed -= len(taken)
         for path in taken:
@@ -1000,6 +1125,8 @@ class Scanner:
                 state: FileState | None = None) -> None:
         """Note the new content of `path`; a path back at its original content is no change."""
         cache = run.cache
+        if run.unit_trees:
+            run.touched.add(path)
         if not run.fresh:  # from nothing, the cache alone holds what changed
             if path not in run.originals:
                 run.originals[path] = cache.entry(path)

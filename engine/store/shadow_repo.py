@@ -929,23 +929,51 @@ class ShadowRepo:
         entries.sort()
         return loose.write_object(self.git_dir, b"tree", b"".join(body for _, body in entries), self._pool)
 
+    def write_trees_packed(self, groups: Iterable[Iterable[tuple[str, int, bytes]]]) -> list[bytes | None]:
+        """`write_tree_packed` for each of `groups` (the files of one folder each, their paths
+        relative to it), all into one pack: the raw id of each group's tree (None: empty). A
+        split baseline's child writes the trees of the folders it walked this way.
+
+        Raises:
+            as `write_tree_packed`.
+        """
+        roots: list[bytes | None] = []
+
+        def make(add: Callable[[bytes, int, bytes], None]) -> bool:
+            roots.extend(_trees_of_sorted(files, add) for files in groups)
+            return any(root is not None for root in roots)
+
+        self._in_pack(make)
+        return roots
+
     def _packed(self, files: Iterable[tuple[str, int, bytes]], root_items: RootItems | None) -> bytes | None:
+        root: bytes | None = None
+
+        def make(add: Callable[[bytes, int, bytes], None]) -> bool:
+            nonlocal root
+            root = _trees_of_sorted(files, add, root_items)
+            return root is not None or (root_items is not None and bool(root_items.entries))
+
+        self._in_pack(make)
+        return root
+
+    def _in_pack(self, make: Callable[[Callable[[bytes, int, bytes], None]], bool]) -> None:
+        """Run `make(add)`, which hands each tree it makes to `add`, and install them as one
+        pack; none when `make` says it made nothing (False)."""
         staging = self.git_dir / "objects" / f"tmp_treepack_{os.getpid()}_{threading.get_ident()}"
         try:
             with written(self.git_dir, "write a tree"):
                 staging.mkdir(exist_ok=True)
                 try:
                     with packing.PackStream(staging) as pack:
-                        root = _trees_of_sorted(files, pack.add, root_items)
-                        if root is None and not (root_items is not None and root_items.entries):
-                            return None
+                        if not make(pack.add):
+                            return
                         pack.finish()
                     self._install_packs(staging, self.git_dir / "objects" / "pack")
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
         except _NotATree as exc:
             raise ValueError(str(exc)) from None
-        return root
 
     def _entries(self, raw: bytes) -> TreeRecords:
         """The entries of tree `raw` (a copy, to change): those of a tree a recent patch wrote

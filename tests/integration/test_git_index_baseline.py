@@ -24,7 +24,7 @@ import pytest
 from shadowpoint.engine import Engine
 from shadowpoint.observe import inotify
 from shadowpoint.observe.watcher import WorkspaceWatcher
-from shadowpoint.stage import git_index
+from shadowpoint.stage import git_index, scanner
 from shadowpoint.stage.early_capture import EarlyCapture, ScanHold
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.forked import Forked
@@ -224,11 +224,12 @@ def test_folders_whose_files_are_all_the_indexs_take_its_trees(tmp_path: Path, s
     assert_byte_exact(sh, result.tree, left_out=("node_modules",))
 
 
-def test_a_big_baseline_takes_the_root_tree_whole_or_writes_every_tree(
+def test_a_big_baseline_takes_the_root_tree_whole_or_its_walkers_write_the_trees(
         tmp_path: Path, shadow: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A baseline big enough for two tree writers takes the index's root tree when it is whole
-    (no tree is written, no child forked for them), and otherwise writes every tree in two
-    processes as without an index (finding the whole folders below costs more there)."""
+    (no tree is written, no child forked for them). Otherwise the two processes that walked it
+    wrote the trees of their folders as they finished (`_unit_trees`, `_own_trees`): no child
+    is forked for the trees either, and the tree is the one hashing every file gives."""
     files = {f"d{i % 7}/s{i % 3}/f{i:03d}.txt": f"file {i}\n".encode() for i in range(300)}
     root = make_repo(tmp_path / "repo", files)
     aside: list[bool] = []
@@ -244,7 +245,7 @@ def test_a_big_baseline_takes_the_root_tree_whole_or_writes_every_tree(
     assert whole.tree == git(root, "rev-parse", "HEAD^{tree}").decode().strip() and aside == []
     (root / "d3" / "s1" / "untracked.txt").write_bytes(b"new\n")
     changed = shadow(root, "changed", split_min_files=10).baseline()
-    assert aside == [True] and changed.tree == hashed_tree(tmp_path, shadow, root)
+    assert aside == [] and changed.tree == hashed_tree(tmp_path, shadow, root)
     assert git(root, "rev-parse", "HEAD:d0").decode().strip() not in still_borrowed(shadow(root, "changed"))
 
 
@@ -714,6 +715,46 @@ def test_a_split_baseline_takes_what_one_process_takes(tmp_path: Path, shadow: A
     assert sorted(p for p in lent.values() if p in oids) == sorted(
         p for p in SPLIT_FILES if p not in ("a/x03.txt", "a/x04.txt", "b/z01.txt"))
     assert oids["a/new.txt"] not in lent
+
+
+@pytest.fixture
+def taken_units(monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
+    """The folders whose tree, written by a split baseline's walkers, each baseline took."""
+    taken: list[set[str]] = []
+    real = Scanner._taken_units
+
+    def spy(run: Any, ordered: Any) -> Any:
+        found = real(run, ordered)
+        taken.append(set(found))
+        return found
+
+    monkeypatch.setattr(Scanner, "_taken_units", staticmethod(spy))
+    return taken
+
+
+@pytest.mark.parametrize(("changed", "taken"), [((), {"a", "b", "c"}), (("b/z01.txt",), {"a", "b", "c"}),
+                                                (("a/deep/y03.txt",), {"b", "c"})])
+def test_the_trees_the_walkers_wrote_are_taken_where_their_files_are_unchanged(
+        tmp_path: Path, shadow: Any, forks: list[str], taken_units: list[set[str]], changed: tuple[str, ...],
+        taken: set[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child writes the trees of its units once it walked them and this process those of
+    its own folders (the root's tree is not the index's: a tracked `node_modules` is left
+    out). A file the index does not prove in the child's unit leaves the unit to this process
+    (it hashes the file: "a"); in this process's own folders it is hashed before their trees
+    are written ("b"). The tree is the one hashing every file gives, and one process's."""
+    monkeypatch.setattr(scanner, "PACKED_TREES_MIN", 10)  # a big baseline's ways at 81 files
+    files = {**SPLIT_FILES, "node_modules/m/index.js": b"x\n"}
+
+    def change(root: Path) -> None:
+        for path in changed:
+            (root / path).write_bytes(b"changed after the commit\n")
+            backdate(root, path)
+
+    split, whole, sh, split_cache, whole_cache = split_and_whole(tmp_path, shadow, files, change)
+    assert forks == ["a"] and taken_units[0] == taken
+    assert split.tree == whole.tree == hashed_tree(tmp_path, shadow, sh.root)
+    assert split_cache.entries == whole_cache.entries
+    assert_byte_exact(sh, split.tree, left_out=("node_modules",))
 
 
 def test_a_failed_child_leaves_its_folders_to_this_process(tmp_path: Path, shadow: Any, forks: list[str],

@@ -7,12 +7,25 @@ import hashlib
 import random
 import subprocess
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
-from shadowpoint.stage.scanner import _in_runs, _other_runs, _trees_share
+from shadowpoint.stage.early_capture import EarlyCapture
+from shadowpoint.stage.exclusions import WalkPart
+from shadowpoint.stage.scanner import (
+    Scanner,
+    StageStats,
+    _in_runs,
+    _other_runs,
+    _own_folders,
+    _Staging,
+    _trees_of_folders,
+    _trees_share,
+)
+from shadowpoint.stage.stat_cache import StatCache, pack_state
 from shadowpoint.store import loose, packing, shadow_repo, values
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import task_ref
@@ -275,3 +288,60 @@ def test_oid_set_is_exactly_a_set(seed: int) -> None:
         expected.add(raw)
         assert len(oids) == len(expected)
     assert all(not oids.add(raw) for raw in expected)
+
+
+def test_own_folders_are_those_neither_a_unit_nor_above_one() -> None:
+    """This process's folders of a split baseline (`_own_folders`): below the root and the
+    folders above the child's units, every folder that is no unit; files of the root and of
+    the folders above units are in none."""
+    paths = sorted(["r.txt", "a/x", "a/deep/u/1", "a/deep/u/2", "a/deep/v/1", "a/deep/w.txt", "a/y/1",
+                    "b/1", "b/c/2", "c.d/1", "c/1", "c0/1"])
+    theirs = WalkPart(frozenset({"a/deep/u", "c"}), inside=True)
+    found = {folder: paths[lo:hi] for folder, lo, hi in _own_folders(paths, theirs)}
+    assert found == {"a/deep/v": ["a/deep/v/1"], "a/y": ["a/y/1"], "b": ["b/1", "b/c/2"], "c.d": ["c.d/1"],
+                     "c0": ["c0/1"]}
+    assert _own_folders([], theirs) == []
+
+
+def test_trees_of_folders_equal_the_subtrees_of_the_whole_tree(repo: ShadowRepo) -> None:
+    """The trees a split baseline's processes write for folders (`_trees_of_folders`, one
+    pack) are the subtrees git's tree of all the files holds; empty spans write nothing."""
+    one, two = blob(repo, "one"), blob(repo, "two")
+    entries: dict[str, values.TreeEntry | None] = {
+        "a.txt": one, "a/x": one, "a/y/z": two, "a/y.txt": two, "b/c": one, "b/d/e": two}
+    files = _sorted_files(entries)
+    paths = [path for path, _, _ in files]
+    states = [pack_state(1, 1, 1, 0o100644, 1, 10**18, mode, raw) for _, mode, raw in files]
+    whole = repo.write_tree_packed(files)
+    spans = [("a", 1, 4), ("b", 4, 6), ("c", 6, 6)]
+    trees = _trees_of_folders(repo, paths, states, spans)
+    assert set(trees) == {"a", "b"}
+    for folder, (count, raw) in trees.items():
+        sub = git(repo, "rev-parse", f"{whole}:{folder}").stdout.strip()
+        assert (count, raw.hex()) == (len([p for p in paths if p.startswith(folder + "/")]), sub)
+    assert git(repo, "fsck", "--no-dangling", "--strict").returncode == 0
+
+
+def test_trees_the_walkers_wrote_are_taken_only_where_they_still_hold() -> None:
+    """A walker's tree of a folder is taken when the folder's paths are as many as it wrote it
+    with and none was recorded since or captured early; none are taken when those left cover
+    under a third of the paths (the trees are then written in two processes)."""
+    ordered = sorted([*(f"a/{i}" for i in range(4)), *(f"b/{i}" for i in range(4)), *(f"c/{i}" for i in range(5))])
+
+    def taken(trees: dict[str, tuple[int, bytes]], touched: Collection[str] = (), pinned: Collection[str] = ()
+              ) -> set[str]:
+        capture = EarlyCapture()
+        capture.pinned.update(cast(Collection[RepoPath], pinned))
+        run = _Staging(StatCache(), StageStats(), 0, capture=capture, unit_trees=trees,
+                       touched=set(cast(Collection[RepoPath], touched)))
+        run.proof = cast(Any, object())  # not doubted
+        return set(Scanner._taken_units(run, cast(list[RepoPath], ordered)))
+
+    ids = {folder: bytes([i]) * 20 for i, folder in enumerate("abc")}
+    every = {"a": (4, ids["a"]), "b": (4, ids["b"]), "c": (5, ids["c"])}
+    assert taken(every) == {"a", "b", "c"}
+    assert taken(every, touched={"b/2"}) == {"a", "c"}
+    assert taken(every, pinned={"a/0"}, touched={"zz"}) == {"b", "c"}
+    assert taken({**every, "c": (4, ids["c"])}) == {"a", "b"}  # a path more than it was written with
+    assert taken(every, touched={"a/1", "b/1"}) == {"c"}  # 5 of 13 paths: a third or more
+    assert taken({"a": every["a"]}) == set()  # 4 of 13: under a third
