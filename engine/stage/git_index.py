@@ -38,7 +38,8 @@ from typing import Any
 
 import structlog
 
-from shadowpoint.stage.stat_cache import RACY_MARGIN_NS
+from shadowpoint.stage.stat_cache import RACY_MARGIN_NS, FileState, proven_state
+from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK
 
 log = structlog.get_logger(__name__)
 
@@ -559,11 +560,13 @@ class IndexProof:
             folder = folder.rsplit("/", 1)[0] if "/" in folder else ""
         return self.doubt is None
 
-    def prove(self, path: str, st: os.stat_result) -> bytes | None:
-        """The index's blob id for `path` (raw, 20 bytes) if its entry proves the file at `st`
-        unchanged. Called for every file of a baseline's walk: the times are compared whole
-        (seconds and nanoseconds of the entry against the stat's nanoseconds; a time git's
-        32-bit seconds cannot hold never matches: hashed), in one expression."""
+    def prove(self, path: str, st: os.stat_result, checked_ns: int) -> FileState | None:
+        """The file's state (`stat_cache`) with the index's blob id and mode if its entry
+        proves the file at `st` unchanged; `checked_ns`: when the walk began (the state's
+        racy-clean rule). Called for every file of a baseline's walk: the times are compared
+        whole (seconds and nanoseconds of the entry against the stat's nanoseconds; a time
+        git's 32-bit seconds cannot hold never matches: hashed), in one expression, and the
+        state packed here."""
         at = self.entries.get(path)
         if at is None:
             return None
@@ -571,11 +574,13 @@ class IndexProof:
          flags) = _ENTRY.unpack_from(self.body, at)
         mode = st.st_mode
         mtime = st.st_mtime_ns
+        ctime = st.st_ctime_ns
+        size = st.st_size
         if (flags & (_FLAG_ASSUME_VALID | _FLAG_EXTENDED)  # assume-valid, skip-worktree, intent-to-add
-                or st.st_size != e_size  # a size over 32 bits never equals the entry's
+                or size != e_size  # a size over 32 bits never equals the entry's
                 or (mode ^ e_mode) & _TYPE_BITS
                 or mtime != mtime_s * 1_000_000_000 + mtime_ns or mtime_ns >= 1_000_000_000
-                or st.st_ctime_ns != ctime_s * 1_000_000_000 + ctime_ns or ctime_ns >= 1_000_000_000
+                or ctime != ctime_s * 1_000_000_000 + ctime_ns or ctime_ns >= 1_000_000_000
                 or st.st_ino & _U32 != ino or st.st_uid & _U32 != uid or st.st_gid & _U32 != gid
                 # racy: recorded too close to the index write for the stat to prove the content
                 or mtime >= self.racy_before_ns):
@@ -584,10 +589,12 @@ class IndexProof:
         if kind == stat.S_IFREG:
             if (mode ^ e_mode) & 0o100 or (e_size == 0 and raw_oid != _EMPTY_BLOB):
                 return None  # the exec bit; a 0 size may be git's racy smudge
-        elif kind != stat.S_IFLNK:
+            e_mode = MODE_EXEC if e_mode & 0o100 else MODE_FILE  # git's modes of files are these two
+        elif kind == stat.S_IFLNK:
+            e_mode = MODE_LINK
+        else:
             return None
-        oid: bytes = raw_oid
-        return oid
+        return proven_state(size, mtime, ctime, mode, ino, checked_ns, e_mode, raw_oid)
 
 
 def _attribute_files(joined: str) -> list[str]:

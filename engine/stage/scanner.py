@@ -48,7 +48,6 @@ from shadowpoint.stage.stat_cache import (
     FileState,
     StatCache,
     is_clean,
-    pack_state,
     same_stat,
     state_entry,
     state_mode,
@@ -105,11 +104,6 @@ class WatchPlacer(exclusions.FolderWatch, Protocol):
     def abandon(self) -> None:
         """The scan did not place them all: the rest by a walk."""
         ...
-
-
-def _proven_state(st: os.stat_result, now_ns: int, raw_oid: bytes) -> FileState:
-    """The state of a file the user's index proved unchanged: its stat and the index's id."""
-    return pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino, now_ns, _git_mode(st), raw_oid)
 
 
 def _tree_files(cache: StatCache, paths: Iterable[RepoPath]) -> Iterator[tuple[str, int, bytes]]:
@@ -261,10 +255,6 @@ class SkipReason(enum.Enum):
     NOT_REGULAR = "not a regular file"
     # the docs root's file system or the process's file-size limit refused its blob (EFBIG)
     UNSTORABLE = "could not be stored"
-
-
-def _git_mode(st: os.stat_result) -> int:
-    return MODE_LINK if stat.S_ISLNK(st.st_mode) else MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
 
 
 _SKIP_REASONS = {FailureKind.VANISHED: SkipReason.VANISHED, FailureKind.UNREADABLE: SkipReason.UNREADABLE,
@@ -775,13 +765,13 @@ class Scanner:
                             clean += 1
                             continue
                     elif run.proof is not None and st.st_size <= self.options.max_file_bytes:
-                        oid = run.proof.prove(path, st)
-                        if oid is not None:
+                        state = run.proof.prove(path, st, run.now_ns)
+                        if state is not None:
                             if run.fresh:  # recorded together once the walk is over (`_keep_proven`)
                                 proven_paths.append(path)
-                                proven_states.append(_proven_state(st, run.now_ns, oid))
+                                proven_states.append(state)
                             else:
-                                self._borrow(run, path, st, oid)
+                                self._keep_borrowed(run, path, state)
                             continue
                     self._stage_stat(run, path, st)
             finally:
@@ -814,6 +804,7 @@ class Scanner:
         if part is None:
             return pickle.dumps(None)
         max_bytes = self.options.max_file_bytes
+        now_ns = run.now_ns
         doubt: str | None = None
         proven: list[str] = []
         states: list[bytes] = []
@@ -832,11 +823,11 @@ class Scanner:
         def prove(path: str, st: os.stat_result) -> bool:
             if doubt is not None or proof is None or st.st_size > max_bytes:
                 return False
-            oid = proof.prove(path, st)
-            if oid is None:
+            state = proof.prove(path, st, now_ns)
+            if state is None:
                 return False
             proven.append(path)
-            states.append(_proven_state(st, run.now_ns, oid))
+            states.append(state)
             return True
 
         found = check_folders(os.path.join(self.root, ""), folders(),
@@ -938,12 +929,8 @@ class Scanner:
                     self._stage_stat(run, RepoPath(path), st)
         return reached, clean
 
-    def _borrow(self, run: _Staging, path: RepoPath, st: os.stat_result, raw_oid: bytes) -> None:
-        """Record the index's blob id for `path` (proven unchanged), with our own mode."""
-        self._keep_borrowed(run, path, _proven_state(st, run.now_ns, raw_oid))
-
     def _keep_borrowed(self, run: _Staging, path: RepoPath, state: FileState) -> None:
-        """Record `state`, which holds a blob id from the index (`_borrow`, or a child's)."""
+        """Record `state`, which holds a blob id from the index (`IndexProof.prove`, here or in a child)."""
         self._borrowing(run)
         run.stats.examined += 1
         run.stats.borrowed += 1

@@ -90,6 +90,15 @@ def pack_state(size: int, mtime_ns: int, ctime_ns: int, st_mode: int, ino: int, 
                  mode, raw_oid)
 
 
+def proven_state(size: int, mtime_ns: int, ctime_ns: int, st_mode: int, ino: int, checked_ns: int, mode: int,
+                 raw_oid: bytes) -> FileState:
+    """`pack_state` of a stat whose every field its column holds and a blob of a file's git
+    `mode` (what git's index proves: its times are 32-bit seconds, `git_index.IndexProof.prove`):
+    one call, not three, in a baseline's hot loop."""
+    trusted = _TRUSTED if mtime_ns < checked_ns - RACY_MARGIN_NS else 0
+    return _STATE.pack(size & _U32, mtime_ns, ctime_ns, st_mode, ino & _U32, _MODE_CODES[mode] | trusted, raw_oid)
+
+
 def state_of(st: os.stat_result, entry: TreeEntry, checked_ns: int) -> FileState:
     """The state of a file whose stat is `st`, hashed to `entry` at `checked_ns`."""
     return pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino, checked_ns,

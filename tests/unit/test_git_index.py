@@ -8,12 +8,15 @@ import hashlib
 import os
 import random
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from shadowpoint.stage.git_index import IndexDoubt, IndexProof, _attribute_files, read_index
+from shadowpoint.stage.stat_cache import RACY_MARGIN_NS, FileState, is_clean, pack_state, state_oid
+from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK
 from tests.gitrepo import backdate, git, make_repo
 
 
@@ -194,23 +197,51 @@ def test_worktree_git_file_and_no_repo_are_not_proofs(tmp_path: Path) -> None:
     assert IndexProof.load(plain) is None
 
 
+def _proven_oid(proof: IndexProof, path: str, st: os.stat_result) -> bytes | None:
+    state = proof.prove(path, st, time.time_ns())
+    return None if state is None else state_oid(state)
+
+
+def test_a_proof_gives_the_state_a_hash_would(tmp_path: Path) -> None:
+    """A proven file's state (`IndexProof.prove`) is the one `stat_cache` packs for its stat and
+    the index's id with our git mode: a plain file, an executable, a symlink; trusted (clean at
+    the next scan) unless the walk began within the racy margin of its mtime."""
+    root = make_repo(tmp_path / "repo", {"plain.txt": b"p\n", "run.sh": b"r\n"}, commit=False)
+    os.chmod(root / "run.sh", 0o755)
+    (root / "link").symlink_to("plain.txt")
+    backdate(root, "plain.txt", "run.sh", "link")
+    git(root, "add", "-A")
+    proof = IndexProof.load(root)
+    assert proof is not None
+    oids = {e.path: bytes.fromhex(e.oid) for e in read_index(root / ".git" / "index").entries}
+    now = time.time_ns()
+    for path, mode in (("plain.txt", MODE_FILE), ("run.sh", MODE_EXEC), ("link", MODE_LINK)):
+        st = os.lstat(root / path)
+        state: FileState | None = proof.prove(path, st, now)
+        assert state == pack_state(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_ino, now, mode,
+                                   oids[path]), path
+        assert state is not None and is_clean(state, st)
+        young = proof.prove(path, st, st.st_mtime_ns + RACY_MARGIN_NS)  # the walk began as it changed
+        assert young is not None and not is_clean(young, st) and state_oid(young) == oids[path]
+
+
 def test_proof_per_file(tmp_path: Path) -> None:
     root = make_repo(tmp_path / "repo", {"same.txt": b"same\n", "edited.txt": b"old\n", "exec.sh": b"x\n"})
     proof = IndexProof.load(root)
     assert proof is not None
     oids = {e.path: e.oid for e in read_index(root / ".git" / "index").entries}
-    assert proof.prove("same.txt", os.lstat(root / "same.txt")) == bytes.fromhex(oids["same.txt"])
+    assert _proven_oid(proof, "same.txt", os.lstat(root / "same.txt")) == bytes.fromhex(oids["same.txt"])
     (root / "edited.txt").write_bytes(b"new\n")  # same size, new content
-    assert proof.prove("edited.txt", os.lstat(root / "edited.txt")) is None
+    assert proof.prove("edited.txt", os.lstat(root / "edited.txt"), time.time_ns()) is None
     os.chmod(root / "exec.sh", 0o755)  # the exec bit differs from the entry's mode
-    assert proof.prove("exec.sh", os.lstat(root / "exec.sh")) is None
-    assert proof.prove("absent.txt", os.lstat(root / "same.txt")) is None
+    assert proof.prove("exec.sh", os.lstat(root / "exec.sh"), time.time_ns()) is None
+    assert proof.prove("absent.txt", os.lstat(root / "same.txt"), time.time_ns()) is None
     st = os.lstat(root / "same.txt")
     for field in ("st_mtime_ns", "st_ctime_ns", "st_size", "st_ino"):  # one nanosecond, byte or inode off
         fields = {f: getattr(st, f) for f in ("st_mode", "st_ino", "st_uid", "st_gid", "st_size", "st_mtime_ns",
                                                "st_ctime_ns")}
         fields[field] += 1
-        assert proof.prove("same.txt", SimpleNamespace(**fields)) is None, field  # type: ignore[arg-type]
+        assert proof.prove("same.txt", SimpleNamespace(**fields), time.time_ns()) is None, field  # type: ignore[arg-type]
 
 
 def test_proof_of_a_symlink_ignores_its_permission_bits(tmp_path: Path) -> None:
@@ -221,7 +252,7 @@ def test_proof_of_a_symlink_ignores_its_permission_bits(tmp_path: Path) -> None:
     proof = IndexProof.load(root)
     assert proof is not None and os.lstat(root / "link").st_mode & 0o777 == 0o777
     oids = {e.path: e.oid for e in read_index(root / ".git" / "index").entries}
-    assert proof.prove("link", os.lstat(root / "link")) == bytes.fromhex(oids["link"])
+    assert _proven_oid(proof, "link", os.lstat(root / "link")) == bytes.fromhex(oids["link"])
 
 
 def test_proof_refuses_flagged_entries(tmp_path: Path) -> None:
@@ -240,9 +271,9 @@ def test_proof_refuses_flagged_entries(tmp_path: Path) -> None:
     proof = IndexProof.load(root)
     assert proof is not None
     oids = {e.path: e.oid for e in index.entries}
-    assert proof.prove("plain.txt", os.lstat(root / "plain.txt")) == bytes.fromhex(oids["plain.txt"])
+    assert _proven_oid(proof, "plain.txt", os.lstat(root / "plain.txt")) == bytes.fromhex(oids["plain.txt"])
     for path in ("valid.txt", "skip.txt", "ita.txt"):
-        assert proof.prove(path, os.lstat(root / path)) is None, path
+        assert proof.prove(path, os.lstat(root / path), time.time_ns()) is None, path
 
 
 def test_the_cache_tree_holds_the_trees_git_knows() -> None:
