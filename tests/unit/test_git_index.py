@@ -206,11 +206,13 @@ def test_a_proof_gives_the_state_a_hash_would(tmp_path: Path) -> None:
     """A proven file's state (`IndexProof.prove`) is the one `stat_cache` packs for its stat and
     the index's id with our git mode: a plain file, an executable, a symlink; trusted (clean at
     the next scan) unless the walk began within the racy margin of its mtime."""
-    root = make_repo(tmp_path / "repo", {"plain.txt": b"p\n", "run.sh": b"r\n"}, commit=False)
+    root = make_repo(tmp_path / "repo", {"seed.txt": b"s\n"}, commit=False)
+    (root / "plain.txt").write_bytes(b"p\n")
+    (root / "run.sh").write_bytes(b"r\n")
     os.chmod(root / "run.sh", 0o755)
     (root / "link").symlink_to("plain.txt")
     backdate(root, "plain.txt", "run.sh", "link")
-    git(root, "add", "-A")
+    git(root, "add", "plain.txt", "run.sh", "link")  # new entries: the stat after the backdate
     proof = IndexProof.load(root)
     assert proof is not None
     oids = {e.path: bytes.fromhex(e.oid) for e in read_index(root / ".git" / "index").entries}
