@@ -126,7 +126,7 @@ class WatchVerifier:
         base = os.path.join(self.root.ws.root, "")
         reached = in_slice = 0
         slice_start = time.perf_counter()
-        for prefix, joined in self.rules.walk_folders(keep=False):
+        for prefix, joined, _ in self.rules.walk_folders(keep=False):
             names = joined.split(NAME_SEP)
             for name in names:
                 path = RepoPath(prefix + name)

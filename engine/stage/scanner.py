@@ -38,7 +38,7 @@ from shadowpoint.stage.blob_workers import (
     snapshot_file,
 )
 from shadowpoint.stage.early_capture import EarlyCapture
-from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules, WalkPart, unwalked
+from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules, Listed, WalkPart, unwalked
 from shadowpoint.stage.forked import Forked
 from shadowpoint.stage.gc_pause import collection_paused
 from shadowpoint.stage.git_index import IndexDoubt, IndexProof, open_index
@@ -54,7 +54,7 @@ from shadowpoint.stage.stat_cache import (
     state_of,
     state_oid,
 )
-from shadowpoint.stage.stat_pass import check_folders, default_split_min, split_pass
+from shadowpoint.stage.stat_pass import check_folders, default_split_min, lstat_names, split_pass
 from shadowpoint.store import borrowed, loose, shadow_repo
 from shadowpoint.store.shadow_repo import RootItems, ShadowRepo
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, MODE_TREE, TreeEntry
@@ -626,7 +626,7 @@ class Scanner:
             else:
                 self._stage_stat(run, RepoPath(path), st)
         if found.reached < tracked_before:
-            self._stage_unwalked(run, unwalked(entries, folders), set())
+            self._stage_unwalked(run, unwalked(entries, ((prefix, joined) for prefix, joined, _ in folders)), set())
 
     def _lstat_in_folder(self, path: RepoPath) -> os.stat_result | None:
         """lstat `path` from its folder, never through a symlink that replaced a parent folder."""
@@ -677,7 +677,7 @@ class Scanner:
                 child = None
             mine = None if child is None or theirs is None else WalkPart(theirs.units, inside=False)
             reached, clean, files_done = self._scan_folders(
-                run, self.rules.walk_folders(part=mine, watch=run.watches), walked, 0)
+                run, self.rules.walk_folders(part=mine, watch=run.watches, stats=True), walked, 0)
             if theirs is not None and run.fresh and run.proof is not None:
                 self._own_trees(run, theirs)
         except BaseException:
@@ -688,7 +688,8 @@ class Scanner:
             share = self._take_share(run, theirs, child.result(partial(self._serve_pending, run)), walked)
             if share is None:  # the child failed: its folders are walked here
                 share = self._scan_folders(
-                    run, self.rules.walk_folders(keep=False, part=theirs, watch=run.watches), walked, files_done)[:2]
+                    run, self.rules.walk_folders(keep=False, part=theirs, watch=run.watches, stats=True), walked,
+                    files_done)[:2]
             reached += share[0]
             clean += share[1]
         self._keep_proven(run)
@@ -714,7 +715,7 @@ class Scanner:
             return None
         return Forked.start(partial(self._share_in_child, run, want_walked), _SILENCED)
 
-    def _scan_folders(self, run: _Staging, folders: Iterable[tuple[str, str]], walked: list[tuple[str, str]] | None,
+    def _scan_folders(self, run: _Staging, folders: Iterable[Listed], walked: list[tuple[str, str]] | None,
                       files_done: int) -> tuple[int, int, int]:
         """The hot loop of a baseline (100k files): one lstat per file, and its index entry.
         Returns how many tracked files it reached, how many of those were clean, and the
@@ -722,7 +723,6 @@ class Scanner:
         entries = run.cache.entries
         reached = clean = 0
         root = os.path.join(self.root, "")
-        lstat = os.lstat
         proven_paths, proven_states = run.proven_paths, run.proven_states
         capture = run.capture
         pinned: set[RepoPath] = capture.pinned if capture is not None else set()
@@ -730,53 +730,44 @@ class Scanner:
         def serve() -> None:
             self._capture_early(run)
 
-        for prefix, joined in folders:
+        for prefix, joined, listed in folders:
             if walked is not None:
                 walked.append((prefix, joined))
             names = joined.split(NAME_SEP)
-            folder = root + prefix
             if run.proof is not None and not run.proof.attributes_clear(self.root, prefix, self.rules.lists_attributes):
                 self._unborrow(run)  # "any doubt: hash", the ids taken so far included
-            try:
-                # names looked up from the folder itself: shorter lookups, and never through
-                # a symlink that replaced one of its parents since the listing
-                fd = os.open(folder, _DIR_FLAGS)
-            except OSError:
-                fd = -1
-            try:
-                for name in names:
-                    path = RepoPath(prefix + name)
-                    if capture is not None:
-                        files_done += 1
-                        if capture.has_pending:
-                            serve()
-                        capture.hold_point(files_done, serve)
-                        if path in pinned:
-                            continue  # captured early: never a later content
-                    try:
-                        st = lstat(name, dir_fd=fd) if fd >= 0 else lstat(folder + name)
-                    except OSError:
-                        self._record(run, path, None)  # gone since its folder was listed
+            # the walk's own lstat of each file (a folder it listed anew), else one now; a file
+            # captured early meanwhile keeps its capture (SPEC §3), whatever its stat
+            stats: Sequence[os.stat_result | None] = listed if listed is not None else lstat_names(root + prefix,
+                                                                                                   names)
+            for name, st in zip(names, stats, strict=True):
+                path = RepoPath(prefix + name)
+                if capture is not None:
+                    files_done += 1
+                    if capture.has_pending:
+                        serve()
+                    capture.hold_point(files_done, serve)
+                    if path in pinned:
+                        continue  # captured early: never a later content
+                if st is None:
+                    self._record(run, path, None)  # gone since its folder was listed
+                    continue
+                known = entries.get(path)
+                if known is not None:
+                    reached += 1
+                    if is_clean(known, st):
+                        clean += 1
                         continue
-                    known = entries.get(path)
-                    if known is not None:
-                        reached += 1
-                        if is_clean(known, st):
-                            clean += 1
-                            continue
-                    elif run.proof is not None and st.st_size <= self.options.max_file_bytes:
-                        state = run.proof.prove(path, st, run.now_ns)
-                        if state is not None:
-                            if run.fresh:  # recorded together once the walk is over (`_keep_proven`)
-                                proven_paths.append(path)
-                                proven_states.append(state)
-                            else:
-                                self._keep_borrowed(run, path, state)
-                            continue
-                    self._stage_stat(run, path, st)
-            finally:
-                if fd >= 0:
-                    os.close(fd)
+                elif run.proof is not None and st.st_size <= self.options.max_file_bytes:
+                    state = run.proof.prove(path, st, run.now_ns)
+                    if state is not None:
+                        if run.fresh:  # recorded together once the walk is over (`_keep_proven`)
+                            proven_paths.append(path)
+                            proven_states.append(state)
+                        else:
+                            self._keep_borrowed(run, path, state)
+                        continue
+                self._stage_stat(run, path, st)
         return reached, clean, files_done
 
     def _serve_pending(self, run: _Staging) -> None:
@@ -810,15 +801,15 @@ class Scanner:
         states: list[bytes] = []
         walked: list[tuple[str, str]] = []
 
-        def folders() -> Iterator[tuple[str, str]]:
+        def folders() -> Iterator[Listed]:
             nonlocal doubt
-            for prefix, joined in self.rules.walk_folders(keep=False, part=part, watch=run.watches):
+            for prefix, joined, stats in self.rules.walk_folders(keep=False, part=part, watch=run.watches, stats=True):
                 if want_walked:
                     walked.append((prefix, joined))
                 if doubt is None and proof is not None \
                         and not proof.attributes_clear(self.root, prefix, self.rules.lists_attributes):
                     doubt = proof.doubt or "a conversion attribute"
-                yield prefix, joined
+                yield prefix, joined, stats
 
         def prove(path: str, st: os.stat_result) -> bool:
             if doubt is not None or proof is None or st.st_size > max_bytes:

@@ -20,7 +20,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shadowpoint.stage.exclusions import NAME_SEP
+from shadowpoint.stage.exclusions import NAME_SEP, Listed
 from shadowpoint.stage.forked import Forked
 from shadowpoint.stage.stat_cache import FileState, is_clean
 
@@ -31,9 +31,9 @@ _COUNTS = struct.Struct("<QQQ")  # reached, clean, bytes of the paths that follo
 # copy-on-write faults cost a few milliseconds, which half of a smaller pass does not repay.
 SPLIT_MIN_FILES = 20_000
 
-# (folder prefix with a trailing "/" or "" for the root, its file names joined by NAME_SEP),
-# as ExclusionRules.walk_folders yields them
-Folder = tuple[str, str]
+# (folder prefix with a trailing "/" or "" for the root, its file names joined by NAME_SEP,
+# their lstat if the walk read them), as ExclusionRules.walk_folders yields them
+Folder = Listed
 
 
 @dataclass(slots=True)
@@ -67,37 +67,48 @@ def check_folders(root: str, folders: Iterable[Folder], entries: Mapping[str, Fi
     (a forked baseline's index proof); True keeps it out of `unproven`."""
     reached = clean = 0
     unproven: list[str] = []
-    lstat = os.lstat
     known_state = entries.get
-    for prefix, joined in folders:
-        folder = root + prefix
-        try:
-            # names looked up from the folder itself: shorter lookups, and never through a
-            # symlink that replaced one of its parents since the listing
-            fd = os.open(folder, _DIR_FLAGS)
-        except OSError:
-            fd = -1
-        try:
-            for name in joined.split(NAME_SEP):
-                path = prefix + name
-                try:
-                    st = lstat(name, dir_fd=fd) if fd >= 0 else lstat(folder + name)
-                except OSError:
-                    unproven.append(path)  # gone since its folder was listed
+    for prefix, joined, listed in folders:
+        names = joined.split(NAME_SEP)
+        stats: Sequence[os.stat_result | None] = listed if listed is not None else lstat_names(root + prefix, names)
+        for name, st in zip(names, stats, strict=True):
+            path = prefix + name
+            if st is None:
+                unproven.append(path)  # gone since its folder was listed
+                continue
+            known = known_state(path)
+            if known is not None:
+                reached += 1
+                if is_clean(known, st):
+                    clean += 1
                     continue
-                known = known_state(path)
-                if known is not None:
-                    reached += 1
-                    if is_clean(known, st):
-                        clean += 1
-                        continue
-                elif prove is not None and prove(path, st):
-                    continue
-                unproven.append(path)
-        finally:
-            if fd >= 0:
-                os.close(fd)
+            elif prove is not None and prove(path, st):
+                continue
+            unproven.append(path)
     return StatPass(reached, clean, unproven)
+
+
+def lstat_names(folder: str, names: Iterable[str]) -> list[os.stat_result | None]:
+    """The lstat of each of `names` in `folder` (ending with "/"); None for one that is gone.
+    Looked up from the folder itself: shorter lookups, and never through a symlink that
+    replaced one of its parents since the listing."""
+    out: list[os.stat_result | None] = []
+    add = out.append
+    lstat = os.lstat
+    try:
+        fd = os.open(folder, _DIR_FLAGS)
+    except OSError:
+        fd = -1
+    try:
+        for name in names:
+            try:
+                add(lstat(name, dir_fd=fd) if fd >= 0 else lstat(folder + name))
+            except OSError:
+                add(None)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return out
 
 
 Check = Callable[[str, Sequence[Folder], Mapping[str, FileState]], StatPass]
@@ -109,7 +120,7 @@ def split_pass(root: str, folders: Sequence[Folder], entries: Mapping[str, FileS
     at least `min_files` files (None: never, as on a single core).
 
     `child_check` is what the child runs (a seam for fault tests)."""
-    if min_files is None or sum(joined.count(NAME_SEP) + 1 for _, joined in folders) < min_files:
+    if min_files is None or sum(joined.count(NAME_SEP) + 1 for _, joined, _ in folders) < min_files:
         return check_folders(root, folders, entries)
     mine, theirs = _halves(folders)
     child = Forked.start(lambda: _encode(child_check(root, theirs, entries)))

@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -605,7 +606,7 @@ def test_walk_and_checks_never_modify_the_tree(tmp_path: Path) -> None:
 
 
 def folders_walked(rules: ExclusionRules) -> set[str]:
-    return {prefix + name for prefix, joined in rules.walk_folders() for name in joined.split(NAME_SEP)}
+    return {prefix + name for prefix, joined, _ in rules.walk_folders() for name in joined.split(NAME_SEP)}
 
 
 def _settle() -> None:
@@ -674,6 +675,41 @@ def _count_scandirs(rules: ExclusionRules, monkeypatch: pytest.MonkeyPatch) -> i
     return calls
 
 
+@pytest.mark.usefixtures("trusting")
+def test_a_walk_with_stats_gives_each_listed_files_lstat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`walk_folders(stats=True)` (a baseline's) yields what a walk without them yields, with
+    each file's lstat where it listed the folder anew (its entries' types read from those:
+    a symlink to a folder is a file, a `.gitignore` that is a folder no rule file), None
+    where it reused a listing; an entry gone between the listing and its lstat is left out."""
+    root = make_tree(tmp_path / "ws", {**_rich_random_tree(5), "src/a.py": "a", "src/deep/b.py": "b",
+                                       "odd/.gitignore/x.txt": "x", "odd/keep.log": "k", ".gitignore": "*.log\n"})
+    (root / "src" / "link").symlink_to("deep")
+    plain = [(prefix, joined) for prefix, joined, _ in ExclusionRules(root).walk_folders(keep=False)]
+    rules = ExclusionRules(root)
+    listed = list(rules.walk_folders(stats=True))
+    assert [(prefix, joined) for prefix, joined, _ in listed] == plain
+    assert "src/link" in {prefix + name for prefix, joined in plain for name in joined.split(NAME_SEP)}
+    assert "odd/.gitignore/x.txt" in {prefix + name for prefix, joined in plain for name in joined.split(NAME_SEP)}
+    for prefix, joined, stats in listed:
+        assert stats is not None
+        for name, st in zip(joined.split(NAME_SEP), stats, strict=True):
+            want = os.lstat(root / (prefix + name))
+            assert (st.st_ino, st.st_mode, st.st_mtime_ns) == (want.st_ino, want.st_mode, want.st_mtime_ns), name
+    _settle()
+    assert all(stats is None for _, _, stats in rules.walk_folders(stats=True))  # every listing reused
+    real_lstat = os.lstat
+
+    def vanishing(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if path == "a.py":
+            raise FileNotFoundError(path)  # removed between the folder's listing and its lstat
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", vanishing)
+    fresh = {prefix + name for prefix, joined, _ in ExclusionRules(root).walk_folders(keep=False, stats=True)
+             for name in joined.split(NAME_SEP)}
+    assert "src/a.py" not in fresh and "src/deep/b.py" in fresh
+
+
 def test_walk_folders_lists_again_what_changed_within_the_racy_margin(tmp_path: Path) -> None:
     root = make_tree(tmp_path / "ws", {"a/x.txt": "x", "b/y.txt": "y"})
     rules = ExclusionRules(root)
@@ -692,7 +728,7 @@ def test_unwalked_finds_exactly_the_paths_a_walk_did_not_yield(tmp_path: Path) -
     assert exclusions.unwalked(paths, walked_pairs) == ["a", "b", "ab.txt", "d/xy", "d/e/x", "f/x", "d/e"]
     root = make_tree(tmp_path / "ws", {"a/b.txt": "1", "a/bb.txt": "2", "node_modules/m.js": "3", "top": "4",
                                        ".gitignore": "*.log\n", "k.log": "5"})
-    pairs = list(ExclusionRules(root).walk_folders())
+    pairs = [(prefix, joined) for prefix, joined, _ in ExclusionRules(root).walk_folders()]
     yielded = {prefix + name for prefix, joined in pairs for name in joined.split(NAME_SEP)}
     candidates = ["a/b.txt", "a/bb.txt", "a/b", "node_modules/m.js", "top", "k.log", "gone", ".gitignore"]
     assert exclusions.unwalked(candidates, pairs) == [p for p in candidates if p not in yielded]
@@ -707,7 +743,7 @@ def test_walk_folders_without_keep_yields_the_same_and_keeps_nothing(tmp_path: P
     rules = ExclusionRules(root)
     kept = folders_walked(rules)
     assert rules._listings and rules._dirs
-    unkept = {prefix + name for prefix, joined in rules.walk_folders(keep=False) for name in joined.split(NAME_SEP)}
+    unkept = {prefix + name for prefix, joined, _ in rules.walk_folders(keep=False) for name in joined.split(NAME_SEP)}
     assert unkept == kept == {"a/b.txt", "a/c/d.txt", "e/.gitignore", "e/y.txt"}
     assert not rules._listings and set(rules._dirs) <= {""}  # the root's own rules only
     assert rules.is_excluded(RepoPath("e/z.tmp"), is_dir=False)  # single checks still decide
@@ -725,7 +761,7 @@ def test_walk_folders_walks_in_name_order(tmp_path: Path, monkeypatch: pytest.Mo
     assert _count_scandirs(rules, monkeypatch) == 0  # the next walk reuses every listing
     for keep in (True, False):  # the listings reused, and read again
         pairs = list(rules.walk_folders(keep=keep))
-        assert [prefix for prefix, _ in pairs] == ["", "c/", "c/a/", "k/"]
+        assert [prefix for prefix, _, _ in pairs] == ["", "c/", "c/a/", "k/"]
         assert pairs[0][1].split(NAME_SEP) == ["Z.txt", "a.py", "b-c.py", "b.py", "c.txt", "m.py"]
 
 
@@ -733,7 +769,7 @@ def test_walk_folders_walks_in_name_order(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def _part_files(rules: ExclusionRules, part: WalkPart | None) -> list[str]:
-    return [prefix + name for prefix, joined in rules.walk_folders(keep=False, part=part)
+    return [prefix + name for prefix, joined, _ in rules.walk_folders(keep=False, part=part)
             for name in joined.split(NAME_SEP)]
 
 
