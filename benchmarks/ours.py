@@ -24,8 +24,6 @@ from shadowpoint.store.loose import live_pools
 
 EDIT_TOOL = "write_to_file"
 COMMAND_TOOL = "execute_command"
-POLL_S = 0.002
-POLL_MAX_S = 0.1
 # the engine's background packs, and each root's thread that writes a baseline's stat cache
 # and copies borrowed blobs (it waits for a quiet moment: up to ~0.3 s here)
 BACKGROUND_THREAD_PREFIXES = ("shadowpoint-gc", "shadowpoint-copy")
@@ -128,17 +126,13 @@ class OurEngine:
         return time.perf_counter() - start
 
     def wait_ready(self, task: str) -> None:
-        """Until `task`'s baseline is built. The poll's interval grows with the wait, to 2% of
-        it (at most POLL_MAX_S): each poll takes the GIL from the baseline's threads, and a
-        1M-file baseline polled every 2 ms took 380-413 s where one polled every 0.1 s took 240 s."""
-        started = time.perf_counter()
-        while True:
-            status = self.eng.list_checkpoints(task).status
-            if status.state == "ready":
-                return
-            if status.state != "initializing":
-                raise NotReadyError(f"task {task}: {status.state} {status.error}")
-            time.sleep(min(POLL_MAX_S, max(POLL_S, (time.perf_counter() - started) / 50)))
+        """Until `task`'s baseline is built, blocked on it (`Engine.wait_ready`), as a round
+        waits. Polling `list_checkpoints` with a growing interval (to 2% of the wait) added up
+        to that much slack to every baseline's figure and took the GIL from its threads at each
+        poll (a 1M-file baseline polled every 2 ms took 380-413 s, one polled every 0.1 s 240 s)."""
+        status = self.eng.wait_ready(task)
+        if status.state != "ready":
+            raise NotReadyError(f"task {task}: {status.state} {status.error}")
 
     def baseline_hash(self, task: str) -> str:
         for cp in self.eng.list_checkpoints(task).checkpoints:

@@ -268,6 +268,14 @@ class Engine:
                 self._baselines.begin(rt, ts)
         return self.task_state(rt)
 
+    def wait_ready(self, task_id: str) -> TaskStatus:
+        """Block until the task's baseline is built (or has failed); its state then. What a
+        library caller waits on instead of polling `list_checkpoints` (each poll takes the
+        GIL and the task's lock from the baseline); a round waits the same way."""
+        rt = self._task(task_id)
+        self._baselines.wait_ready(rt)
+        return self.task_state(rt)
+
     def retry_task(self, task_id: str) -> TaskStatus:
         """Try the baseline again after a failure (or turn a disabled task back on)."""
         rt = self._task(task_id)
