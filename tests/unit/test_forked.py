@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import fcntl
+import os
+import threading
+import time
 
 from shadowpoint.stage.forked import Forked
 
@@ -26,3 +29,38 @@ def test_a_child_that_fails_answers_none() -> None:
 
     child = Forked.start(fail)
     assert child is not None and child.result() is None
+
+
+def test_a_whole_answer_is_taken_before_the_pipe_ends() -> None:
+    """The answer is taken once its last byte is read, not when the pipe's last writer is gone:
+    the end of a child forked from a big process takes the kernel milliseconds. Here a
+    grandchild holds the pipe open until the answer was taken; the child is reaped anyway."""
+    gate_r, gate_w = os.pipe()
+
+    def work() -> bytes:
+        if os.fork() == 0:  # the grandchild: holds the answer's pipe open until the gate opens
+            os.read(gate_r, 1)
+            os._exit(0)
+        return b"the answer"
+
+    child = Forked.start(work)
+    assert child is not None
+    answers: list[bytes | None] = []
+    taker = threading.Thread(target=lambda: answers.append(child.result()))
+    taker.start()
+    taker.join(60)
+    try:
+        assert answers == [b"the answer"]
+        deadline = time.monotonic() + 60
+        while True:  # reaped by its thread: waitpid finds no such child
+            try:
+                os.waitpid(child.pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            assert time.monotonic() < deadline, "the child was never reaped"
+            time.sleep(0.01)
+    finally:
+        os.write(gate_w, b"x")
+        os.close(gate_r)
+        os.close(gate_w)
+        taker.join(60)
