@@ -44,7 +44,6 @@ from shadowpoint.stage.gc_pause import collection_paused
 from shadowpoint.stage.git_index import IndexDoubt, IndexProof, open_index
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import (
-    STATE_SIZE,
     FileState,
     StatCache,
     is_clean,
@@ -830,7 +829,7 @@ class Scanner:
         placed = run.watches.placed() if run.watches is not None else None
         trees = self._unit_trees(part.units, proven, states, others) if proven else {}
         return pickle.dumps((sorted(part.units), found.reached, found.clean, doubt, NAME_SEP.join(proven),
-                             b"".join(states), others, walked, placed, trees), protocol=pickle.HIGHEST_PROTOCOL)
+                             states, others, walked, placed, trees), protocol=pickle.HIGHEST_PROTOCOL)
 
     def _unit_trees(self, units: Collection[str], proven: list[str], states: list[FileState],
                     others: list[str]) -> dict[str, tuple[int, bytes]]:
@@ -847,11 +846,11 @@ class Scanner:
                 if folder in units:
                     unclean.add(folder)
                     break
-        pairs = sorted(zip(proven, states, strict=True))
-        paths = [path for path, _ in pairs]
+        order = sorted(range(len(proven)), key=proven.__getitem__)  # ~half the time of sorting pairs
+        paths = [proven[i] for i in order]
         spans = [(unit, *_folder_span(paths, unit)) for unit in sorted(units) if unit not in unclean]
         try:
-            return _trees_of_folders(self.repo, paths, [state for _, state in pairs], spans)
+            return _trees_of_folders(self.repo, paths, [states[i] for i in order], spans)
         except (ValueError, StorageFailedError):
             return {}
 
@@ -903,14 +902,13 @@ class Scanner:
             proven = []
         elif run.fresh:
             run.unit_trees.update(trees)
-        size = STATE_SIZE
         if run.fresh:  # recorded with this process's own (`_keep_proven`)
             run.proven_paths.extend(cast(list[RepoPath], proven))
-            run.proven_states.extend(states[i * size:(i + 1) * size] for i in range(len(proven)))
+            run.proven_states.extend(states[:len(proven)])  # none when doubted (`proven` emptied)
         else:
-            for i, path in enumerate(proven):
+            for path, state in zip(proven, states[:len(proven)], strict=True):
                 if path not in pinned:
-                    self._keep_borrowed(run, RepoPath(path), states[i * size:(i + 1) * size])
+                    self._keep_borrowed(run, RepoPath(path), state)
         for path in others:
             if path not in pinned:
                 st = self._lstat_in_folder(RepoPath(path))
