@@ -10,9 +10,9 @@ of the scan, then the median of each phase's duration and end over the runs.
 
 Not a timing of record (the wrappers cost a little, the host's load swings more): use it to
 see which side waits for which, and where the end of a task's first command's wait comes from.
-On the packed 100k git tree (2026-12-05): the parent waits ~45 ms for the walk's child, then
-~60 ms of its own serial work, then the trees (~75 ms here, ~100 ms in the child for its
-top-level folders), then the commit; the borrowed ledger is one line (its tree).
+On the packed 100k git tree (2026-12-06): both processes read the index (~130 ms each), walk
+their part (~430 ms each), and write the trees of their own folders (~90 ms here, ~110 ms in the
+child); the parent then takes the child's answer (~40 ms) and writes the few trees above both.
 """
 
 from __future__ import annotations
@@ -31,14 +31,18 @@ from typing import Any
 
 from benchmarks.ours import OurEngine
 from shadowpoint.logs import configure_logging
-from shadowpoint.stage import forked, scanner
+from shadowpoint.stage import forked, git_index, scanner
 from shadowpoint.store import shadow_repo
 
 # (owner, method) of each timed phase; `Forked.result` is a wait for a child
-PHASES: tuple[tuple[type, str], ...] = (
-    (scanner.Scanner, "_first_scan"), (forked.Forked, "result"), (scanner.Scanner, "_take_share"),
+PHASES: tuple[tuple[Any, str], ...] = (
+    (scanner.Scanner, "_fork_share"), (git_index.IndexProof, "read"), (git_index, "_parse"),
+    (scanner.Scanner, "_first_scan"), (scanner.Scanner, "_scan_folders"), (scanner, "check_folders"),
+    (scanner.Scanner, "_share_in_child"), (scanner.Scanner, "_unit_trees"), (scanner.Scanner, "_own_trees"),
+    (scanner, "_trees_of_folders"), (forked.Forked, "result"), (scanner.Scanner, "_take_share"),
     (scanner.Scanner, "_keep_proven"), (scanner.Scanner, "_trees_aside"), (scanner.Scanner, "_note_borrowed"),
-    (scanner.Scanner, "_subtrees"), (scanner.Scanner, "_trees_beside"), (shadow_repo.ShadowRepo, "commit"),
+    (scanner.Scanner, "_subtrees"), (scanner.Scanner, "_trees_beside"), (shadow_repo.ShadowRepo, "write_tree_packed"),
+    (shadow_repo.ShadowRepo, "commit"),
 )
 
 
@@ -72,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("tree", type=Path, help="the workspace (a git repository shows the split baseline)")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--no-watcher", action="store_true", help="as the benchmark's baseline scenarios run")
     args = p.parse_args(argv)
     configure_logging("warning")
     work = Path(tempfile.mkdtemp(prefix="sp-baseline-profile-", dir=args.workdir))
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for run in range(args.runs):
             log.unlink(missing_ok=True)
-            ours = OurEngine(args.tree.resolve(), work / f"docs-{run}", watcher=True)
+            ours = OurEngine(args.tree.resolve(), work / f"docs-{run}", watcher=not args.no_watcher)
             try:
                 totals.append(ours.start("t"))
             finally:
