@@ -18,7 +18,7 @@ import pickle
 import stat
 import sys
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -66,6 +66,8 @@ _SILENCED = (sys.modules[__name__], exclusions, patterns, git_index, shadow_repo
 
 # a stage from an empty tree with at least this many paths writes its trees as one pack
 PACKED_TREES_MIN = 256
+# a split baseline's trees serve early captures every this many files (`_trees_of_folders`)
+_POLL_FILES = 1024
 # a forked child's answer with its run of a fresh baseline's trees (`Scanner._trees_aside`):
 # after the first byte, its runs, the paths' count and the root's entries (pickled); or the
 # second byte alone (this process makes them)
@@ -182,9 +184,12 @@ def _own_folders(ordered: Sequence[str], theirs: WalkPart) -> list[tuple[str, in
 
 
 def _trees_of_folders(repo: ShadowRepo, paths: Sequence[str], states: Sequence[FileState],
-                      spans: Iterable[tuple[str, int, int]]) -> dict[str, tuple[int, bytes]]:
+                      spans: Iterable[tuple[str, int, int]], poll: Callable[[], None] | None = None
+                      ) -> dict[str, tuple[int, bytes]]:
     """The tree of each folder of `spans` ((folder, lo, hi): its files are `paths[lo:hi]`, sorted,
     their states alike in `states`), written as one pack: {folder: (its files' count, raw id)}.
+    `poll`: run at each folder and every `_POLL_FILES` files in it (a baseline serves early
+    captures there: ~1 s of trees at 1M files is no edit's wait).
 
     Raises:
         ValueError: a path is both a file and a folder.
@@ -195,6 +200,8 @@ def _trees_of_folders(repo: ShadowRepo, paths: Sequence[str], states: Sequence[F
     def files(folder: str, lo: int, hi: int) -> Iterator[tuple[str, int, bytes]]:
         cut = len(folder) + 1
         for i in range(lo, hi):
+            if poll is not None and not (i - lo) % _POLL_FILES:
+                poll()
             state = states[i]
             yield paths[i][cut:], state_mode(state), state_oid(state)
 
@@ -858,7 +865,8 @@ class Scanner:
         """In a split fresh baseline, once this process walked its part and while the child
         still walks or writes its own trees: the trees of this part's folders (those of no
         unit and above none, `_own_folders`), for `_taken_units` with the child's. Files still
-        with the hashing workers are recorded first."""
+        with the hashing workers are recorded first; early captures are served meanwhile (a
+        path captured now is pinned: its folder's tree is not taken)."""
         if run.batch is not None:
             self._finish(run, run.batch.flush())
         self._keep_proven(run)
@@ -866,7 +874,7 @@ class Scanner:
         ordered = sorted(entries)
         try:
             run.unit_trees.update(_trees_of_folders(self.repo, ordered, [entries[path] for path in ordered],
-                                                    _own_folders(ordered, theirs)))
+                                                    _own_folders(ordered, theirs), partial(self._serve_pending, run)))
         except ValueError:
             pass  # a path both a file and a folder: written with the rest
 

@@ -757,6 +757,39 @@ def test_the_trees_the_walkers_wrote_are_taken_where_their_files_are_unchanged(
     assert_byte_exact(sh, split.tree, left_out=("node_modules",))
 
 
+def test_an_edit_asked_for_while_this_process_writes_its_trees_is_captured_then(
+        tmp_path: Path, shadow: Any, forks: list[str], taken_units: list[set[str]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC §3 while this process writes its own folders' trees (the child still works): an
+    edit tool's request is served from within the trees, not after them (at 1M files they take
+    ~1 s). The captured path is pinned, so its folder's tree, written before, is not taken."""
+    monkeypatch.setattr(scanner, "PACKED_TREES_MIN", 10)
+    monkeypatch.setattr(scanner, "_POLL_FILES", 4)
+    files = {**SPLIT_FILES, "node_modules/m/index.js": b"x\n"}
+    root = make_repo(tmp_path / "repo", files)
+    sh = shadow(root, split_min_files=10)
+    capture, cache = EarlyCapture(), StatCache()
+    asked: list[Any] = []
+    real = scanner._trees_of_folders
+
+    def trees(repo: Any, paths: Any, states: Any, spans: Any, poll: Any = None) -> Any:
+        if poll is not None and not asked:  # this process's own trees
+            (root / "b" / "z03.txt").write_bytes(b"the person's edit, before the tool's\n")
+            asked.append(capture.request([RepoPath("b/z03.txt")]))
+        found = real(repo, paths, states, spans, poll)
+        if asked:
+            assert asked[0].done.is_set(), "the request waited for the trees"
+        return found
+
+    monkeypatch.setattr(scanner, "_trees_of_folders", trees)
+    result = sh.scanner.stage(StagePlan(rescan=True), cache, capture, borrow=True)
+    assert forks == ["a"] and len(asked) == 1 and asked[0].done.is_set()
+    assert "b" not in taken_units[0] and {"a", "c"} <= taken_units[0]
+    assert result.tree == hashed_tree(tmp_path, shadow, sh.root)
+    listing = sh.repo.list_tree(result.tree)
+    assert cat_file(sh.git_dir, listing["b/z03.txt"].oid) == b"the person's edit, before the tool's\n"
+
+
 def test_a_failed_child_leaves_its_folders_to_this_process(tmp_path: Path, shadow: Any, forks: list[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     def crash(*_args: Any) -> bytes:
