@@ -715,11 +715,13 @@ class Scanner:
         if run.index_fd is None or least is None:
             return None
         try:
-            if os.fstat(run.index_fd).st_size < least * _INDEX_ENTRY_MIN:
-                return None
+            size = os.fstat(run.index_fd).st_size
         except OSError:
             return None
-        return Forked.start(partial(self._share_in_child, run, want_walked), _SILENCED)
+        if size < least * _INDEX_ENTRY_MIN:
+            return None
+        # the answer (half the paths, each with a 47-byte state) is well under the index's size
+        return Forked.start(partial(self._share_in_child, run, want_walked), _SILENCED, shared=size + (1 << 20))
 
     def _scan_folders(self, run: _Staging, folders: Iterable[Listed], walked: list[tuple[str, str]] | None,
                       files_done: int) -> tuple[int, int, int]:

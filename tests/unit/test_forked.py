@@ -7,6 +7,8 @@ import os
 import threading
 import time
 
+import pytest
+
 from shadowpoint.stage.forked import Forked
 
 
@@ -64,3 +66,32 @@ def test_a_whole_answer_is_taken_before_the_pipe_ends() -> None:
         os.close(gate_r)
         os.close(gate_w)
         taker.join(60)
+
+
+def test_an_answer_that_fits_crosses_in_shared_memory_and_one_that_does_not_through_the_pipe(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`shared`: the child puts an answer that fits in memory both processes share, and only
+    its length crosses the pipe; a bigger one still crosses whole through the pipe."""
+    read: list[int] = []
+    real_read = os.read
+
+    def counted(fd: int, n: int) -> bytes:
+        chunk = real_read(fd, n)
+        read.append(len(chunk))
+        return chunk
+
+    monkeypatch.setattr(os, "read", counted)
+    small, big = bytes(range(256)) * 4096, bytes(range(256)) * (8 << 12)  # 1 MiB, 8 MiB
+    for answer, through_pipe in ((small, False), (big, True), (b"", False)):
+        read.clear()
+        child = Forked.start(lambda answer=answer: answer, shared=2 << 20)  # type: ignore[misc]
+        assert child is not None and child.area is not None
+        assert child.result() == answer
+        assert child.area is None  # let go
+        assert sum(read) > len(answer) if through_pipe else sum(read) < 64  # the answer, or its length
+
+    def fail() -> bytes:
+        raise RuntimeError("the child's work failed")
+
+    failing = Forked.start(fail, shared=1 << 20)
+    assert failing is not None and failing.result() is None and failing.area is None
