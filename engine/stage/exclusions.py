@@ -630,7 +630,8 @@ class ExclusionRules:
         """Read the folder and decide each entry; None if it cannot be read. `with_stats`: each
         entry is lstat-ed here (its type read from it, not from the listing) and the included
         files' stats are given back with the listing, in its order: the walk's consumer then
-        lstats them no more (a baseline: ~80 ms less at 100k files, the folder opened once)."""
+        lstats them no more (a git repository's baseline at 100k files: ~45 ms less CPU, each
+        folder opened once)."""
         listed_ns = time.time_ns()
         stats: list[os.stat_result] | None
         try:

@@ -3,8 +3,8 @@
 A scan's hot loops (lstat, pattern decisions, the index proof) are Python code that holds the
 GIL: two threads take turns and are slower than one. A forked child holds everything this
 process held at the fork by copy-on-write, does its share, and writes its answer (bytes) to a
-pipe. Used by a rescan's stat pass (`stat_pass`) and a git repository's baseline
-(`scanner`).
+pipe, or to memory both processes share when the caller made some and it fits. Used by a
+rescan's stat pass (`stat_pass`) and a git repository's baseline (`scanner`).
 
 The child is careful with what it inherits: only the forking thread exists there, so it
 takes no lock another thread may have held (no logging: the modules it runs get a silent

@@ -160,9 +160,9 @@ def _files_around(cache: StatCache, ordered: Sequence[RepoPath],
 
 
 def _own_folders(ordered: Sequence[str], theirs: WalkPart) -> list[tuple[str, int, int]]:
-    """The folders of `ordered` (sorted paths) that are wholly the other side's of `theirs`
-    (a split walk's child part): neither a unit nor above one, and the parent above one or
-    the root. As (folder, lo, hi): where its paths lie in `ordered`."""
+    """The folders of `ordered` (sorted paths) that this side of a split walk holds whole
+    (`theirs`: the child's part): neither a unit nor above one, their parent above one or the
+    root. As (folder, lo, hi): where its paths lie in `ordered`."""
     out: list[tuple[str, int, int]] = []
     pending = [("", 0, len(ordered))]
     while pending:
@@ -335,8 +335,8 @@ class _Staging:
     proven_paths: list[RepoPath] = field(default_factory=list)
     proven_states: list[FileState] = field(default_factory=list)
     alternate_added: bool = False
-    # a split fresh baseline: the trees of the units its child wrote (`_unit_trees`), and the
-    # paths recorded since they were taken in (`_taken_units`)
+    # a split fresh baseline: the trees of whole folders its two walkers wrote (`_unit_trees`,
+    # `_own_trees`), and the paths recorded since (`_taken_units`)
     unit_trees: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     touched: set[RepoPath] = field(default_factory=set)
     # paths whose unchanged stat proves them unchanged even when racy (`StagePlan.vouched`)
@@ -494,10 +494,11 @@ class Scanner:
 
     @staticmethod
     def _taken_units(run: _Staging, ordered: Sequence[RepoPath]) -> dict[str, tuple[int, bytes]]:
-        """The trees a split baseline's child wrote for its units (`_unit_trees`) that still
-        hold: the paths below the unit are as many as it wrote them with, and none of them was
-        recorded since (`touched`) or captured early. {} when they hold less than a third of
-        the paths: the trees are then written in two processes (`_trees_aside`)."""
+        """The trees of whole folders a split baseline's walkers wrote (the child's units,
+        `_unit_trees`; this process's own, `_own_trees`) that still hold: the paths below the
+        folder are as many as it was written with, and none of them was recorded since
+        (`touched`) or captured early. {} when they hold less than a third of the paths: the
+        trees are then written in two processes (`_trees_aside`)."""
         if not run.unit_trees or run.proof is None:
             return {}
         changed = sorted(run.touched | (run.capture.pinned if run.capture is not None else set()))
