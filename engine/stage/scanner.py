@@ -512,8 +512,8 @@ class Scanner:
 
     def _trees_around(self, run: _Staging, cache: StatCache, ordered: Sequence[RepoPath],
                       units: Mapping[str, tuple[int, bytes]]) -> str | None:
-        """A fresh baseline's tree written here around the trees of `units` (`_taken_units`),
-        which the child wrote while this process walked."""
+        """A fresh baseline's tree written here around the trees of `units` (`_taken_units`):
+        the few folders above the walkers' own, and any whose tree no longer held."""
         try:
             return self.repo.write_tree_packed(_files_around(cache, ordered, units))
         except ValueError:

@@ -931,8 +931,8 @@ class ShadowRepo:
 
     def write_trees_packed(self, groups: Iterable[Iterable[tuple[str, int, bytes]]]) -> list[bytes | None]:
         """`write_tree_packed` for each of `groups` (the files of one folder each, their paths
-        relative to it), all into one pack: the raw id of each group's tree (None: empty). A
-        split baseline's child writes the trees of the folders it walked this way.
+        relative to it), all into one pack: the raw id of each group's tree (None: empty). Each
+        process of a split baseline writes the trees of the whole folders it walked this way.
 
         Raises:
             as `write_tree_packed`.
