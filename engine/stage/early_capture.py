@@ -103,6 +103,11 @@ class EarlyCapture:
         for req in taken:
             req.done.set()
 
+    def holds_within(self, files_done: int, count: int) -> bool:
+        """Whether the test seam holds the scan within its next `count` files (the scan then
+        takes them one by one, as `hold_point` expects)."""
+        return self._hold is not None and files_done + count >= self._hold.after_files
+
     def hold_point(self, files_done: int, serve: Callable[[], None]) -> None:
         """The test seam's stop: hold here once `files_done` reaches the hold, serving requests."""
         hold = self._hold

@@ -31,15 +31,22 @@ import os
 import re
 import stat
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from shadowpoint.stage.stat_cache import RACY_MARGIN_NS, FileState, proven_state
-from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK
+from shadowpoint.stage.stat_cache import (
+    CODE_EXEC,
+    CODE_FILE,
+    CODE_LINK,
+    RACY_MARGIN_NS,
+    STATE_LAYOUT,
+    TRUSTED,
+    FileState,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +67,8 @@ _EMPTY_BLOB = bytes.fromhex("e69de29bb2d1d6434b8b29ae775ad8c2e48c5391")
 _ATTRIBUTES = ".gitattributes"
 _U32 = 0xFFFFFFFF
 _TYPE_BITS = 0o170000  # stat.S_IFMT's
+_S_IFREG, _S_IFLNK = stat.S_IFREG, stat.S_IFLNK
+_NO_LIMIT = 1 << 63  # `prove`'s size limit: none (its callers compare)
 
 # words whose mention in an attributes file may mean a conversion on `git add`
 _ATTR_WORDS = re.compile(rb"text|eol|crlf|ident|filter|encoding", re.IGNORECASE)
@@ -572,38 +581,69 @@ class IndexProof:
     def prove(self, path: str, st: os.stat_result, checked_ns: int) -> FileState | None:
         """The file's state (`stat_cache`) with the index's blob id and mode if its entry
         proves the file at `st` unchanged; `checked_ns`: when the walk began (the state's
-        racy-clean rule). Called for every file of a baseline's walk: the times are compared
-        whole (seconds and nanoseconds of the entry against the stat's nanoseconds; a time
-        git's 32-bit seconds cannot hold never matches: hashed), in one expression, and the
+        racy-clean rule). `prove_folder` for one file."""
+        states: list[FileState] = []
+        self.prove_folder("", (path,), (st,), checked_ns, _NO_LIMIT, [], states)
+        return states[0] if states else None
+
+    def prove_folder(self, prefix: str, names: Sequence[str], stats: Sequence[os.stat_result | None],
+                     checked_ns: int, max_bytes: int, proven: list[str], states: list[FileState]) -> list[int]:
+        """Which files `names` of one folder (`prefix`: "" or "a/b/"), each with its lstat (None:
+        gone), the index proves unchanged: a stage-0 entry without assume-valid, skip-worktree or
+        intent-to-add whose stat data equals the lstat as git compares it, not racy, and a file
+        no larger than `max_bytes`. Each proven path and its state (`stat_cache`, with the
+        index's blob id and mode; `checked_ns`: when the walk began, the state's racy-clean
+        rule) are added to `proven` and `states`; returns where the others are in `names`.
+
+        A baseline's hot loop, one call a folder, not two or three a file: the times are
+        compared whole (seconds and nanoseconds of the entry against the stat's nanoseconds; a
+        time git's 32-bit seconds cannot hold never matches: hashed), in one expression, and the
         state packed here."""
-        at = self.entries.get(path)
-        if at is None:
-            return None
-        (ctime_s, ctime_ns, mtime_s, mtime_ns, _dev, ino, e_mode, uid, gid, e_size, raw_oid,
-         flags) = _ENTRY.unpack_from(self.body, at)
-        mode = st.st_mode
-        mtime = st.st_mtime_ns
-        ctime = st.st_ctime_ns
-        size = st.st_size
-        if (flags & (_FLAG_ASSUME_VALID | _FLAG_EXTENDED)  # assume-valid, skip-worktree, intent-to-add
-                or size != e_size  # a size over 32 bits never equals the entry's
-                or (mode ^ e_mode) & _TYPE_BITS
-                or mtime != mtime_s * 1_000_000_000 + mtime_ns or mtime_ns >= 1_000_000_000
-                or ctime != ctime_s * 1_000_000_000 + ctime_ns or ctime_ns >= 1_000_000_000
-                or st.st_ino & _U32 != ino or st.st_uid & _U32 != uid or st.st_gid & _U32 != gid
-                # racy: recorded too close to the index write for the stat to prove the content
-                or mtime >= self.racy_before_ns):
-            return None
-        kind = mode & _TYPE_BITS
-        if kind == stat.S_IFREG:
-            if (mode ^ e_mode) & 0o100 or (e_size == 0 and raw_oid != _EMPTY_BLOB):
-                return None  # the exec bit; a 0 size may be git's racy smudge
-            e_mode = MODE_EXEC if e_mode & 0o100 else MODE_FILE  # git's modes of files are these two
-        elif kind == stat.S_IFLNK:
-            e_mode = MODE_LINK
-        else:
-            return None
-        return proven_state(size, mtime, ctime, mode, ino, checked_ns, e_mode, raw_oid)
+        others: list[int] = []
+        where = self.entries.get
+        unpack = _ENTRY.unpack_from
+        body = self.body
+        racy_before = self.racy_before_ns
+        trusted_before = checked_ns - RACY_MARGIN_NS
+        pack = STATE_LAYOUT.pack
+        add_path, add_state, add_other = proven.append, states.append, others.append
+        for i, st in enumerate(stats):
+            if st is None:
+                add_other(i)
+                continue
+            path = prefix + names[i]
+            at = where(path)
+            if at is None:
+                add_other(i)
+                continue
+            (ctime_s, ctime_ns, mtime_s, mtime_ns, _dev, ino, e_mode, uid, gid, e_size, raw_oid,
+             flags) = unpack(body, at)
+            mode = st.st_mode
+            mtime = st.st_mtime_ns
+            ctime = st.st_ctime_ns
+            size = st.st_size
+            if (size > max_bytes or flags & (_FLAG_ASSUME_VALID | _FLAG_EXTENDED) or size != e_size
+                    or (mode ^ e_mode) & _TYPE_BITS
+                    or mtime != mtime_s * 1_000_000_000 + mtime_ns or mtime_ns >= 1_000_000_000
+                    or ctime != ctime_s * 1_000_000_000 + ctime_ns or ctime_ns >= 1_000_000_000
+                    or st.st_ino & _U32 != ino or st.st_uid & _U32 != uid or st.st_gid & _U32 != gid
+                    or mtime >= racy_before):
+                add_other(i)
+                continue
+            kind = mode & _TYPE_BITS
+            if kind == _S_IFREG:
+                if (mode ^ e_mode) & 0o100 or (e_size == 0 and raw_oid != _EMPTY_BLOB):
+                    add_other(i)
+                    continue
+                code = CODE_EXEC if e_mode & 0o100 else CODE_FILE
+            elif kind == _S_IFLNK:
+                code = CODE_LINK
+            else:
+                add_other(i)
+                continue
+            add_path(path)
+            add_state(pack(size, mtime, ctime, mode, ino, code | TRUSTED if mtime < trusted_before else code, raw_oid))
+        return others
 
 
 def _attribute_files(joined: str) -> list[str]:

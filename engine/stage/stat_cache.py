@@ -76,6 +76,14 @@ def _pack(size: int, mtime_ns: int, ctime_ns: int, st_mode: int, ino: int, trust
         return _STATE.pack(0, 0, 0, 0, 0, code, raw_oid)
 
 
+# For the hot loop that packs the states the user's index proves (`git_index.IndexProof.prove_folder`:
+# its times are 32-bit seconds, every field fits): the layout, the codes of a file's git modes
+# and the flag of a stat that was not racy
+STATE_LAYOUT = _STATE
+CODE_FILE, CODE_EXEC, CODE_LINK = _MODE_CODES[MODE_FILE], _MODE_CODES[MODE_EXEC], _MODE_CODES[MODE_LINK]
+TRUSTED = _TRUSTED
+
+
 def pack_state(size: int, mtime_ns: int, ctime_ns: int, st_mode: int, ino: int, checked_ns: int,
                mode: int, raw_oid: bytes) -> FileState:
     """A state of a file whose stat was recorded at `checked_ns`. The racy-clean rule is decided
@@ -88,15 +96,6 @@ def pack_state(size: int, mtime_ns: int, ctime_ns: int, st_mode: int, ino: int, 
     """
     return _pack(size, mtime_ns, ctime_ns, st_mode, ino, size >= 0 and mtime_ns < checked_ns - RACY_MARGIN_NS,
                  mode, raw_oid)
-
-
-def proven_state(size: int, mtime_ns: int, ctime_ns: int, st_mode: int, ino: int, checked_ns: int, mode: int,
-                 raw_oid: bytes) -> FileState:
-    """`pack_state` of a stat whose every field its column holds and a blob of a file's git
-    `mode` (what git's index proves: its times are 32-bit seconds, `git_index.IndexProof.prove`):
-    one call, not three, in a baseline's hot loop."""
-    trusted = _TRUSTED if mtime_ns < checked_ns - RACY_MARGIN_NS else 0
-    return _STATE.pack(size & _U32, mtime_ns, ctime_ns, st_mode, ino & _U32, _MODE_CODES[mode] | trusted, raw_oid)
 
 
 def state_of(st: os.stat_result, entry: TreeEntry, checked_ns: int) -> FileState:

@@ -790,6 +790,43 @@ def test_an_edit_asked_for_while_this_process_writes_its_trees_is_captured_then(
     assert cat_file(sh.git_dir, listing["b/z03.txt"].oid) == b"the person's edit, before the tool's\n"
 
 
+def test_an_edit_asked_for_within_a_big_folder_is_served_between_two_slices(
+        tmp_path: Path, shadow: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC §3 in a fresh baseline's folder proven a slice at a time (`_prove_listed`): a
+    request filed while one slice is proven is served before the next, and both its paths keep
+    the content they had then: one the index proved in that slice, one it cannot prove (changed
+    since the index), which is walked after the capture."""
+    monkeypatch.setattr(scanner, "_PROVE_SLICE", 4)
+    files = {f"big/f{i:02}.txt": f"{i}\n".encode() for i in range(12)}
+    root = make_repo(tmp_path / "repo", files)
+    (root / "big/f10.txt").write_bytes(b"the person's change, before the task\n")
+    sh = shadow(root)
+    capture, cache = EarlyCapture(), StatCache()
+    asked: list[Any] = []
+    served: list[bool] = []
+    real = IndexProof.prove_folder
+
+    def prove_folder(self: IndexProof, prefix: str, names: Any, *args: Any) -> list[int]:
+        if prefix == "big/":
+            if not asked:  # the first slice, f00 to f03
+                asked.append(capture.request([RepoPath("big/f01.txt"), RepoPath("big/f10.txt")]))
+            elif not served:
+                served.append(asked[0].done.is_set())
+                (root / "big/f01.txt").write_bytes(b"the tool's edit\n")
+                (root / "big/f10.txt").write_bytes(b"the tool's edit too\n")
+        return real(self, prefix, names, *args)
+
+    monkeypatch.setattr(IndexProof, "prove_folder", prove_folder)
+    result = sh.scanner.stage(StagePlan(rescan=True), cache, capture, borrow=True)
+    assert served == [True], "the request waited for the folder's end"
+    listing = sh.repo.list_tree(result.tree)
+    assert cat_file(sh.git_dir, listing["big/f01.txt"].oid) == files["big/f01.txt"]
+    assert cat_file(sh.git_dir, listing["big/f10.txt"].oid) == b"the person's change, before the task\n"
+    assert cat_file(sh.git_dir, listing["big/f11.txt"].oid) == files["big/f11.txt"]
+    assert len(listing) == len(files)
+    assert result.stats.borrowed == len(files) - 2
+
+
 def test_a_failed_child_leaves_its_folders_to_this_process(tmp_path: Path, shadow: Any, forks: list[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     def crash(*_args: Any) -> bytes:

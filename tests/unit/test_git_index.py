@@ -246,6 +246,28 @@ def test_proof_per_file(tmp_path: Path) -> None:
         assert proof.prove("same.txt", SimpleNamespace(**fields), time.time_ns()) is None, field  # type: ignore[arg-type]
 
 
+def test_a_folder_is_proven_as_its_files_one_by_one(tmp_path: Path) -> None:
+    """`IndexProof.prove_folder` proves what `prove` proves of each file, in order, and gives
+    the others' places: changed, not in the index, gone since the listing (no stat), and one
+    over the size limit."""
+    root = make_repo(tmp_path / "repo", {"d/a.txt": b"a\n", "d/big.bin": b"b" * 64, "d/c.txt": b"c\n",
+                                         "d/edited.txt": b"old\n", "d/gone.txt": b"g\n"})
+    (root / "d" / "edited.txt").write_bytes(b"new\n")
+    (root / "d" / "new.txt").write_bytes(b"n\n")
+    proof = IndexProof.load(root)
+    assert proof is not None
+    names = ["a.txt", "big.bin", "c.txt", "edited.txt", "gone.txt", "new.txt"]
+    stats = [None if name == "gone.txt" else os.lstat(root / "d" / name) for name in names]
+    now = time.time_ns()
+    proven: list[str] = ["before"]
+    states: list[FileState] = []
+    others = proof.prove_folder("d/", names, stats, now, 63, proven, states)
+    assert others == [1, 3, 4, 5]
+    assert proven == ["before", "d/a.txt", "d/c.txt"]
+    assert states == [proof.prove(path, os.lstat(root / path), now) for path in proven[1:]]
+    assert proof.prove("d/big.bin", os.lstat(root / "d" / "big.bin"), now) is not None  # only over the limit
+
+
 def test_proof_of_a_symlink_ignores_its_permission_bits(tmp_path: Path) -> None:
     root = make_repo(tmp_path / "repo", {"target.txt": b"t\n"}, commit=False)
     (root / "link").symlink_to("target.txt")
