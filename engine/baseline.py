@@ -54,7 +54,8 @@ class BaselineBuilder:
             hold: the test seam holding every baseline scan after some files (`early_capture.ScanHold`).
             save: writes the task's whole record.
             warnings: a root's skipped paths as checkpoint warnings.
-            built: called after a baseline is recorded (the engine starts its verifier, applies retention).
+            built: called once a baseline is built, before the task is ready (the engine starts its
+                verifier, applies retention, and keeps its background work off the waiting tool).
         """
         self.roots = roots
         self._options = options
@@ -172,6 +173,7 @@ class BaselineBuilder:
             for root in self.roots.values():
                 if root.watcher is not None:
                     root.watcher.placed()  # a root whose scan never ran: its watches by a walk
+        self._built()
         with rt.lock:
             if rt.generation != gen:
                 return
@@ -181,7 +183,6 @@ class BaselineBuilder:
             self._save(rt)
         log.info("task.baseline_built", task_id=rt.record.task_id, hashed=hashed, borrowed=taken, rescan=rescanned,
                  duration_ms=round((time.perf_counter() - start) * 1e3, 1))
-        self._built()
 
     def _start_watchers(self, captures: dict[str, EarlyCapture], requested: threading.Event) -> None:
         """Start every root's watcher before the baseline's scan (so that nothing slips between),

@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
+from shadowpoint import engine as engine_mod
 from shadowpoint.engine import Engine
+from shadowpoint.kinds import TaskState
 from shadowpoint.observe import inotify
 from shadowpoint.observe.watcher import WorkspaceWatcher
 from shadowpoint.stage import git_index, scanner
@@ -576,6 +578,69 @@ def test_engine_copy_waits_while_a_round_is_open(tmp_path: Path, make_engine: An
     assert state.last_copy is not None and state.last_copy.finished
     assert state.last_copy.copied == len(FILES) + len(folder_trees(root))
     assert not borrowed.ledger_path(state.ws.git_dir).exists()
+
+
+class _Clock:
+    """The engine module's `time`, its monotonic clock moved by the test alone."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def test_a_tool_that_waited_for_the_baseline_goes_on_before_the_copy(tmp_path: Path, make_engine: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tool that waited for a long baseline is answered first: the background copy (and the
+    stat cache's write) waits a quiet moment from the baseline's end, not from the tool's
+    request, which is older (at 100k files its first batch took the interpreter from the
+    waiting thread for 10-30 ms)."""
+    clock = _Clock()
+    monkeypatch.setattr(engine_mod, "time", clock)
+    root = Path(os.path.realpath(make_repo(tmp_path / "work" / "proj", FILES)))
+    eng: Engine = make_engine(root)
+    (state,) = eng.roots.values()
+    passed: list[bool] = []
+    real_yield = eng.yield_to_rounds
+
+    def yield_to_rounds() -> None:
+        real_yield()
+        passed.append(True)
+
+    monkeypatch.setattr(eng, "yield_to_rounds", yield_to_rounds)
+    state.copy_pause = yield_to_rounds
+    idle_seen = threading.Event()
+    real_idle = eng._is_idle
+
+    def is_idle() -> bool:
+        idle = real_idle()
+        if idle:
+            idle_seen.set()
+        return idle
+
+    monkeypatch.setattr(eng, "_is_idle", is_idle)
+    hold = eng.baseline_hold = ScanHold(after_files=1)
+    eng.start_task("t1", 0)
+    (rt,) = eng._tasks.values()
+    waiter = threading.Thread(target=eng.wait_ready, args=("t1",))
+    waiter.start()  # the tool's request, at 1000
+    assert hold.reached.wait(60)
+    deadline = time.monotonic() + 60
+    while rt.waiting_for_baseline == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the tool waits (a marker, not a duration)
+    clock.now += 10 * engine_mod.COPY_QUIET_S  # the baseline takes long after the request
+    hold.release()
+    waiter.join(60)
+    assert not waiter.is_alive() and rt.state is TaskState.READY
+    assert idle_seen.wait(60)  # the copy looked: the engine is idle now
+    assert not passed and borrowed.ledger_path(state.ws.git_dir).exists()
+    clock.now += 2 * engine_mod.COPY_QUIET_S  # quiet since the baseline's end
+    assert state.wait_copied(60)
+    assert passed and not borrowed.ledger_path(state.ws.git_dir).exists()
 
 
 def test_engine_never_writes_the_user_git_dir(tmp_path: Path, make_engine: Any) -> None:
