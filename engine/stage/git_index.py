@@ -622,27 +622,32 @@ class IndexProof:
             mtime = st.st_mtime_ns
             ctime = st.st_ctime_ns
             size = st.st_size
-            if (size > max_bytes or flags & (_FLAG_ASSUME_VALID | _FLAG_EXTENDED) or size != e_size
+            if (size > max_bytes
+                    or flags & (_FLAG_ASSUME_VALID | _FLAG_EXTENDED)  # assume-valid, skip-worktree, intent-to-add
+                    or size != e_size  # a size over 32 bits never equals the entry's
                     or (mode ^ e_mode) & _TYPE_BITS
                     or mtime != mtime_s * 1_000_000_000 + mtime_ns or mtime_ns >= 1_000_000_000
                     or ctime != ctime_s * 1_000_000_000 + ctime_ns or ctime_ns >= 1_000_000_000
                     or st.st_ino & _U32 != ino or st.st_uid & _U32 != uid or st.st_gid & _U32 != gid
+                    # racy: recorded too close to the index write for the stat to prove the content
                     or mtime >= racy_before):
                 add_other(i)
                 continue
             kind = mode & _TYPE_BITS
             if kind == _S_IFREG:
                 if (mode ^ e_mode) & 0o100 or (e_size == 0 and raw_oid != _EMPTY_BLOB):
-                    add_other(i)
+                    add_other(i)  # the exec bit; a 0 size may be git's racy smudge
                     continue
-                code = CODE_EXEC if e_mode & 0o100 else CODE_FILE
+                code = CODE_EXEC if e_mode & 0o100 else CODE_FILE  # git's modes of files are these two
             elif kind == _S_IFLNK:
                 code = CODE_LINK
             else:
                 add_other(i)
                 continue
             add_path(path)
-            add_state(pack(size, mtime, ctime, mode, ino, code | TRUSTED if mtime < trusted_before else code, raw_oid))
+            # every field fits (32-bit size and inode, the times git holds): packed as is
+            add_state(pack(size, mtime, ctime, mode, ino, (code | TRUSTED) if mtime < trusted_before else code,
+                           raw_oid))
         return others
 
 

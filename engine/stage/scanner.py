@@ -791,8 +791,10 @@ class Scanner:
                       stats: Sequence[os.stat_result | None]) -> None:
         """`_scan_folders` over the files of one folder of a fresh baseline, the index proving
         them (`IndexProof.prove_folder`) `_PROVE_SLICE` at a time: early captures are served
-        between two slices, not between two files (a folder of 10k files: ~20 ms), and a file
-        captured early keeps its capture (`_keep_proven` leaves out one proven meanwhile)."""
+        between two slices, not between two files (a folder of 10k files proven whole would
+        keep an edit tool waiting ~20 ms), and a file captured early keeps its capture
+        (`_keep_proven` leaves out one proven meanwhile; one the index cannot prove is not
+        staged)."""
         assert run.proof is not None
         capture = run.capture
         max_bytes = self.options.max_file_bytes
@@ -826,8 +828,9 @@ class Scanner:
 
     def _share_in_child(self, run: _Staging, want_walked: bool) -> bytes:
         """In the forked child: the index parsed from the shared descriptor and split as this
-        process splits it (`_split`); then the stat pass over its part (`check_folders`), the
-        files without an entry proven with the index, nothing recorded, and the watches of its
+        process splits it (`_split`); then the stat pass over its part (from nothing: each
+        folder's files proven with the index, `IndexProof.prove_folder`; else `check_folders`,
+        the files without an entry proven with it), nothing recorded, and the watches of its
         folders placed. Answers its part, the files the index proves (with their states), the
         others (for the parent to examine) and the watches; None (pickled) when there is no
         part."""
