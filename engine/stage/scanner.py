@@ -13,6 +13,7 @@ import bisect
 import contextlib
 import enum
 import errno
+import operator
 import os
 import pickle
 import stat
@@ -52,6 +53,7 @@ from shadowpoint.stage.stat_cache import (
     state_mode,
     state_of,
     state_oid,
+    tree_files,
 )
 from shadowpoint.stage.stat_pass import check_folders, default_split_min, lstat_names, split_pass
 from shadowpoint.store import borrowed, loose, shadow_repo
@@ -110,12 +112,9 @@ class WatchPlacer(exclusions.FolderWatch, Protocol):
         ...
 
 
-def _tree_files(cache: StatCache, paths: Iterable[RepoPath]) -> Iterator[tuple[str, int, bytes]]:
+def _tree_files(cache: StatCache, paths: Sequence[RepoPath]) -> Iterator[tuple[str, int, bytes]]:
     """`paths` of `cache` as the tree writers take them: (path, git mode, raw blob id)."""
-    entries = cache.entries
-    for path in paths:
-        state = entries[path]
-        yield path, state_mode(state), state_oid(state)
+    return tree_files(paths, map(cache.entries.__getitem__, paths))
 
 
 def _folder_span(ordered: Sequence[str], folder: str) -> tuple[int, int]:
@@ -201,12 +200,12 @@ def _trees_of_folders(repo: ShadowRepo, paths: Sequence[str], states: Sequence[F
     spans = [(folder, lo, hi) for folder, lo, hi in spans if lo < hi]
 
     def files(folder: str, lo: int, hi: int) -> Iterator[tuple[str, int, bytes]]:
-        cut = len(folder) + 1
-        for i in range(lo, hi):
-            if poll is not None and not (i - lo) % _POLL_FILES:
+        names = operator.itemgetter(slice(len(folder) + 1, None))  # the paths below the folder
+        for at in range(lo, hi, _POLL_FILES):
+            if poll is not None:
                 poll()
-            state = states[i]
-            yield paths[i][cut:], state_mode(state), state_oid(state)
+            end = min(at + _POLL_FILES, hi)
+            yield from tree_files(map(names, paths[at:end]), states[at:end])
 
     roots = repo.write_trees_packed(files(*span) for span in spans)
     return {folder: (hi - lo, raw) for (folder, lo, hi), raw in zip(spans, roots, strict=True) if raw is not None}

@@ -134,6 +134,14 @@ def same_stat(state: FileState, st: os.stat_result) -> bool:
     )
 
 
+def tree_files(paths: Iterable[str], states: Iterable[FileState]) -> Iterator[tuple[str, int, bytes]]:
+    """(path, git mode, raw blob id) of each of `paths` with its state, as the tree writers take
+    them: the trees' loop over every file of a baseline, no call a file."""
+    modes, flags_at, oid_at = _GIT_MODES, _FLAGS_AT, _OID_AT
+    for path, state in zip(paths, states, strict=True):
+        yield path, modes[state[flags_at] & 3], state[oid_at:]
+
+
 def state_mode(state: FileState) -> int:
     """The git mode of the state's blob."""
     return _GIT_MODES[state[_FLAGS_AT] & 3]
