@@ -1035,8 +1035,10 @@ def test_a_split_baselines_watches_are_those_of_a_walk(tmp_path: Path, shadow: A
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A deferred start's watches are placed by the scan, the child's share by the child (and
     taken over here): the same folders a start that walks the tree watches."""
-    files = {**SPLIT_FILES, "nested/.git/HEAD": b"ref: refs/heads/main\n", "nested/n.txt": b"n\n",
-             "node_modules/m/index.js": b"x\n"}
+    # four more files in b: "a" alone (40 of the 85 paths walked) falls short of half by more
+    # than the halving's slack, so the child's part takes "nested" too
+    files = {**SPLIT_FILES, **{f"b/more{i}.txt": b"m\n" for i in range(4)},
+             "nested/.git/HEAD": b"ref: refs/heads/main\n", "nested/n.txt": b"n\n", "node_modules/m/index.js": b"x\n"}
     root = Path(os.path.realpath(make_repo(tmp_path / "repo", files)))
     adopted: list[int] = []
     real_adopt = inotify.FolderWatches.adopt
