@@ -113,7 +113,8 @@ class WatchPlacer(exclusions.FolderWatch, Protocol):
 
 
 def _tree_files(cache: StatCache, paths: Sequence[RepoPath]) -> Iterator[tuple[str, int, bytes]]:
-    """`paths` of `cache` as the tree writers take them: (path, git mode, raw blob id)."""
+    """`paths` of `cache` as the tree writers take them: (path, git mode, raw blob id). `paths`
+    is read twice (with the states it maps to): a sequence, never an iterator."""
     return tree_files(paths, map(cache.entries.__getitem__, paths))
 
 
