@@ -116,7 +116,8 @@ def _is_file_in(folder: str, names: Sequence[str], i: int) -> bool:
         return False
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# how a walk opens a folder to read it or lstat its entries from it: never through a symlink
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _read_with_types(folder: str) -> tuple[os.stat_result, list[str], list[bool], None]:
@@ -139,7 +140,7 @@ def _read_with_stats(folder: str) -> tuple[os.stat_result, list[str], list[bool]
     Raises:
         OSError: it cannot be read.
     """
-    fd = os.open(folder, _DIR_FLAGS)
+    fd = os.open(folder, DIR_FLAGS)
     try:
         st = os.fstat(fd)
         names = os.listdir(fd)

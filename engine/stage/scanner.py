@@ -39,7 +39,7 @@ from shadowpoint.stage.blob_workers import (
     snapshot_file,
 )
 from shadowpoint.stage.early_capture import EarlyCapture
-from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules, Listed, WalkPart, unwalked
+from shadowpoint.stage.exclusions import DIR_FLAGS, NAME_SEP, ExclusionRules, Listed, WalkPart, unwalked
 from shadowpoint.stage.forked import Forked
 from shadowpoint.stage.gc_pause import collection_paused
 from shadowpoint.stage.git_index import IndexDoubt, IndexProof, open_index
@@ -81,7 +81,6 @@ _TREES_ITEMS, _TREES_HERE = b"T", b"H"
 # top-level folders (`_trees_share`)
 _TREES_CHILD_SHARE = 0.5
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # the fewest bytes an index entry takes (62 of fields, a name's byte and its NUL, in any version):
 # an index smaller than `split_min_files` of them holds too few entries to split a baseline
 _INDEX_ENTRY_MIN = 64
@@ -642,7 +641,7 @@ class Scanner:
         """lstat `path` from its folder, never through a symlink that replaced a parent folder."""
         folder, _, name = path.rpartition("/")
         try:
-            fd = os.open(self.root / folder, _DIR_FLAGS)
+            fd = os.open(self.root / folder, DIR_FLAGS)
         except OSError:
             return None
         try:

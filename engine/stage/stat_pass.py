@@ -20,11 +20,10 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shadowpoint.stage.exclusions import NAME_SEP, Listed
+from shadowpoint.stage.exclusions import DIR_FLAGS, NAME_SEP, Listed
 from shadowpoint.stage.forked import Forked
 from shadowpoint.stage.stat_cache import FileState, is_clean
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _COUNTS = struct.Struct("<QQQ")  # reached, clean, bytes of the paths that follow
 
 # Below this many files a rescan's stat pass stays in this process: a fork and the child's
@@ -96,7 +95,7 @@ def lstat_names(folder: str, names: Iterable[str]) -> list[os.stat_result | None
     add = out.append
     lstat = os.lstat
     try:
-        fd = os.open(folder, _DIR_FLAGS)
+        fd = os.open(folder, DIR_FLAGS)
     except OSError:
         fd = -1
     try:
