@@ -162,8 +162,8 @@ def test_kill_during_baseline(tmp_path: Path, docs: Path) -> None:
         assert git_tree(git_dir, listing["checkpoints"][0]["hash"]) == expected_git_tree(base_tree)
         acked.add(task, listing["checkpoints"][0], base_tree)
         _new_round_works(sc, task, 50, root, git_dir, acked)
+        sc.close()  # its background work (a merge of small packs) done: fsck reads a still repository
         _check_repo(git_dir, root, acked)
-        sc.close()
 
 
 def _listed_first(sc: SidecarProcess, task: str) -> dict[str, Any]:
@@ -206,8 +206,8 @@ def test_kill_during_round_commit(tmp_path: Path, docs: Path) -> None:
                 assert listed.get(_ts) == commit, f"checkpoint at {_ts} lost from the task's list"
         ts += 1
         _new_round_works(sc, task, ts, root, git_dir, acked)  # the first round after a start rescans
+        sc.close()  # its background work (a merge of small packs) done: fsck reads a still repository
         _check_repo(git_dir, root, acked)
-        sc.close()
 
 
 def _big_round(sc: SidecarProcess, root: Path, task: str, ts: int, kind: str, tag: str, wait: bool = True) -> Any:
@@ -276,8 +276,8 @@ def test_kill_during_restore(tmp_path: Path, docs: Path) -> None:
             sc.call("checkpoint/undoRestore", {"taskId": task})
             assert read_tree(root) == before
         _new_round_works(sc, task, ts + 1, root, git_dir, acked)
+        sc.close()  # its background work (a merge of small packs) done: fsck reads a still repository
         _check_repo(git_dir, root, acked)
-        sc.close()
 
 
 MOVED = "shadowpoint.restore.safe_fs:SafeWriter._move_into_place"  # before one file is renamed into place
@@ -329,8 +329,8 @@ def test_kill_during_garbage_collection(tmp_path: Path, docs: Path) -> None:
             assert listed.get(_ts) == commit
         ts += 1
         _new_round_works(sc, keep, ts, root, git_dir, acked)
+        sc.close()  # its background work (a merge of small packs) done: fsck reads a still repository
         _check_repo(git_dir, root, acked)
-        sc.close()
 
 
 def _loose(git_dir: Path) -> int:
