@@ -211,6 +211,9 @@ def stored_zlib(data: bytes) -> bytes:
     in a 100k-file baseline); deflating a small tree costs tens of us."""
     if not data:
         return _EMPTY_STORED
+    n = len(data)
+    if n <= _BLOCK_MAX:  # one block (nearly every tree): no list of parts
+        return b"%s%s%s%s" % (_ZLIB_HEADER, _STORED_BLOCK.pack(1, n, n ^ 0xFFFF), data, _ADLER.pack(zlib.adler32(data)))
     parts = [_ZLIB_HEADER]
     last = len(data) - 1
     for start in range(0, len(data), _BLOCK_MAX):
