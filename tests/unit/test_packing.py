@@ -271,17 +271,17 @@ def test_a_pack_written_object_by_object_is_one_git_verifies(tmp_path: Path) -> 
     assert [p.name for p in unfinished.iterdir()] == ["tmp_pack_sp"]
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_oid_set_is_exactly_a_set(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "small"), [(0, 0), (1, 0), (2, 0), (3, 100), (4, 1000)])
+def test_oid_set_is_exactly_a_set(seed: int, small: int) -> None:
     """`OidSet` (the pack writer's flat set of ids) answers as a `set` of the same ids would,
-    through its growth, ids that share their first bytes (the same start slot) and the
-    all-zero id (its empty-slot marker)."""
+    through its growth, ids that share their first bytes (the same start slot), the all-zero
+    id (its empty-slot marker), and the move of its first `small` ids from a `set` to it."""
     rng = random.Random(seed)
     prefixes = [rng.randbytes(4) for _ in range(5)]
     pool = [rng.randbytes(20) for _ in range(3000)]
     pool += [rng.choice(prefixes) + rng.randbytes(16) for _ in range(500)]
     pool += [bytes(20), b"\0" * 4 + b"\1" * 16]
-    oids, expected = packing.OidSet(capacity=4), set()
+    oids, expected = packing.OidSet(capacity=4, small=small), set()
     for _ in range(9000):
         raw = rng.choice(pool)
         assert oids.add(raw) == (raw not in expected)
