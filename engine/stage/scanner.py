@@ -13,6 +13,7 @@ import bisect
 import contextlib
 import enum
 import errno
+import itertools
 import operator
 import os
 import pickle
@@ -114,7 +115,7 @@ class WatchPlacer(exclusions.FolderWatch, Protocol):
 def _tree_files(cache: StatCache, paths: Sequence[RepoPath]) -> Iterator[tuple[str, int, bytes]]:
     """`paths` of `cache` as the tree writers take them: (path, git mode, raw blob id). `paths`
     is read twice (with the states it maps to): a sequence, never an iterator."""
-    return tree_files(paths, map(cache.entries.__getitem__, paths))
+    return tree_files(paths, list(map(cache.entries.__getitem__, paths)))
 
 
 def _folder_span(ordered: Sequence[str], folder: str) -> tuple[int, int]:
@@ -201,11 +202,15 @@ def _trees_of_folders(repo: ShadowRepo, paths: Sequence[str], states: Sequence[F
 
     def files(folder: str, lo: int, hi: int) -> Iterator[tuple[str, int, bytes]]:
         names = operator.itemgetter(slice(len(folder) + 1, None))  # the paths below the folder
-        for at in range(lo, hi, _POLL_FILES):
-            if poll is not None:
-                poll()
-            end = min(at + _POLL_FILES, hi)
-            yield from tree_files(map(names, paths[at:end]), states[at:end])
+
+        def chunks() -> Iterator[Iterator[tuple[str, int, bytes]]]:
+            for at in range(lo, hi, _POLL_FILES):
+                if poll is not None:
+                    poll()
+                end = min(at + _POLL_FILES, hi)
+                yield tree_files(map(names, paths[at:end]), states[at:end])
+
+        return itertools.chain.from_iterable(chunks())  # no generator's turn a file
 
     roots = repo.write_trees_packed(files(*span) for span in spans)
     return {folder: (hi - lo, raw) for (folder, lo, hi), raw in zip(spans, roots, strict=True) if raw is not None}
