@@ -699,7 +699,13 @@ class Scanner:
                 child.abandon()
             raise
         if child is not None and theirs is not None:
-            share = self._take_share(run, theirs, child.result(partial(self._serve_pending, run)), walked)
+            serve = partial(self._serve_pending, run)
+            share = self._take_share(run, theirs, child.part(serve), walked)
+            if share is None:
+                child.abandon()
+            else:  # its files recorded while it writes its trees, then those taken
+                self._keep_proven(run)
+                self._take_trees(run, child.result(serve))
             if share is None:  # the child failed: its folders are walked here
                 share = self._scan_folders(
                     run, self.rules.walk_folders(keep=False, part=theirs, watch=run.watches, stats=True), walked,
@@ -830,20 +836,24 @@ class Scanner:
             return None
         return WalkPart.halving(list(run.proof.entries), inside=True, left_out=self.rules.left_out_by_name)
 
-    def _share_in_child(self, run: _Staging, want_walked: bool) -> bytes:
+    def _share_in_child(self, run: _Staging, want_walked: bool) -> Iterator[bytes]:
         """In the forked child: the index parsed from the shared descriptor and split as this
         process splits it (`_split`); then the stat pass over its part (from nothing: each
         folder's files proven with the index, `IndexProof.prove_folder`; else `check_folders`,
         the files without an entry proven with it), nothing recorded, and the watches of its
-        folders placed. Answers its part, the files the index proves (with their states), the
-        others (for the parent to examine) and the watches; None (pickled) when there is no
-        part."""
+        folders placed. Answers in two parts (`Forked.part`, then `Forked.result`): its part,
+        the files the index proves (with their states), the others (for the parent to examine)
+        and the watches, as soon as its walk is over; then the trees of its units
+        (`_unit_trees`), written while the parent records the first part. None (pickled), then
+        no trees, when there is no part."""
         self.rules.forked()
         found_proof = IndexProof.read(self.root, fd=run.index_fd)
         run.proof = proof = found_proof if isinstance(found_proof, IndexProof) else None
         part = self._split(run)
         if part is None:
-            return pickle.dumps(None)
+            yield pickle.dumps(None)
+            yield pickle.dumps({})
+            return
         max_bytes = self.options.max_file_bytes
         now_ns = run.now_ns
         doubt: str | None = None
@@ -887,9 +897,10 @@ class Scanner:
             others = proven + others
             proven, states = [], []
         placed = run.watches.placed() if run.watches is not None else None
-        trees = self._unit_trees(part.units, proven, states, others) if proven else {}
-        return pickle.dumps((sorted(part.units), reached, clean, doubt, NAME_SEP.join(proven),
-                             states, others, walked, placed, trees), protocol=pickle.HIGHEST_PROTOCOL)
+        yield pickle.dumps((sorted(part.units), reached, clean, doubt, NAME_SEP.join(proven),
+                            states, others, walked, placed), protocol=pickle.HIGHEST_PROTOCOL)
+        trees = self._unit_trees(part.units, proven, states, others) if proven and not run.cache.entries else {}
+        yield pickle.dumps(trees, protocol=pickle.HIGHEST_PROTOCOL)
 
     def _unit_trees(self, units: Collection[str], proven: list[str], states: list[FileState],
                     others: list[str]) -> dict[str, tuple[int, bytes]]:
@@ -942,7 +953,7 @@ class Scanner:
             loaded = pickle.loads(answer)
             if loaded is None:
                 return None
-            units, reached, clean, doubt, joined, states, others, child_walked, placed, trees = loaded
+            units, reached, clean, doubt, joined, states, others, child_walked, placed = loaded
         except Exception:  # a whole answer that is not one: the caller walks the folders itself
             log.info("scanner.child_answer_unreadable")
             return None
@@ -961,8 +972,6 @@ class Scanner:
         if run.proof is None:  # doubted, here or there: the proven files are hashed too
             others = proven + others
             proven = []
-        elif run.fresh:
-            run.unit_trees.update(trees)
         if run.fresh:  # recorded with this process's own (`_keep_proven`)
             run.proven_paths.extend(cast(list[RepoPath], proven))
             run.proven_states.extend(states[:len(proven)])  # none when doubted (`proven` emptied)
@@ -978,6 +987,18 @@ class Scanner:
                 else:
                     self._stage_stat(run, RepoPath(path), st)
         return reached, clean
+
+    def _take_trees(self, run: _Staging, answer: bytes | None) -> None:
+        """Take the trees of the child's units (the second part of its answer) while the ids
+        it proved hold: none when it failed, or the index was doubted meanwhile."""
+        if answer is None or run.proof is None or not run.fresh:
+            return
+        try:
+            trees = pickle.loads(answer)
+        except Exception:  # a whole answer that is not one: the trees are written here
+            log.info("scanner.child_answer_unreadable")
+            return
+        run.unit_trees.update(trees)
 
     def _keep_borrowed(self, run: _Staging, path: RepoPath, state: FileState) -> None:
         """Record `state`, which holds a blob id from the index (`IndexProof.prove`, here or in a child)."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -95,3 +97,51 @@ def test_an_answer_that_fits_crosses_in_shared_memory_and_one_that_does_not_thro
 
     failing = Forked.start(fail, shared=1 << 20)
     assert failing is not None and failing.result() is None and failing.area is None
+
+
+def test_an_answer_in_parts_crosses_part_by_part() -> None:
+    """A child's work that yields its answer in parts: the caller takes each one as soon as it
+    is whole (`part`), the last with `result`. Parts that fit the shared memory cross there,
+    a bigger one through the pipe. The child makes its second part only after the caller took
+    the first (a seam: the caller writes to a pipe the child waits on)."""
+    gate_r, gate_w = os.pipe()
+    first, big, last = b"first" * 1000, bytes(range(256)) * (8 << 12), b"the last part"
+
+    def work() -> Any:
+        yield first
+        if not select.select([gate_r], [], [], 60)[0]:  # the caller took the first part
+            raise TimeoutError("the first part was never taken")
+        yield big
+        yield last
+
+    child = Forked.start(work, shared=1 << 20)
+    try:
+        assert child is not None
+        assert child.part() == first
+        os.write(gate_w, b"x")
+        assert child.part() == big  # 8 MiB: through the pipe
+        assert child.result() == last
+        assert child.area is None and child.read_fd == -1
+        child.abandon()  # ended already: nothing to kill
+    finally:
+        os.close(gate_r)
+        os.close(gate_w)
+
+
+def test_a_child_that_fails_after_a_part_answers_none_for_the_rest() -> None:
+    def work() -> Any:
+        yield b"a first part"
+        raise RuntimeError("the child's work failed")
+
+    child = Forked.start(work, shared=1 << 20)
+    assert child is not None
+    assert child.part() == b"a first part"
+    assert child.result() is None and child.area is None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.pid, os.WNOHANG)  # reaped
+    early = Forked.start(work)
+    assert early is not None
+    assert early.part() == b"a first part"
+    early.abandon()  # no more of it wanted: killed and reaped
+    with pytest.raises(ChildProcessError):
+        os.waitpid(early.pid, os.WNOHANG)
