@@ -255,6 +255,12 @@ def _other_runs(runs: Runs, count: int) -> Runs:
     return tuple(out)
 
 
+def _unit_runs(ordered: Sequence[str], units: Iterable[str]) -> Runs:
+    """Where the paths below each of `units` (folders, none inside another) lie in `ordered`
+    (sorted), in order."""
+    return tuple(sorted(_folder_span(ordered, unit) for unit in units))
+
+
 def _in_runs(ordered: Sequence[RepoPath], runs: Runs) -> list[RepoPath]:
     return [path for lo, hi in runs for path in ordered[lo:hi]]
 
@@ -690,6 +696,8 @@ class Scanner:
                 child.abandon()  # it found the same: nothing to split
                 child = None
             mine = None if child is None or theirs is None else WalkPart(theirs.units, inside=False)
+            if mine is not None and run.proof is not None:  # the child's entries are looked up there
+                run.proof.keep(_other_runs(_unit_runs(run.proof.paths, mine.units), len(run.proof.paths)))
             reached, clean, files_done = self._scan_folders(
                 run, self.rules.walk_folders(part=mine, watch=run.watches, stats=True), walked, 0)
             if theirs is not None and run.fresh and run.proof is not None:
@@ -707,6 +715,8 @@ class Scanner:
                 self._keep_proven(run)
                 self._take_trees(run, child.result(serve))
             if share is None:  # the child failed: its folders are walked here
+                if run.proof is not None:
+                    run.proof.keep(((0, len(run.proof.paths)),))
                 share = self._scan_folders(
                     run, self.rules.walk_folders(keep=False, part=theirs, watch=run.watches, stats=True), walked,
                     files_done)[:2]
@@ -832,9 +842,9 @@ class Scanner:
     def _split(self, run: _Staging) -> WalkPart | None:
         """The child's part of a git repository's baseline, if it is split."""
         least = self.options.split_min_files
-        if run.proof is None or least is None or len(run.proof.entries) < least:
+        if run.proof is None or least is None or len(run.proof.paths) < least:
             return None
-        return WalkPart.halving(list(run.proof.entries), inside=True, left_out=self.rules.left_out_by_name)
+        return WalkPart.halving(run.proof.paths, inside=True, left_out=self.rules.left_out_by_name)
 
     def _share_in_child(self, run: _Staging, want_walked: bool) -> Iterator[bytes]:
         """In the forked child: the index parsed from the shared descriptor and split as this
@@ -854,6 +864,8 @@ class Scanner:
             yield pickle.dumps(None)
             yield pickle.dumps({})
             return
+        if proof is not None:
+            proof.keep(_unit_runs(proof.paths, part.units))
         max_bytes = self.options.max_file_bytes
         now_ns = run.now_ns
         doubt: str | None = None

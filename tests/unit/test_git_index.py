@@ -268,6 +268,26 @@ def test_a_folder_is_proven_as_its_files_one_by_one(tmp_path: Path) -> None:
     assert proof.prove("d/big.bin", os.lstat(root / "d" / "big.bin"), now) is not None  # only over the limit
 
 
+def test_a_proof_kept_to_runs_of_its_paths_proves_those_alone(tmp_path: Path) -> None:
+    """`IndexProof.keep`: one side of a split walk looks up the paths of its runs of the
+    index's (sorted) paths only; the others are not proven there (hashed), until all are kept
+    again (the child failed: its folders are walked here)."""
+    files = {f"{folder}/f{i}.txt": f"{folder} {i}\n".encode() for folder in ("a", "b", "c") for i in range(3)}
+    root = make_repo(tmp_path / "repo", files)
+    proof = IndexProof.load(root)
+    assert proof is not None and proof.paths == sorted(files)
+    now = time.time_ns()
+
+    def proven() -> set[str]:
+        return {path for path in files if proof.prove(path, os.lstat(root / path), now) is not None}
+
+    assert proven() == set(files)
+    proof.keep([(0, 3), (6, 9)])
+    assert proven() == {path for path in files if not path.startswith("b/")}
+    proof.keep([(0, len(proof.paths))])
+    assert proven() == set(files)
+
+
 def test_proof_of_a_symlink_ignores_its_permission_bits(tmp_path: Path) -> None:
     root = make_repo(tmp_path / "repo", {"target.txt": b"t\n"}, commit=False)
     (root / "link").symlink_to("target.txt")
