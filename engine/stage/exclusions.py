@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import itertools
+import operator
 import os
 import stat
 import struct
@@ -233,6 +234,8 @@ _NO_RULE_FILES = _DirInfo(None)
 
 # what joins the names of a folder's files in `walk_folders` (no file name holds a NUL)
 NAME_SEP = "\0"
+_FRAMED_GITIGNORE = f"{NAME_SEP}{GITIGNORE}{NAME_SEP}"
+_FRAMED_GIT_DIR = f"{NAME_SEP}{GIT_DIR}{NAME_SEP}"  # any letter case: looked for in the lowered names
 # a folder of a walk (`ExclusionRules.walk_folders`): its prefix ("" or "a/b/"), its files'
 # names joined by NAME_SEP, and their lstat when the walk read them (else None)
 Listed = tuple[str, str, list[os.stat_result] | None]
@@ -650,16 +653,20 @@ class ExclusionRules:
         stamp = _stamp(st) if newest < listed_ns - _RACY_MARGIN_NS else None
         joined = NAME_SEP.join(names)
         framed = f"{NAME_SEP}{joined}{NAME_SEP}"
-        has_gitignore = f"{NAME_SEP}{GITIGNORE}{NAME_SEP}" in framed
+        has_gitignore = _FRAMED_GITIGNORE in framed
         has_attributes = f"{NAME_SEP}{GITATTRIBUTES}{NAME_SEP}" in framed
         info = parent_info
         if rel:
             info = self._listed_dir_info(rel, name, parent_info, folder, names,
                                          partial(_is_file_at, stats) if stats is not None else partial(_is_file_in,
-                                                                                                        folder, names))
+                                                                                                        folder, names),
+                                         framed)
         if info.reason is not None:
             return _Listing(stamp, parent_info.chain, (), info.reason, has_gitignore, has_attributes, "", ""), None
         files, dirs = self._included(info, f"{rel}/" if rel else "", names, is_dir, joined)
+        if len(files) == len(names):  # files only, every one included (most folders): as listed
+            listing = _Listing(stamp, parent_info.chain, info.chain, None, has_gitignore, has_attributes, joined, "")
+            return listing, stats
         listing = _Listing(stamp, parent_info.chain, info.chain, None, has_gitignore, has_attributes,
                            NAME_SEP.join([names[i] for i in files]), NAME_SEP.join([names[i] for i in dirs]))
         return listing, [stats[i] for i in files] if stats is not None else None
@@ -675,6 +682,15 @@ class ExclusionRules:
             joined = NAME_SEP.join(names)
         undecided = self._undecided(info, prefix, names, joined)
         entry_reason = self._entry_reason
+        if undecided is not None:  # only those decided, each by its rules; the rest sorted out in C
+            left_out = {i for i in undecided if entry_reason(info, prefix + names[i], names[i], is_dir[i]) is not None}
+            everyone = range(len(names))
+            files = list(itertools.compress(everyone, map(operator.not_, is_dir)))
+            dirs = list(itertools.compress(everyone, is_dir))
+            if left_out:
+                files = [i for i in files if i not in left_out]
+                dirs = [i for i in dirs if i not in left_out]
+            return files, dirs
         for i, entry_name in enumerate(names):
             folder = is_dir[i]
             if (undecided is not None and i not in undecided) \
@@ -961,9 +977,19 @@ class ExclusionRules:
         return _DirInfo(None, cls._child_chain(parent, rel, own))
 
     def _listed_dir_info(self, rel: str, name: str, parent: _DirInfo, folder: str, names: Sequence[str],
-                         is_file: Callable[[int], bool]) -> _DirInfo:
+                         is_file: Callable[[int], bool], framed: str | None = None) -> _DirInfo:
         """Info for a folder whose entries were just listed (the walk's way): `names`, and
-        whether the entry at an index is a regular file (its `.gitignore` is read then)."""
+        whether the entry at an index is a regular file (its `.gitignore` is read then).
+        `framed`: the names joined by NAME_SEP with one before and after, if the caller has
+        them: a folder holding no name like `.git` is then looked at without a loop over its
+        names (a baseline's folders, ~5 ms of a walk of 50k files)."""
+        if framed is not None and _FRAMED_GIT_DIR not in framed.lower():
+            own = None
+            if _FRAMED_GITIGNORE in framed:
+                at = names.index(GITIGNORE)
+                if is_file(at):
+                    own = self._load_gitignore(rel)
+            return self._child_info(parent, rel, own)
         gitignore = -1
         for i, entry_name in enumerate(names):
             if entry_name == GITIGNORE:
