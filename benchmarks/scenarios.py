@@ -8,11 +8,13 @@ the files the rounds edit) and runs the `SCENARIOS` in order; each fills a
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -33,6 +35,7 @@ SEED_BASELINE = "git add . + git commit (fresh git dir)"
 MAIN_TASK = "bench"
 LONG_TASK_ROUNDS = 400
 LONG_TASK_WINDOW = 20  # rounds 1–20 against rounds 381–400
+_PROJECT = Path(__file__).resolve().parent.parent  # where `python -m benchmarks.…` finds the package
 
 
 class Skip(Exception):
@@ -410,7 +413,7 @@ class TreeBench:
         for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "user's commit"]):
             subprocess.run(["git", "-c", "gc.auto=0", "-C", str(self.root), *args], check=True, capture_output=True,
                            env=env)
-        mark = self.tap.mark()
+        built: list[dict[str, Any]] = []
         try:
             for i in range(self.heavy_repeat):
                 def run_rival(i: int = i) -> None:
@@ -424,33 +427,35 @@ class TreeBench:
                     shutil.rmtree(rival.git_dir.parent, ignore_errors=True)
 
                 def run_ours(i: int = i) -> None:
+                    self.background.settle()
                     quiesce_disk()
-                    ours = OurEngine(self.root, self.workdir / f"docs-git-{i}", background=self.background)
+                    docs = self.workdir / f"docs-git-{i}"
                     try:
-                        seconds = ours.start(MAIN_TASK)
-                        assert res.ours is not None
-                        res.ours.add(seconds)
-                        copy_start = time.perf_counter()
-                        for state in ours.eng.roots.values():
-                            state.wait_copied()
-                        copy_s = time.perf_counter() - copy_start
-                        progress(f"{self.label}:   our baseline {i + 1}/{self.heavy_repeat}: {seconds:.2f} s "
-                                 f"(then the background copy of borrowed blobs: {copy_s:.2f} s)")
-                        res.notes.append(f"run {i + 1}: background copy of the borrowed blobs took {copy_s:.2f} s "
-                                         "after the baseline was ready")
+                        done = subprocess.run([sys.executable, "-m", "benchmarks.fresh_baseline", str(self.root),
+                                               str(docs)], check=True, capture_output=True, cwd=_PROJECT)
                     finally:
-                        ours.close()
-                        shutil.rmtree(ours.docs_dir, ignore_errors=True)
+                        shutil.rmtree(docs, ignore_errors=True)
+                    answer = json.loads(done.stdout)
+                    seconds, copy_s = answer["seconds"], answer["copy_s"]
+                    assert res.ours is not None
+                    res.ours.add(seconds)
+                    built.extend(answer["built"])
+                    progress(f"{self.label}:   our baseline {i + 1}/{self.heavy_repeat}: {seconds:.2f} s "
+                             f"(then the background copy of borrowed blobs: {copy_s:.2f} s)")
+                    res.notes.append(f"run {i + 1}: background copy of the borrowed blobs took {copy_s:.2f} s "
+                                     "after the baseline was ready")
 
                 for step in ((run_rival, run_ours) if i % 2 == 0 else (run_ours, run_rival)):
                     step()
         finally:
             shutil.rmtree(user_git, ignore_errors=True)  # the tree is as before for later scenarios
-        for event in self.tap.since(mark, "task.baseline_built"):
+        for event in built:
             res.notes.append(f"ids taken from the index: {event.get('borrowed')}, files hashed: {event.get('hashed')}, "
                              f"engine's own duration {event.get('duration_ms')} ms")
         res.notes.append("both sides: the user's repository made untimed (files older than its index); the page "
                          "cache is flushed (sync) before each run; OpenCode's `add -A` follows .gitignore only")
+        res.notes.append("ours: each baseline in a fresh interpreter (benchmarks.fresh_baseline), as a sidecar's "
+                         "first task; the rival's git processes are fresh too")
 
     def round_edit_1(self, res: ScenarioResult) -> None:
         self._edit_rounds(res, self.candidates[:1], "r1")
