@@ -361,6 +361,47 @@ class RootItems:
     names: set[bytes] = field(default_factory=set)
 
 
+def _config(worktree: Path) -> tuple[tuple[str, bool | int | str], ...]:
+    """The shadow repository's configuration (`ShadowRepo._create`, `_write_config`)."""
+    return (
+        ("core.repositoryformatversion", 0),
+        ("core.bare", False),
+        ("core.worktree", str(worktree)),
+        ("core.autocrlf", False),
+        ("core.filemode", True),
+        ("core.symlinks", True),
+        ("core.fsmonitor", False),
+        ("core.hooksPath", os.devnull),
+        ("commit.gpgSign", False),
+        ("gc.auto", 0),
+        ("user.name", COMMITTER_NAME),
+        ("user.email", COMMITTER_EMAIL),
+    )
+
+
+def _config_text(worktree: Path) -> str:
+    """`_config` as git's config file: a section per key's first part, strings quoted (a
+    backslash, a quote and the control characters git escapes escaped)."""
+    lines: list[str] = []
+    section = ""
+    for key, value in _config(worktree):
+        head, _, name = key.partition(".")
+        if head != section:
+            lines.append(f"[{head}]")
+            section = head
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int):
+            text = str(value)
+        else:
+            text = '"' + value.translate(_CONFIG_ESCAPES) + '"'
+        lines.append(f"\t{name} = {text}")
+    return "\n".join(lines) + "\n"
+
+
+_CONFIG_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\b": "\\b"})
+
+
 def _head_of(path: str) -> bytes:
     """The first 64 bytes of a small file (empty when it cannot be read): a plain open and
     read, no pathlib (the head ref and the gc generation are read under every lock)."""
@@ -409,15 +450,40 @@ class ShadowRepo:
             RepoError: libgit2 failed.
         """
         isolate_libgit2()
-        if (git_dir / "objects").is_dir():
-            repo = cls._open_existing(git_dir, worktree)
+        if not (git_dir / "objects").is_dir() and cls._create(git_dir, worktree):
+            with translated("open it"):  # just made: nothing to check or repair
+                repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
         else:
-            with translated("initialise"):
-                git_dir.parent.mkdir(parents=True, exist_ok=True)
-                repo = pygit2.init_repository(str(git_dir), bare=True)
-            cls._write_config(repo, worktree)
-            log.info("shadow_repo.created", git_dir=str(git_dir))
+            repo = cls._open_existing(git_dir, worktree)
         return cls(repo, git_dir, worktree)
+
+    @classmethod
+    def _create(cls, git_dir: Path, worktree: Path) -> bool:
+        """Lay out a new shadow repository at `git_dir`, whole or not at all: made aside and
+        renamed into place; False when another opener made one first (it is kept). libgit2's
+        init and its config written key by key took ~20 ms of every first baseline; this ~1 ms.
+
+        Raises:
+            OSError: the docs root refused it (nothing is left behind).
+        """
+        git_dir.parent.mkdir(parents=True, exist_ok=True)
+        aside = git_dir.with_name(f"{git_dir.name}.new-{os.getpid()}-{threading.get_ident()}")
+        shutil.rmtree(aside, ignore_errors=True)
+        try:
+            for folder in ("objects/pack", "objects/info", "refs/heads", "refs/tags"):
+                os.makedirs(aside / folder)
+            (aside / "HEAD").write_bytes(b"ref: refs/heads/main\n")
+            (aside / "config").write_bytes(_config_text(worktree).encode("utf-8", "surrogateescape"))
+            try:
+                os.rename(aside, git_dir)
+            except OSError:
+                if not (git_dir / "objects").is_dir():
+                    raise
+                return False  # made meanwhile by another opener
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+        log.info("shadow_repo.created", git_dir=str(git_dir))
+        return True
 
     @classmethod
     def _open_existing(cls, git_dir: Path, worktree: Path) -> pygit2.Repository:
@@ -465,19 +531,7 @@ class ShadowRepo:
     def _write_config(repo: pygit2.Repository, worktree: Path) -> None:
         with translated("write its config"):
             cfg = repo.config
-            for key, value in (
-                ("core.bare", False),
-                ("core.worktree", str(worktree)),
-                ("core.autocrlf", False),
-                ("core.filemode", True),
-                ("core.symlinks", True),
-                ("core.fsmonitor", False),
-                ("core.hooksPath", os.devnull),
-                ("commit.gpgSign", False),
-                ("gc.auto", 0),
-                ("user.name", COMMITTER_NAME),
-                ("user.email", COMMITTER_EMAIL),
-            ):
+            for key, value in _config(worktree):
                 cfg[key] = value
 
     @staticmethod

@@ -6,6 +6,7 @@ Real pygit2 repositories on temp dirs; the git CLI is used only as an independen
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -15,6 +16,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pygit2
 import pytest
@@ -352,6 +354,7 @@ def test_ref_components_are_distinct() -> None:
 ISOLATION_PROBE = r"""
 import json, sys
 from pathlib import Path
+from typing import Any
 import pygit2
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import TreeEntry, MODE_FILE
@@ -550,6 +553,46 @@ def test_reopen_keeps_objects_and_refs(tmp_path: Path, workspace: Path) -> None:
         assert git(r2, "config", "core.worktree").stdout.strip() == str(workspace)
     finally:
         r2.close()
+
+
+@pytest.mark.parametrize("name", ["plain", "with space", 'a "quoted" name', "back\\slash", "tab\there", "new\nline",
+                                  "ünïcödé", "semi;colon #hash", "trailing\\"])
+def test_a_new_shadow_repo_records_its_worktree_as_git_reads_it(tmp_path: Path, name: str) -> None:
+    """A shadow repository is laid out whole (`ShadowRepo._create`, its config written at
+    once): git reads the worktree as given, whatever the folder's name, and reopening it
+    finds the same; nothing made aside is left."""
+    worktree = tmp_path / name
+    worktree.mkdir()
+    gd = tmp_path / "s" / ".git"
+    r = ShadowRepo.open_or_init(gd, worktree)
+    try:
+        assert git(r, "config", "core.worktree").stdout[:-1] == str(worktree)
+        assert git(r, "rev-parse", "--is-bare-repository").stdout.strip() == "false"
+        assert git(r, "config", "gc.auto").stdout.strip() == "0"
+        c = r.commit(build(r, {"a": blob(r, "a")}), [], "m", "t")
+        assert git(r, "cat-file", "-t", c).stdout.strip() == "commit"
+    finally:
+        r.close()
+    ShadowRepo.open_or_init(gd, worktree).close()  # the same worktree: no mismatch
+    assert [p.name for p in gd.parent.iterdir()] == [".git"]
+
+
+def test_a_shadow_repo_that_cannot_be_laid_out_leaves_nothing(tmp_path: Path, workspace: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Path.write_bytes
+
+    def refuse(self: Path, data: Any) -> int:
+        if self.name == "config":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", refuse)
+    gd = tmp_path / "s" / ".git"
+    with pytest.raises(OSError):
+        ShadowRepo.open_or_init(gd, workspace)
+    assert list(gd.parent.iterdir()) == []
+    monkeypatch.undo()
+    ShadowRepo.open_or_init(gd, workspace).close()  # made whole once there is room
 
 
 def test_mismatched_worktree_is_refused(tmp_path: Path, workspace: Path) -> None:
