@@ -9,6 +9,11 @@ The collector is process-wide and baselines of several roots may run at once on 
 threads: it is held off while any of them runs and given back as it was found (an embedding
 program that disabled it keeps it disabled). A forked child disables it for good
 (`forked.py`).
+
+Given back, the collector would first collect its youngest generation: every object the
+baseline made and kept (~5 ms at 100k files, on the baseline's last step). They go to the
+oldest generation unexamined instead (`gc.freeze`, then `gc.unfreeze`: a move of lists), where
+the collections that look at long-lived objects find any cycle among them.
 """
 
 from __future__ import annotations
@@ -38,4 +43,6 @@ def collection_paused() -> Iterator[None]:
         with _lock:
             _holders -= 1
             if _holders == 0 and _was_enabled:
+                gc.freeze()
+                gc.unfreeze()
                 gc.enable()
