@@ -132,7 +132,8 @@ class Forked:
                 if len(data) >= _LENGTH.size:
                     whole = _LENGTH.size + _LENGTH.unpack_from(data)[0]
                     if len(data) >= whole:
-                        message = bytes(data[_LENGTH.size:whole])
+                        with memoryview(data) as view:  # one copy of a part of megabytes, not two
+                            message = bytes(view[_LENGTH.size:whole])
                         del data[:whole]
                         return self._placed(message)
                 if poll is not None:

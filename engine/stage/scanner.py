@@ -708,12 +708,13 @@ class Scanner:
             raise
         if child is not None and theirs is not None:
             serve = partial(self._serve_pending, run)
-            share = self._take_share(run, theirs, child.part(serve), walked)
-            if share is None:
-                child.abandon()
-            else:  # its files recorded while it writes its trees, then those taken
-                self._keep_proven(run)
-                self._take_trees(run, child.result(serve))
+            try:
+                share = self._take_share(run, theirs, child.part(serve), walked)
+                if share is not None:  # its files recorded while it writes its trees, then those taken
+                    self._keep_proven(run)
+                    self._take_trees(run, child.result(serve))
+            finally:
+                child.abandon()  # one still working (its answer unreadable, or this process failed)
             if share is None:  # the child failed: its folders are walked here
                 if run.proof is not None:
                     run.proof.keep(((0, len(run.proof.paths)),))

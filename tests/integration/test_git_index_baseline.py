@@ -987,15 +987,18 @@ def forked_pids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return pids
 
 
+@pytest.mark.parametrize("failing", ["_scan_folders", "_take_share"])
 def test_a_baseline_that_fails_here_leaves_no_child_behind(tmp_path: Path, shadow: Any, forks: list[str],
-                                                            forked_pids: list[int],
+                                                            forked_pids: list[int], failing: str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process fails while it walks its part, or while it takes the child's files (the
+    child then still writes its trees): the child is killed and reaped either way."""
     started = forked_pids
 
     def full_disk(*_args: Any) -> Any:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(Scanner, "_scan_folders", full_disk)
+    monkeypatch.setattr(Scanner, failing, full_disk)
     root = make_repo(tmp_path / "repo", SPLIT_FILES)
     sh = shadow(root, split_min_files=10)
     with pytest.raises(OSError):
