@@ -691,10 +691,9 @@ class ExclusionRules:
                 files = [i for i in files if i not in left_out]
                 dirs = [i for i in dirs if i not in left_out]
             return files, dirs
-        for i, entry_name in enumerate(names):
+        for i, entry_name in enumerate(names):  # every name decided
             folder = is_dir[i]
-            if (undecided is not None and i not in undecided) \
-                    or entry_reason(info, prefix + entry_name, entry_name, folder) is None:
+            if entry_reason(info, prefix + entry_name, entry_name, folder) is None:
                 (dirs if folder else files).append(i)
         return files, dirs
 
