@@ -6,6 +6,7 @@ plan carried) is the caller's, which knows the other roots' plans.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,7 +27,8 @@ class RootCheckpoint:
 def checkpoint_root(root: RootState, plan: StagePlan | Callable[[LockedRoot], StagePlan], task_id: str, message: str,
                     parent: str | None,
                     *, capture: EarlyCapture | None = None, borrow: bool = False,
-                    wanted: Callable[[], bool] | None = None, save_cache: bool = False) -> RootCheckpoint | None:
+                    wanted: Callable[[], bool] | None = None, save_cache: bool = False,
+                    hold_blobs: bool = False) -> RootCheckpoint | None:
     """Stage `plan` in `root` and commit it on `parent` (the task's previous snapshot of this
     root, None for a baseline); the task's ref moves to the commit, the head to its tree.
     `plan` may be decided under the same lock hold, from the locked root (a baseline's).
@@ -35,13 +37,15 @@ def checkpoint_root(root: RootState, plan: StagePlan | Callable[[LockedRoot], St
     no more); `borrow`: a baseline may take blob ids from the user's git index; `wanted`: asked
     before the ref moves, None as its answer when false (a task deleted or restarted meanwhile);
     `save_cache`: after a whole scan (a baseline's), have the stat cache written at the next quiet
-    moment (`RootState.save_cache_soon`).
+    moment (`RootState.save_cache_soon`); `hold_blobs`: the blobs staged go into the small pack
+    the task ref's move writes (`ShadowRepo.blobs_for_ref`), not one loose file each (a round's
+    few; a baseline's, many and read in its workers, stay loose).
 
     Raises:
         whatever staging or committing raised (LockTimeoutError, RepoError, StorageFailedError):
         nothing moved; the caller carries the plan to the next round.
     """
-    with root.locked() as r:
+    with root.locked() as r, r.repo.blobs_for_ref() if hold_blobs else contextlib.nullcontext():
         if callable(plan):
             plan = plan(r)
         try:

@@ -501,7 +501,7 @@ class Engine:
             plan = root.take_carried(plans[name])
             try:
                 made = checkpoint_root(root, plan, rt.record.task_id, f"{kind} checkpoint at {ts}",
-                                       prev.hashes.get(name) if prev else None)
+                                       prev.hashes.get(name) if prev else None, hold_blobs=True)
                 assert made is not None
                 commit, result = made.commit, made.result
                 reused_all = reused_all and made.reused

@@ -232,7 +232,8 @@ _ADLER = struct.Struct(">I")
 _EMPTY_STORED = zlib.compress(b"", 0)
 
 
-def _deflated(header: bytes, data: bytes) -> bytes:
+def deflated(header: bytes, data: bytes) -> bytes:
+    """`header` and `data` in one zlib stream, as this module stores an object that size."""
     size = len(header) + len(data)
     if size <= _STORED_MAX:
         # Stored, not deflated: a loose file this small fills one block of the file system either
@@ -335,15 +336,21 @@ def write_object(git_dir: Path, kind: bytes, data: bytes, pool: FilePool | None 
     """
     oid = object_id(kind, data)
     final = os.path.join(git_dir, "objects", oid[:2], oid[2:])
-    if not known_new:
-        try:
-            os.utime(final)
-            return oid
-        except OSError:
-            pass
-    write_file(git_dir, _deflated(b"%s %d\0" % (kind, len(data)), data), final, pool, f"write a {kind.decode()}",
+    if not known_new and freshened(git_dir, oid):
+        return oid
+    write_file(git_dir, deflated(b"%s %d\0" % (kind, len(data)), data), final, pool, f"write a {kind.decode()}",
                size=len(data))
     return oid
+
+
+def freshened(git_dir: Path | str, oid: str) -> bool:
+    """Whether `oid` is held as a loose object, its time then set to now (as libgit2 does, so
+    that a collection's grace period counts from now)."""
+    try:
+        os.utime(os.path.join(git_dir, "objects", oid[:2], oid[2:]))
+    except OSError:
+        return False
+    return True
 
 
 def write_file(git_dir: Path, content: bytes, final: str, pool: FilePool | None, action: str, *,

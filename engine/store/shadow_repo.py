@@ -75,8 +75,14 @@ RECENT_COMMITS_MAX = 64  # commit: tree, of the commits written last (a round as
 # A round's trees and commit (a restore's too) are held in memory and written as one small pack
 # (`ShadowRepo.flush`): two files where one loose object each made ~10 (a restore ~20), each
 # new file ~45 us of a ~2 ms round on the benchmark disk.
-_PACKED_KINDS = {b"commit": 1, b"tree": 2}
+# A round's blobs go in that pack too (`ShadowRepo.blobs_for_ref`): one file fewer a round, and
+# no loose object left for the background to pack.
+_PACKED_KINDS = {b"commit": 1, b"tree": 2, b"blob": 3}
+_BLOB = _PACKED_KINDS[b"blob"]  # packing._BLOB
 HELD_MAX = 4096  # objects held before a flush is due anyway (a rebuild, a huge restore: memory stays small)
+# bytes of blobs held at most; a blob beyond them is written loose at once. A pack this size
+# stays far under any file-size limit a blob alone passes (RLIMIT_FSIZE: test_storage_faults).
+HELD_BLOB_BYTES = 1 << 20
 PACKED_IDS_MAX = 50_000  # ids this handle wrote into packs, answered without libgit2 (`has_object`)
 MERGE_PACKS_AT = 16  # small packs written by a handle before it asks for `merge_small_packs`
 SMALL_PACK_OBJECTS = 2_000  # packs with fewer objects are merged (`merge_small_packs`)
@@ -428,6 +434,8 @@ class ShadowRepo:
         self._recent_commits: dict[str, str | None] = {}  # id: tree (None: empty), of commits written here
         self._pending: dict[bytes, tuple[int, bytes]] = {}  # raw id: (pack kind, content), not yet written
         self._packed_ids: set[bytes] = set()  # raw ids this handle wrote into packs (cleared by `reopen`)
+        self._holding_blobs = False  # inside `blobs_for_ref`
+        self._held_blob_bytes = 0  # the content bytes of the blobs in `_pending`
         self._packs_written = 0  # small packs `flush` wrote since the last merge
         self._objects_dir = os.fspath(git_dir / "objects")
         self._pool = FilePool(git_dir / FILE_POOL_FOLDER,
@@ -654,19 +662,59 @@ class ShadowRepo:
                 or the process's file-size limit (the caller leaves its file out).
             StorageFailedError: the docs root refused the write (disk full, quota, I/O error).
         """
+        if self._holding_blobs and self._held_blob_bytes + len(data) <= HELD_BLOB_BYTES:
+            oid = loose.object_id(b"blob", data)
+            # one held loose already is only freshened, as `loose.write_object` does
+            return oid if loose.freshened(self.git_dir, oid) else self._hold(b"blob", data, oid)
         return loose.write_object(self.git_dir, b"blob", data, self._pool)
 
-    def _hold(self, kind: bytes, data: bytes) -> str:
-        """Keep a tree or a commit to be written by the next `flush`; its id."""
-        oid = loose.object_id(kind, data)
+    @contextlib.contextmanager
+    def blobs_for_ref(self) -> Iterator[None]:
+        """Within: blobs (`write_blob`, up to HELD_BLOB_BYTES together) are held with the trees
+        and the commit, and go into the small pack the next `set_ref` writes: a round's, whose
+        task ref names them. Every other flush, and the end of the block, writes the blobs
+        still held as loose objects: a pack gets no grace period from a collection, so a blob
+        goes into one only with the ref that names it (a stat cache may name a blob of a round
+        whose commit failed, or was not wanted)."""
+        self._holding_blobs = True
+        try:
+            yield
+        finally:
+            self._holding_blobs = False
+            if self._held_blob_bytes:
+                self._write_blobs_loose()
+
+    def _hold(self, kind: bytes, data: bytes, oid: str | None = None) -> str:
+        """Keep an object (`oid`: its id, if known) to be written by the next `flush`; its id."""
+        if oid is None:
+            oid = loose.object_id(kind, data)
         raw = bytes.fromhex(oid)
         if raw not in self._pending and raw not in self._packed_ids:
-            self._pending[raw] = (_PACKED_KINDS[kind], data)
+            packed_kind = _PACKED_KINDS[kind]
+            self._pending[raw] = (packed_kind, data)
+            if packed_kind == _BLOB:
+                self._held_blob_bytes += len(data)
             if len(self._pending) >= HELD_MAX:
                 self.flush()
         return oid
 
-    def flush(self) -> None:
+    def _write_blobs_loose(self) -> None:
+        """Write the blobs held as loose objects (the trees and commits stay held).
+
+        Raises:
+            StorageFailedError, RepoError: as `loose.write_object`; the blobs not yet written are
+                dropped (a stage that fails so resets its stat cache: `RootState._stage_or_reset`).
+        """
+        blobs = [raw for raw, (kind, _) in self._pending.items() if kind == _BLOB]
+        self._held_blob_bytes = 0
+        try:
+            for raw in blobs:
+                loose.write_object(self.git_dir, b"blob", self._pending.pop(raw)[1], self._pool, known_new=True)
+        finally:
+            for raw in blobs:
+                self._pending.pop(raw, None)
+
+    def flush(self, *, naming: bool = False) -> None:
         """Write the trees and commits held since the last flush as one small pack: the `.pack`,
         then its `.idx`, each renamed into place whole (a reader sees the pack once its index
         is there). Done before a ref moves (`set_ref`), before libgit2 reads an object and
@@ -675,18 +723,23 @@ class ShadowRepo:
 
         Packs get no grace period from a collection (loose objects do), which is safe because
         a held object is written in the lock hold that moves the ref naming it. The packs are
-        merged now and then (`merge_small_packs`).
+        merged now and then (`merge_small_packs`). Blobs held (`blobs_for_ref`) go into the
+        pack only when `naming`: the flush of the ref move that names them; else loose.
 
         Raises:
             StorageFailedError: the docs root refused the write: the held objects are dropped,
                 and every tree and commit this handle remembered writing is forgotten (a
-                round patching one finds it missing and rebuilds, `roots.RootState._verify`).
+                round patching one finds it missing and rebuilds, `roots.RootState._verify`,
+                which checks the blobs too: a new blob held went with a new tree above it).
             RepoError: the object store is damaged (likewise).
         """
+        if self._held_blob_bytes and not naming:
+            self._write_blobs_loose()
         pending = self._pending
         if not pending:
             return
         self._pending = {}
+        self._held_blob_bytes = 0
         try:
             name, pack, idx = packing.small_pack((raw, kind, data) for raw, (kind, data) in pending.items())
             base = os.path.join(self._objects_dir, "pack", name)
@@ -1276,7 +1329,7 @@ class ShadowRepo:
             raise RepoError(f"Shadow repository failed to move {name}: not a valid ref name")
         with translated(f"move {name}"):
             target = str(pygit2.Oid(hex=commit))
-        self.flush()
+        self.flush(naming=True)
         if durable and not in_place:
             loose.write_ref(self.git_dir, name, target, self._pool)
         else:

@@ -273,3 +273,38 @@ def test_an_injected_enospc_on_the_record_is_storage_failed(make_engine: Any, wo
     git_dir = Path(eng.describe_roots()[0]["shadowGitDir"])
     assert git(git_dir, "cat-file", "blob", f"{cp['hash']}:a.txt").stdout == b"a1\n"
     assert not list(workspace.parent.parent.glob("docs/tasks/*/.*.tmp"))
+
+
+def test_a_refused_round_pack_loses_no_blob_the_stat_cache_names(make_engine: Any, workspace: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round's blobs go into the pack its ref move writes (`ShadowRepo.blobs_for_ref`). When
+    that pack is refused, the stat cache already holds the edited file's new state: the next
+    round, which does not name the file and sees it unchanged, must not reuse a blob that was
+    never written (it checks them: `RootState._verify`), and holds the file's content."""
+    from shadowpoint.errors import StorageFailedError
+    from shadowpoint.store import loose
+    from tests.faults.support import engine_command, engine_edit, start
+
+    make_tree(workspace, {"a.txt": "a0\n", "b.txt": "b0\n"})
+    eng = make_engine(workspace)
+    start(eng)
+    write_file = loose.write_file
+
+    def refusing(git_dir: Path, content: bytes, final: str, *args: Any, **kwargs: Any) -> None:
+        if final.endswith(".pack"):
+            raise StorageFailedError(loose.storage_message(git_dir, "write a pack", OSError(errno.ENOSPC, "full")))
+        write_file(git_dir, content, final, *args, **kwargs)
+
+    monkeypatch.setattr(loose, "write_file", refusing)
+    with pytest.raises(StorageFailedError, match="could not write a pack"):
+        engine_edit(eng, workspace, 2, {"a.txt": "a1, in a pack that was refused\n"})
+    with pytest.raises(StorageFailedError, match="could not write a pack"):  # what a command changed
+        engine_command(eng, workspace, 3, lambda: make_tree(workspace, {"c.txt": "c1, by a command\n"}))
+    monkeypatch.setattr(loose, "write_file", write_file)
+    cp = engine_edit(eng, workspace, 4, {"b.txt": "b1\n"})
+    commit = cp.hashes[eng.first_root]
+    git_dir = Path(eng.describe_roots()[0]["shadowGitDir"])
+    for path, body in (("a.txt", b"a1, in a pack that was refused\n"), ("b.txt", b"b1\n"),
+                       ("c.txt", b"c1, by a command\n")):
+        assert git(git_dir, "cat-file", "blob", f"{commit}:{path}").stdout == body
+    assert not fsck_problems(git_dir)
