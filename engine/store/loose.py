@@ -232,8 +232,7 @@ _ADLER = struct.Struct(">I")
 _EMPTY_STORED = zlib.compress(b"", 0)
 
 
-def deflated(header: bytes, data: bytes) -> bytes:
-    """`header` and `data` in one zlib stream, as this module stores an object that size."""
+def _deflated(header: bytes, data: bytes) -> bytes:
     size = len(header) + len(data)
     if size <= _STORED_MAX:
         # Stored, not deflated: a loose file this small fills one block of the file system either
@@ -338,7 +337,7 @@ def write_object(git_dir: Path, kind: bytes, data: bytes, pool: FilePool | None 
     final = os.path.join(git_dir, "objects", oid[:2], oid[2:])
     if not known_new and freshened(git_dir, oid):
         return oid
-    write_file(git_dir, deflated(b"%s %d\0" % (kind, len(data)), data), final, pool, f"write a {kind.decode()}",
+    write_file(git_dir, _deflated(b"%s %d\0" % (kind, len(data)), data), final, pool, f"write a {kind.decode()}",
                size=len(data))
     return oid
 

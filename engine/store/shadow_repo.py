@@ -78,7 +78,7 @@ RECENT_COMMITS_MAX = 64  # commit: tree, of the commits written last (a round as
 # A round's blobs go in that pack too (`ShadowRepo.blobs_for_ref`): one file fewer a round, and
 # no loose object left for the background to pack.
 _PACKED_KINDS = {b"commit": 1, b"tree": 2, b"blob": 3}
-_BLOB = _PACKED_KINDS[b"blob"]  # packing._BLOB
+_BLOB = _PACKED_KINDS[b"blob"]
 HELD_MAX = 4096  # objects held before a flush is due anyway (a rebuild, a huge restore: memory stays small)
 # bytes of blobs held at most; a blob beyond them is written loose at once. A pack this size
 # stays far under any file-size limit a blob alone passes (RLIMIT_FSIZE: test_storage_faults).
@@ -827,6 +827,8 @@ class ShadowRepo:
     def merge_file(self, path: str, base: TreeEntry, ours: TreeEntry, theirs: TreeEntry) -> bytes | None:
         """libgit2's three-way merge of one file's contents; None when the changes overlap (or
         the merged text is not UTF-8, which pygit2 cannot hand back)."""
+        if self._pending:
+            self.flush()  # libgit2 reads the three blobs: a held one (the person's edit) first
         with translated(f"merge {path}"):
             b, o, t = (pygit2.IndexEntry(path, pygit2.Oid(hex=e.oid), pygit2.enums.FileMode(e.mode))
                        for e in (base, ours, theirs))

@@ -243,7 +243,7 @@ def test_a_rounds_blobs_go_into_the_pack_its_ref_move_writes(repo: ShadowRepo) -
     c1 = repo.commit(base, [], "round 1", "t")
     repo.set_ref(task_ref("t"), c1)
     loose_before, packs_before = _loose_ids(repo), _packs(repo)
-    big = "".join(f"line {i} of a file larger than a block\n" for i in range(400))  # deflated in the pack
+    big = "".join(f"line {i} of a file larger than a block\n" for i in range(400))
     with repo.blobs_for_ref():
         two, small = blob(repo, big), blob(repo, "s")
         assert repo.has_object(two.oid) and not _on_disk(repo, two.oid)  # held, answered from memory
@@ -253,7 +253,6 @@ def test_a_rounds_blobs_go_into_the_pack_its_ref_move_writes(repo: ShadowRepo) -
     assert _loose_ids(repo) == loose_before  # not one loose object for the round
     (new,) = set(_packs(repo)) - set(packs_before)
     assert {two.oid, small.oid} <= _packs(repo)[new] and c2 in _packs(repo)[new]
-    assert os.path.getsize(_pack_dir(repo) / f"{new}.pack") < len(big)  # the big blob deflated
     assert git(repo, "cat-file", "-p", f"{task_ref('t')}:a/file.txt").stdout == big
     assert git(repo, "cat-file", "-p", f"{task_ref('t')}:s.txt").stdout == "s"
     _fsck(repo)
