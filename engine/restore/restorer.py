@@ -195,20 +195,23 @@ class Restorer:
             locked = {name: stack.enter_context(root.locked()) for name, root in self.host.roots.items()}
             plans: dict[str, _RootPlan] = {}
             try:
-                for name, root in locked.items():
-                    if (planned := self._plan_root(rt, cp, request, name, root)) is not None:
-                        plans[name] = planned
-                conflicts = [self.host.resolver.display(self.host.roots[name].ws, path)
-                             for name, p in plans.items() for path in p.conflicts]
-                if request.dry_run:
-                    self._head_to_safety(plans, locked)
-                    return self._dry_answer(plans, conflicts)
-                if conflicts:
-                    raise RestoreConflictError(
-                        f"The restore would overwrite edits made outside the task's rounds that it cannot merge "
-                        f"({', '.join(conflicts[:5])}{' …' if len(conflicts) > 5 else ''}); nothing was changed. "
-                        "Restore without keeping outside edits, or name other paths.", conflicts)
-                entry = self._commit_states(rt, cp, request, plans, locked)
+                with contextlib.ExitStack() as held:
+                    for root in locked.values():  # the safety checkpoint's blobs: in the pack of the restore's ref
+                        held.enter_context(root.repo.blobs_for_ref())
+                    for name, root in locked.items():
+                        if (planned := self._plan_root(rt, cp, request, name, root)) is not None:
+                            plans[name] = planned
+                    conflicts = [self.host.resolver.display(self.host.roots[name].ws, path)
+                                 for name, p in plans.items() for path in p.conflicts]
+                    if request.dry_run:
+                        self._head_to_safety(plans, locked)
+                        return self._dry_answer(plans, conflicts)
+                    if conflicts:
+                        raise RestoreConflictError(
+                            f"The restore would overwrite edits made outside the task's rounds that it cannot merge "
+                            f"({', '.join(conflicts[:5])}{' …' if len(conflicts) > 5 else ''}); nothing was changed. "
+                            "Restore without keeping outside edits, or name other paths.", conflicts)
+                    entry = self._commit_states(rt, cp, request, plans, locked)
             except BaseException:
                 self._head_to_safety(plans, locked)
                 raise

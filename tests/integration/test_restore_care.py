@@ -24,6 +24,7 @@ from shadowpoint.errors import (
     RestoreConflictError,
     UnknownCheckpointError,
 )
+from shadowpoint.store.loose import object_id
 from tests.conftest import Exe, Link, make_tree, read_tree
 from tests.integration.test_engine import MakeEngine, command_round, edit_round, files_of, git_dir, start, wire
 
@@ -46,6 +47,11 @@ def refs(eng: Engine) -> dict[str, str]:
     out = {name: str(repo.references[name].target) for name in repo.references if "head" not in name}
     repo.free()
     return out
+
+
+def loose_objects(eng: Engine) -> set[str]:
+    objects = git_dir(eng) / "objects"
+    return {p.parent.name + p.name for p in objects.glob("[0-9a-f][0-9a-f]/*")}
 
 
 def untouched(eng: Engine, ws: Path) -> tuple[Any, str, dict[str, str]]:
@@ -132,7 +138,12 @@ def test_clean_merge_reverts_the_task_and_keeps_the_person(make_engine: MakeEngi
     start(eng)
     edit_round(eng, ws, 10, {"f.txt": lines(l2="task 2"), "g.txt": "g1", "new.txt": "n"})
     make_tree(ws, {"f.txt": lines(l2="task 2", l11="mine 11")})
+    loose_before = loose_objects(eng)
     out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
+    # the blobs the restore wrote went into the pack its ref's move wrote, not one loose file
+    # each, but the person's f.txt that libgit2's merge had to read first
+    mine = lines(l2="task 2", l11="mine 11").encode()
+    assert loose_objects(eng) - loose_before == {object_id(b"blob", mine)}
     assert out["files"]["merged"] == ["f.txt"] and out["files"]["restored"] == ["g.txt"]
     assert out["files"]["deleted"] == ["new.txt"]
     tree = read_tree(ws)
