@@ -184,9 +184,12 @@ def test_a_collection_completes_while_a_round_lands_during_its_walk(repo: Shadow
 
     def progress(done: int, total: int) -> None:
         if not landed:  # the collection wrote its pack, without the lock: a round lands
-            tree = other.patch_tree(base, {RepoPath("a/file.txt"): TreeEntry(other.write_blob(b"two"), MODE_FILE)})
-            landed.append(other.commit(tree, [c1], "round 2", "t1"))
-            other.set_ref(task_ref("t1"), landed[0], in_place=True)
+            with other.blobs_for_ref():  # its blob in its pack, which the collection must keep
+                # (written whole: a base tree read through libgit2 would write the blob loose first)
+                tree = other.patch_tree(None, {RepoPath("a/file.txt"): TreeEntry(other.write_blob(b"two"), MODE_FILE),
+                                               RepoPath("b.txt"): one})
+                landed.append(other.commit(tree, [c1], "round 2", "t1"))
+                other.set_ref(task_ref("t1"), landed[0], in_place=True)
 
     try:
         repo.collect_garbage(grace_s=0, progress=progress)
@@ -196,6 +199,7 @@ def test_a_collection_completes_while_a_round_lands_during_its_walk(repo: Shadow
     # not put off for the round's pack (its objects are in none of the packs removed)
     assert not _on_disk(repo, doomed)
     assert git(repo, "cat-file", "-p", f"{task_ref('t1')}:a/file.txt").stdout == "two"
+    assert loose.object_id(b"blob", b"two") not in _loose_ids(repo)  # from the round's pack
     assert git(repo, "rev-list", task_ref("t1")).stdout.split() == [landed[0], c1]
     _fsck(repo)
 
