@@ -11,6 +11,7 @@ per-task worker, or the caller's thread for hooks); the baseline builds on its o
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -356,9 +357,10 @@ class Engine:
     def _resolve_paths(self, paths: Iterable[str] | None) -> list[tuple[str, str]]:
         out = []
         for raw in paths or ():
-            ws, rel = self.resolver.resolve(raw)
+            folders: dict[str, os.stat_result] = {}
+            ws, rel = self.resolver.resolve(raw, folders)
             root = self.roots[ws.name]
-            if root.rules.in_nested_repo(rel):
+            if root.rules.in_nested_repo(rel, folders):
                 raise PathOutsideWorkspaceError(f"{raw} is inside a nested repository, which checkpoints never touch.")
             out.append((ws.name, str(rel)))
         return out

@@ -174,8 +174,10 @@ class PathResolver:
         """A result path: root-relative, name-prefixed when there are several roots."""
         return f"{ws.name}/{path}" if self.multi else str(path)
 
-    def resolve(self, raw: str) -> tuple[Workspace, RepoPath]:
-        """Resolve one request path.
+    def resolve(self, raw: str, folders: dict[str, os.stat_result] | None = None) -> tuple[Workspace, RepoPath]:
+        """Resolve one request path. `folders`, if given, gets the lstat this took of each
+        folder above the path (by root-relative path), for the caller's next look at them
+        (`ExclusionRules.in_nested_repo`).
 
         Raises:
             PathOutsideWorkspaceError: escapes every root, goes through `.git` or through a
@@ -188,12 +190,12 @@ class PathResolver:
             for ws in self.workspaces:
                 for base in (str(ws.root), *self._aliases.get(ws.name, ())):
                     if norm.startswith(base.rstrip("/") + "/"):
-                        return ws, self._checked(ws, norm[len(base.rstrip("/")) + 1 :], raw)
+                        return ws, self._checked(ws, norm[len(base.rstrip("/")) + 1 :], raw, folders)
             # The host may name the root through a symlink (macOS /tmp, a linked home folder):
             # the shortest ancestor whose real path is a root stands for that root.
             found = self._through_root_alias(norm)
             if found is not None:
-                return found[0], self._checked(found[0], found[1], raw)
+                return found[0], self._checked(found[0], found[1], raw, folders)
             raise PathOutsideWorkspaceError(f"{raw} is outside the workspace.")
         norm = posixpath.normpath(raw.replace("\\", "/") if os.sep == "\\" else raw)
         if self.multi:
@@ -205,8 +207,8 @@ class PathResolver:
                     f"{raw}: with several workspace roots a relative path starts with a root's name "
                     f"({', '.join(w.name for w in self.workspaces)})."
                 ) from None
-            return ws, self._checked(ws, rest, raw)
-        return self.workspaces[0], self._checked(self.workspaces[0], norm, raw)
+            return ws, self._checked(ws, rest, raw, folders)
+        return self.workspaces[0], self._checked(self.workspaces[0], norm, raw, folders)
 
     def _through_root_alias(self, norm: str) -> tuple[Workspace, str] | None:
         parts = norm.split("/")
@@ -217,7 +219,7 @@ class PathResolver:
                 return ws, "/".join(parts[i:])
         return None
 
-    def _checked(self, ws: Workspace, rel: str, raw: str) -> RepoPath:
+    def _checked(self, ws: Workspace, rel: str, raw: str, folders: dict[str, os.stat_result] | None = None) -> RepoPath:
         rel = posixpath.normpath(rel) if rel else ""
         if not rel or rel == "." or rel == ".." or rel.startswith("../") or rel.startswith("/"):
             raise PathOutsideWorkspaceError(f"{raw} is outside the workspace {ws.root}.")
@@ -228,12 +230,15 @@ class PathResolver:
         # A path through a symlinked folder that leads outside is refused (PROTOCOL.md).
         root = str(ws.root)
         current = root
-        for part in parts[:-1]:
+        for i, part in enumerate(parts[:-1]):
             current = f"{current}/{part}"
             try:
-                mode = os.lstat(current).st_mode
+                st = os.lstat(current)
             except OSError:
                 break  # the rest does not exist yet
+            mode = st.st_mode
+            if folders is not None:
+                folders["/".join(parts[:i + 1])] = st
             if stat.S_ISLNK(mode):
                 target = os.path.realpath(current)
                 if target != root and not target.startswith(root + os.sep):

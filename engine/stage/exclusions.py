@@ -51,6 +51,7 @@ _WORKSPACE_ROOT: Final = RepoPath("")
 # the kernel's coarse file clock (a jiffy) and small clock steps: an entry added in the same
 # clock tick as the listing would otherwise leave the times unchanged (git's racy-clean rule).
 _RACY_MARGIN_NS: Final = 1_000_000_000
+_NO_GIT_MAX: Final = 65_536  # folders remembered without a `.git` (`in_nested_repo`)
 _entry_name = attrgetter("name")  # a folder's entries are listed in name order
 
 # a folder's (mtime, ctime, inode) as one small bytes: a tuple of three big ints took ~180 bytes
@@ -444,6 +445,10 @@ class ExclusionRules:
         self._lfs: PatternSet | None = None
         self._submodules: frozenset[str] = frozenset()
         self._submodule_parents: frozenset[str] = frozenset()  # the folders that hold one
+        # folder -> its stamp (`_stamp`) when `in_nested_repo` found no `.git` in it, the folder
+        # unchanged for a second by then: while the stamp holds, none came (an entry made in a
+        # folder moves its times), so the lookup is skipped
+        self._no_git: dict[str, bytes] = {}
         # the folders the last `walk_folders` listed: whether each holds a `.gitattributes`
         self._attributes: dict[str, bool] = {}
         self._dirs: dict[str, _DirInfo] = {}
@@ -844,23 +849,36 @@ class ExclusionRules:
             return False
         return _exists(os.path.join(folder, GIT_DIR))
 
-    def in_nested_repo(self, path: RepoPath) -> bool:
+    def in_nested_repo(self, path: RepoPath, folders: Mapping[str, os.stat_result] | None = None) -> bool:
         """Whether `path` or a folder above it is a nested repository (`is_nested_repo`).
 
         One lookup of `<folder>/.git` per level, as deep as the path goes: a folder that is
         not there, or is a file, has none. Only a hit is looked at again (a symlink to a
-        repository is no nested repository of this one)."""
+        repository is no nested repository of this one). `folders`: the lstat of folders
+        above `path` taken just now (`WorkspaceResolver.resolve`'s), by path: one whose stamp
+        is the one it had when it last held no `.git` is not looked into (a request's path
+        nine folders deep: 9 lookups fewer)."""
         self._dir_info("")  # loads .gitmodules
         folder = self._root
         prefix = ""
+        no_git = self._no_git
         for part in path.split("/"):
             folder = f"{folder}/{part}"
             prefix = f"{prefix}/{part}" if prefix else part
             if prefix in self._submodules:
                 return True
+            st = folders.get(prefix) if folders is not None else None
+            stamp = _stamp(st) if st is not None else None
+            if stamp is not None and no_git.get(prefix) == stamp:
+                continue
             try:
                 os.lstat(f"{folder}/{GIT_DIR}")
             except OSError:
+                if st is not None and stamp is not None \
+                        and max(st.st_mtime_ns, st.st_ctime_ns) < time.time_ns() - _RACY_MARGIN_NS:
+                    if len(no_git) >= _NO_GIT_MAX:
+                        no_git.clear()
+                    no_git[prefix] = stamp
                 continue
             if self.is_nested_repo(RepoPath(prefix)):
                 return True

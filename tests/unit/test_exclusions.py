@@ -848,6 +848,42 @@ def test_in_nested_repo_is_any_folder_on_the_path_being_one(tmp_path: Path) -> N
     assert not rules.in_nested_repo(RepoPath("plain/link/in.py"))  # a symlink to a repository is not one
 
 
+def test_in_nested_repo_skips_a_folder_only_while_its_stamp_holds(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given the folders' lstat (a request's path check took them), a folder found without a
+    `.git` is not looked into again while its times and inode are the same; a `.git` made in
+    it, or the folder made anew, is found."""
+    monkeypatch.setattr(exclusions, "_RACY_MARGIN_NS", 0)  # every folder old enough to be remembered
+    root = make_tree(tmp_path / "ws", {"a/b/c.py": "x", "a/other.py": "x"})
+    rules = ExclusionRules(root)
+    looked: list[str] = []
+    lstat = os.lstat
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if str(path).endswith("/.git"):
+            looked.append(str(path)[len(str(root)) + 1:])
+        return lstat(path, *args, **kwargs)
+
+    def folders() -> dict[str, os.stat_result]:
+        return {f: lstat(root / f) for f in ("a", "a/b") if (root / f).exists()}
+
+    monkeypatch.setattr(os, "lstat", counting)
+    assert not rules.in_nested_repo(RepoPath("a/b/c.py"), folders())
+    assert looked == ["a/.git", "a/b/.git", "a/b/c.py/.git"]
+    looked.clear()
+    assert not rules.in_nested_repo(RepoPath("a/b/c.py"), folders())
+    assert looked == ["a/b/c.py/.git"]  # both folders unchanged: not looked into
+    assert not rules.in_nested_repo(RepoPath("a/b/c.py"))  # without their lstat: every level
+    (root / "a" / "b" / ".git").mkdir()
+    looked.clear()
+    assert rules.in_nested_repo(RepoPath("a/b/c.py"), folders())
+    assert looked == ["a/b/.git"]  # a's stamp holds; a/b's moved
+    shutil.rmtree(root / "a" / "b")
+    shutil.rmtree(root / "a")
+    make_tree(root, {"a/.git/HEAD": "x", "a/b/c.py": "x"})  # the folder made anew, a repository now
+    assert rules.in_nested_repo(RepoPath("a/b/c.py"), folders())
+
+
 SCREEN_GITIGNORE = (
     "*.tmp\n"          # a type
     "*~\n"             # an ending
