@@ -855,7 +855,7 @@ class ExclusionRules:
         One lookup of `<folder>/.git` per level, as deep as the path goes: a folder that is
         not there, or is a file, has none. Only a hit is looked at again (a symlink to a
         repository is no nested repository of this one). `folders`: the lstat of folders
-        above `path` taken just now (`WorkspaceResolver.resolve`'s), by path: one whose stamp
+        above `path` taken just now (`PathResolver.resolve`'s), by path: one whose stamp
         is the one it had when it last held no `.git` is not looked into (a request's path
         nine folders deep: 9 lookups fewer)."""
         self._dir_info("")  # loads .gitmodules

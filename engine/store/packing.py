@@ -152,7 +152,6 @@ def _listed_count(head: bytes, idx: Path) -> int:
 # ---------------------------------------------------------------- writing packs
 
 
-
 def _object_header(kind: int, size: int) -> bytes:
     if size < 0x800:  # two bytes at most (most trees)
         return bytes(((kind << 4) | size,)) if size < 0x10 else bytes(

@@ -81,7 +81,7 @@ _PACKED_KINDS = {b"commit": 1, b"tree": 2, b"blob": 3}
 _BLOB = _PACKED_KINDS[b"blob"]
 HELD_MAX = 4096  # objects held before a flush is due anyway (a rebuild, a huge restore: memory stays small)
 # bytes of blobs held at most; a blob beyond them is written loose at once. A pack this size
-# stays far under any file-size limit a blob alone passes (RLIMIT_FSIZE: test_storage_faults).
+# stays far under any file-size limit a blob alone passes (RLIMIT_FSIZE: tests/faults/test_storage.py).
 HELD_BLOB_BYTES = 1 << 20
 PACKED_IDS_MAX = 50_000  # ids this handle wrote into packs, answered without libgit2 (`has_object`)
 MERGE_PACKS_AT = 16  # small packs written by a handle before it asks for `merge_small_packs`
@@ -715,9 +715,9 @@ class ShadowRepo:
                 self._pending.pop(raw, None)
 
     def flush(self, *, naming: bool = False) -> None:
-        """Write the trees and commits held since the last flush as one small pack: the `.pack`,
-        then its `.idx`, each renamed into place whole (a reader sees the pack once its index
-        is there). Done before a ref moves (`set_ref`), before libgit2 reads an object and
+        """Write the objects held since the last flush (a round's trees, commit and blobs) as
+        one small pack: the `.pack`, then its `.idx`, each renamed into place whole (a reader
+        sees the pack once its index is there). Done before a ref moves (`set_ref`), before libgit2 reads an object and
         when the workspace lock is let go (`RootState.locked`), so nothing on disk names an
         object before it is written, and no other process looks for one before a ref names it.
 
