@@ -112,3 +112,28 @@ def test_the_baseline_profile_times_a_baseline_without_touching_the_tree(tmp_pat
     assert "parent _first_scan" in medians and "parent commit" in medians
     assert sorted((str(p.relative_to(tree)), p.stat().st_mtime_ns) for p in tree.rglob("*") if p.is_file()) == before
     assert not list(work.iterdir())
+
+
+def test_the_sidecar_rounds_run_over_stdio_and_in_process(tmp_path: Path) -> None:
+    """`benchmarks.sidecar_rounds` end to end on a tiny tree: every round is a checkpoint of a
+    real sidecar (the baseline and one a round), the edited file got a line a round on each
+    side, and each figure is printed."""
+    from benchmarks.sidecar_rounds import deepest_file
+    from benchmarks.treegen import generate
+
+    tree = tmp_path / "tree"
+    generate(tree, 200, seed=3)
+    edited = tree / deepest_file(tree)
+    before = edited.read_bytes()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sidecar_rounds", str(tree), "--rounds", "3", "--workdir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    after = edited.read_bytes()
+    assert after.startswith(before) and after[len(before):].count(b"\n# ") == 6
+    out = proc.stdout
+    assert "; 4 checkpoints" in out, out
+    for label in ("over stdio: a round ", "round/begin ", "round/end ", "in process: a round "):
+        assert label in out, out
+    assert not list(tmp_path.glob("sp-sidecar-rounds-*")), "the docs dirs are removed"
