@@ -57,6 +57,35 @@ class RpcClient:
             return reply.get("result")
 
 
+def sidecar_env(docs_dir: Path, settings: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a benchmark's sidecar: its own docs dir, no config file, no limit on
+    the baseline's time, and none of the caller's `SHADOWPOINT_*` or `GIT_*` variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWPOINT_", "GIT_"))}
+    env.update({
+        "SHADOWPOINT_DOCS_DIR": str(docs_dir),
+        "SHADOWPOINT_CONFIG_FILE": str(docs_dir / "no-config.toml"),
+        "SHADOWPOINT_INIT_WARN_S": "86400",
+        "SHADOWPOINT_INIT_TIMEOUT_S": "86400",
+        **(settings or {}),
+    })
+    return env
+
+
+def wait_ready(rpc: RpcClient, task: str) -> None:
+    """Wait until `task`'s baseline is ready.
+
+    Raises:
+        SidecarError: the baseline failed.
+    """
+    while True:
+        listing = rpc.call("checkpoint/list", {"taskId": task})
+        if listing["state"] == "ready":
+            return
+        if listing["state"] != "initializing":
+            raise SidecarError(f"baseline failed: {listing.get('error')}")
+        time.sleep(0.01)
+
+
 def read_vm_hwm_mb(pid: int) -> float:
     """The peak resident set size of `pid` so far, in MB (VmHWM from /proc)."""
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
@@ -93,14 +122,7 @@ def measure_sidecar(
         before_shutdown: called after the rounds and the compare, before the peak is read
             (e.g. to wait for a verification pass).
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWPOINT_", "GIT_"))}
-    env.update({
-        "SHADOWPOINT_DOCS_DIR": str(docs_dir),
-        "SHADOWPOINT_CONFIG_FILE": str(docs_dir / "no-config.toml"),
-        "SHADOWPOINT_INIT_WARN_S": "86400",
-        "SHADOWPOINT_INIT_TIMEOUT_S": "86400",
-        **(settings or {}),
-    })
+    env = sidecar_env(docs_dir, settings)
     docs_dir.mkdir(parents=True, exist_ok=True)
     with open(log_file, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "shadowpoint", "serve"], stdin=subprocess.PIPE,
@@ -114,13 +136,7 @@ def measure_sidecar(
             ts = 1_000
             start = time.perf_counter()
             rpc.call("task/start", {"taskId": task, "ts": ts})
-            while True:
-                listing = rpc.call("checkpoint/list", {"taskId": task})
-                if listing["state"] == "ready":
-                    break
-                if listing["state"] != "initializing":
-                    raise SidecarError(f"baseline failed: {listing.get('error')}")
-                time.sleep(0.01)
+            wait_ready(rpc, task)
             baseline_s = time.perf_counter() - start
             base_ts = ts
             rounds = 0

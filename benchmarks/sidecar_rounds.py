@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 
 from benchmarks.ours import EDIT_TOOL, OurEngine
-from benchmarks.sidecar_probe import RpcClient, SidecarError
+from benchmarks.sidecar_probe import RpcClient, sidecar_env, wait_ready
 from shadowpoint.logs import configure_logging
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.workspace import RepoPath
@@ -66,8 +66,7 @@ def over_stdio(root: Path, docs: Path, path: str, rounds: int,
                watcher: bool) -> tuple[list[float], dict[str, list[float]], int]:
     """The rounds over a real sidecar: each round's client time, each request's, and the
     checkpoints the task holds at the end."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWPOINT_", "GIT_"))}
-    env.update({"SHADOWPOINT_DOCS_DIR": str(docs), "SHADOWPOINT_CONFIG_FILE": str(docs / "no-config.toml")})
+    env = sidecar_env(docs)
     docs.mkdir(parents=True, exist_ok=True)
     per: dict[str, list[float]] = {name: [] for name in REQUESTS}
     times: list[float] = []
@@ -86,10 +85,7 @@ def over_stdio(root: Path, docs: Path, path: str, rounds: int,
 
             rpc.call("initialize", {"roots": [str(root)], "settings": {"watcher": watcher}})
             rpc.call("task/start", {"taskId": TASK, "ts": 1})
-            while (state := rpc.call("checkpoint/list", {"taskId": TASK})["state"]) != "ready":
-                if state != "initializing":
-                    raise SidecarError(f"the baseline failed: {state}")
-                time.sleep(0.01)
+            wait_ready(rpc, TASK)
             edit: dict[str, object] = {"taskId": TASK, "tool": EDIT_TOOL, "kind": "edit", "paths": [path]}
             for i in range(rounds):
                 time.sleep(0.02)  # an agent's model turn: the background settles
