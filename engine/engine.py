@@ -199,6 +199,14 @@ class Engine:
             raise UnknownTaskError(f"Unknown task {task_id!r}: start it with task/start first.")
         return self._resume(task_id, record)
 
+    def is_settled(self, task_id: str) -> bool:
+        """True for a task this engine holds whose baseline is no longer building: its round
+        requests do not wait for the baseline (a read, not a lock; a baseline that ends
+        meanwhile only makes it true). The sidecar runs such requests on its reader thread."""
+        with self._tasks_lock:
+            rt = self._tasks.get(task_id)
+        return rt is not None and rt.state is not TaskState.INITIALIZING
+
     def _load_or_rebuild(self, task_id: str) -> TaskRecord | None:
         """The task's record from its task.json, or rebuilt from the shadow refs when that file
         is gone or unreadable (kept aside, never destroyed); None for a task nobody knows.

@@ -1,0 +1,119 @@
+"""The sidecar's `Host`: a round's request runs on the thread that read it when nothing else
+is queued or running, and the order of a task's requests holds whichever thread runs them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from shadowpoint.sidecar.server import Host
+
+WAIT_S = 30.0  # a bound on waits for events that must come (never a measure of speed)
+
+
+class _Answers:
+    """An `_Answerer` that records results and the thread each request ran on."""
+
+    def __init__(self) -> None:
+        self.results: dict[Any, Any] = {}
+        self.threads: dict[Any, threading.Thread] = {}
+        self._lock = threading.Lock()
+
+    def _answer(self, msg_id: Any, fn: Callable[[], Any]) -> None:
+        result = fn()
+        with self._lock:
+            self.results[msg_id] = result
+            self.threads[msg_id] = threading.current_thread()
+
+
+@pytest.fixture
+def host() -> Iterator[Host]:
+    h = Host()
+    try:
+        yield h
+    finally:
+        h.stop_workers()
+
+
+def _blocking(log: list[str], name: str, started: threading.Event, release: threading.Event) -> Callable[[], str]:
+    def run() -> str:
+        log.append(f"{name} start")
+        started.set()
+        assert release.wait(WAIT_S)
+        log.append(f"{name} end")
+        return name
+
+    return run
+
+
+def test_a_request_runs_on_the_reading_thread_when_nothing_else_runs(host: Host) -> None:
+    answers = _Answers()
+    host.submit("t", answers, 1, lambda: "inline", inline=True)
+    # answered before submit returned, on this thread
+    assert answers.results == {1: "inline"} and answers.threads[1] is threading.current_thread()
+    host.submit("t", answers, 2, lambda: "queued")  # not inline: the task's worker
+    host.flush(WAIT_S)
+    assert answers.results[2] == "queued" and answers.threads[2] is not threading.current_thread()
+    assert host.status()["busy"] == 0
+
+
+def test_a_tasks_request_waits_for_its_request_running_on_another_thread(host: Host) -> None:
+    answers, log = _Answers(), []
+    started, release = threading.Event(), threading.Event()
+    first = threading.Thread(target=host.submit, args=("t", answers, 1, _blocking(log, "1", started, release)),
+                             kwargs={"inline": True})
+    first.start()
+    assert started.wait(WAIT_S)
+    # another connection's request for the same task: queued (something runs), not run beside it
+    host.submit("t", answers, 2, lambda: log.append("2") or "2", inline=True)
+    assert log == ["1 start"] and answers.threads.get(1) is None
+    release.set()
+    first.join(WAIT_S)
+    host.flush(WAIT_S)
+    assert log == ["1 start", "1 end", "2"]
+    assert answers.threads[1] is first and answers.threads[2] is not first
+
+
+def test_another_tasks_request_goes_to_its_worker_while_one_runs(host: Host) -> None:
+    answers, log = _Answers(), []
+    started, release = threading.Event(), threading.Event()
+    first = threading.Thread(target=host.submit, args=("t", answers, 1, _blocking(log, "t", started, release)),
+                             kwargs={"inline": True})
+    first.start()
+    assert started.wait(WAIT_S)
+    done = threading.Event()
+    host.submit("u", answers, 2, lambda: done.set() or "u", inline=True)
+    assert done.wait(WAIT_S), "task u waited for task t's request"
+    assert log == ["t start"]  # t's is still running
+    release.set()
+    first.join(WAIT_S)
+    assert answers.results == {1: "t", 2: "u"}
+
+
+def test_a_flush_waits_for_a_request_running_on_a_reading_thread(host: Host) -> None:
+    answers, log = _Answers(), []
+    started, release = threading.Event(), threading.Event()
+    host.submit("t", answers, 0, lambda: "worker made")  # the task has a worker for flush to mark
+    host.flush(WAIT_S)
+    first = threading.Thread(target=host.submit, args=("t", answers, 1, _blocking(log, "1", started, release)),
+                             kwargs={"inline": True})
+    first.start()
+    assert started.wait(WAIT_S)
+    flushed = threading.Event()
+
+    def flush() -> None:
+        host.flush(WAIT_S)
+        log.append("flushed")
+        flushed.set()
+
+    flusher = threading.Thread(target=flush)
+    flusher.start()
+    # a flush that did not wait would return at once, long before this
+    assert not flushed.wait(0.5)
+    release.set()
+    first.join(WAIT_S)
+    flusher.join(WAIT_S)
+    assert log == ["1 start", "1 end", "flushed"]
