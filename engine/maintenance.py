@@ -31,10 +31,14 @@ AUTO_PACK_EVERY = 25
 class Maintenance:
     """Upkeep of the shadow repositories of `roots` (one engine's)."""
 
-    def __init__(self, roots: Mapping[str, RootState], options: EngineOptions, closed: Callable[[], bool]) -> None:
+    def __init__(self, roots: Mapping[str, RootState], options: EngineOptions, closed: Callable[[], bool],
+                 pause: Callable[[], None] | None = None) -> None:
+        """`pause`: called by a background collection between batches of objects, to yield
+        to the agent's rounds (`Engine.yield_to_rounds`)."""
         self.roots = roots
         self.options = options
         self._closed = closed
+        self._pause = pause
         # a share of the checkpoints folder for as long as the engine runs (locking.SharedUse)
         self._users = SharedUse(options.docs_dir / USERS_FILE)
         self._background: list[threading.Thread] = []
@@ -50,7 +54,8 @@ class Maintenance:
             try:
                 collect_repo_garbage(self.options.docs_dir, grace_s=self.options.gc_grace_s,
                                      lock_timeout_s=self.options.lock_timeout_s, only=dirs,
-                                     locks={root.ws.git_dir: root.lock for root in self.roots.values()})
+                                     locks={root.ws.git_dir: root.lock for root in self.roots.values()},
+                                     pause=self._pause)
             except Exception:  # never fatal: the next collection tries again
                 log.exception("storage.collect_failed")
 

@@ -139,14 +139,16 @@ def storage_report(docs_dir: Path, *, per_task_objects: bool = True) -> dict[str
 def collect_garbage(docs_dir: Path, *, grace_s: float = 3600.0, lock_timeout_s: float = 300.0,
                     only: Iterable[Path] | None = None,
                     locks: Mapping[Path, WorkspaceLock] | None = None,
-                    progress: Callable[[Path, int, int], None] | None = None) -> dict[str, Any]:
+                    progress: Callable[[Path, int, int], None] | None = None,
+                    pause: Callable[[], None] | None = None) -> dict[str, Any]:
     """Drop unreachable objects from every shadow repo (or those in `only`).
 
     The long part (reachability, writing the packs) runs without the workspace lock; it is
     held only to remove packs and objects. `locks` gives the lock objects of this process's
     engine (a second flock on the same file in one process would conflict). `progress(git
     dir, objects written, objects to write)` follows each repo's packing. A repo's "pending"
-    mark (`mark_collection_pending`) is cleared when its collection completes.
+    mark (`mark_collection_pending`) is cleared when its collection completes. `pause` is
+    called between batches of objects (`ShadowRepo.collect_garbage`).
     """
     out: dict[str, Any] = {}
     wanted = {Path(p) for p in only} if only is not None else None
@@ -158,7 +160,7 @@ def collect_garbage(docs_dir: Path, *, grace_s: float = 3600.0, lock_timeout_s: 
         repo = ShadowRepo.open_existing(git_dir)
         step = None if progress is None else (lambda done, total, g=git_dir: progress(g, done, total))
         try:
-            kept, freed = repo.collect_garbage(grace_s, locked=lock.held, progress=step)
+            kept, freed = repo.collect_garbage(grace_s, locked=lock.held, progress=step, pause=pause)
         finally:
             repo.close()
         with contextlib.suppress(OSError):

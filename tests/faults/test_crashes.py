@@ -293,10 +293,12 @@ def test_kill_during_garbage_collection(tmp_path: Path, docs: Path) -> None:
     acked.add(keep, _listed_first(sc, keep), read_tree(root))
     ts = 10
     iterations = 6 * SOAK
-    # the pack about to be written (in its staging folder), written and installed with no loose
-    # object removed yet, the loose objects removed but the staging folder not yet
-    points = ["pygit2:PackBuilder.write", "shadowpoint.store.shadow_repo:ShadowRepo._prune_loose",
-              "shadowpoint.store.shadow_repo:ShadowRepo.reopen"]
+    # the pack about to be written (in its staging folder); written and installed, old packs
+    # removed, no loose object removed yet; the packed loose objects removed, unreachable ones
+    # not yet; all removed but the empty folders and the staging folder not yet
+    points = ["pygit2:PackBuilder.write", "shadowpoint.store.shadow_repo:ShadowRepo.reopen",
+              "shadowpoint.store.shadow_repo:ShadowRepo._prune_unreachable",
+              "shadowpoint.store.shadow_repo:ShadowRepo._remove_empty_fanout"]
     point: PausePoint | None = None
     for it in range(iterations + 1):
         if it:

@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -506,6 +507,68 @@ def test_gc_keeps_what_a_ref_missing_at_its_first_look_reaches(repo: ShadowRepo)
     assert entered
     for oid in only_head:
         assert _exists(repo, oid), oid
+    assert git(repo, "fsck", "--full", "--no-dangling", check=False).returncode == 0
+
+
+def test_gc_removes_loose_objects_in_batches_with_the_lock_free_between(repo: ShadowRepo,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # A background collection yields to the agent's rounds between batches (`pause`): the
+    # loose copies of packed objects go without the lock, unreachable ones a batch per hold,
+    # so a round is never kept waiting for all of them.
+    import shadowpoint.store.shadow_repo as shadow_repo
+
+    monkeypatch.setattr(shadow_repo, "_PRUNE_BATCH", 2)
+    kept = [blob(repo, f"kept {i}").oid for i in range(5)]
+    c = repo.commit(build(repo, {f"f{i}": TreeEntry(oid, MODE_FILE) for i, oid in enumerate(kept)}), [], "m", "t")
+    repo.set_ref(task_ref("t"), c)
+    orphans = [repo.write_blob(f"orphan {i}".encode()) for i in range(5)]
+    lock = threading.Lock()
+    holds: list[str] = []
+
+    @contextlib.contextmanager
+    def locked() -> Iterator[None]:
+        with lock:
+            holds.append("held")
+            yield
+
+    def pause() -> None:
+        assert lock.acquire(blocking=False), "a pause came while the collection held the lock"
+        lock.release()
+        holds.append("pause")
+
+    repo.collect_garbage(grace_s=0, locked=locked, pause=pause)
+    # 5 packed loose copies and 5 orphans, 2 a batch: pauses between, a hold per orphan batch
+    assert holds.count("pause") >= 4 and holds.count("held") >= 4
+    assert not any(_loose(repo, o).exists() for o in [*kept, *orphans])
+    assert all(_exists(repo, o) for o in kept) and not any(_exists(repo, o) for o in orphans)
+    assert git(repo, "fsck", "--full", "--no-dangling", check=False).returncode == 0
+
+
+def test_gc_keeps_what_a_round_between_two_batches_reaches(repo: ShadowRepo,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Between two batches of unreachable objects a round may commit a tree naming one of them
+    # (a blob its stat cache knew): the next batch walks the moved ref first and keeps it.
+    import shadowpoint.store.shadow_repo as shadow_repo
+
+    monkeypatch.setattr(shadow_repo, "_PRUNE_BATCH", 1)
+    a = blob(repo, "a")
+    c = repo.commit(build(repo, {"a": a}), [], "m", "t")
+    repo.set_ref(task_ref("t"), c)
+    orphans = [repo.write_blob(f"orphan {i}".encode()) for i in range(6)]
+    reused: list[str] = []
+
+    def pause() -> None:
+        left = [o for o in orphans if _loose(repo, o).exists()]
+        if reused or len(left) == len(orphans):
+            return  # the round came already, or the removal of unreachable objects has not begun
+        reused.append(left[-1])
+        tree = build(repo, {"a": a, "b": TreeEntry(left[-1], MODE_FILE)})
+        repo.set_ref(task_ref("t"), repo.commit(tree, [c], "round", "t"))
+
+    repo.collect_garbage(grace_s=0, pause=pause)
+    assert reused, "no pause between two batches of unreachable objects"
+    assert _exists(repo, reused[0]), "the collection removed what the round's commit names"
+    assert [o for o in orphans if _exists(repo, o)] == reused
     assert git(repo, "fsck", "--full", "--no-dangling", check=False).returncode == 0
 
 
