@@ -28,6 +28,7 @@ from shadowpoint.errors import (
 )
 from shadowpoint.restore.plan import RestoreOp, RestorePlan
 from shadowpoint.restore.safe_fs import TEMP_PREFIX
+from shadowpoint.store import shadow_repo
 from shadowpoint.store.checkpoints import CheckpointRecord
 from shadowpoint.store.storage import remove_all_checkpoints
 from shadowpoint.store.values import MODE_FILE, TreeEntry, task_ref
@@ -603,6 +604,43 @@ def test_gc_after_delete_frees_objects_only_that_task_reached(make_engine: MakeE
     env = {"PATH": os.environ["PATH"], "HOME": os.environ["HOME"]}
     assert subprocess.run(["git", f"--git-dir={git_dir(eng)}", "cat-file", "-e", blob], env=env,
                           capture_output=True).returncode != 0
+
+
+@pytest.mark.parametrize("upkeep", [True, False], ids=["upkeep", "deletion"])
+def test_closing_stops_an_upkeep_collection_and_completes_a_deletions(make_engine: MakeEngine, workspace: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      upkeep: bool) -> None:
+    # A collection that only packs loose objects stops at its next pause when the engine closes
+    # (a sidecar's exit waited minutes for one at 100k files); one freeing a deletion completes.
+    monkeypatch.setattr(shadow_repo, "_PRUNE_BATCH", 100)  # pauses between removals of 100 loose copies
+    make_tree(workspace, {f"f{i:03}.txt": f"file {i}\n" for i in range(600)})
+    eng = make_engine(workspace)
+    start(eng, "t")
+    objects = git_dir(eng) / "objects"
+
+    def loose() -> int:
+        return sum(len(os.listdir(objects / d)) for d in os.listdir(objects) if len(d) == 2)
+
+    before = loose()
+    assert before >= 600, "the baseline's blobs are loose"
+    inside = threading.Event()
+
+    def pause() -> None:  # the engine's yield to rounds, held until the close began
+        inside.set()
+        wait_for(lambda: eng._closed, "the engine did not begin to close", 60)
+
+    eng.maintenance._pause = pause
+    eng.maintenance.collect_in_background(upkeep=upkeep)
+    assert inside.wait(60)
+    eng.close()  # joins the collection
+    assert not list(objects.glob("gc-*")), "the staging folder went"
+    if upkeep:
+        assert 0 < loose() < before, "stopped in the removal of the loose copies"
+    else:
+        assert loose() == 0
+    git(eng, "fsck", "--full")
+    again = make_engine(workspace)
+    assert files_of(again, wire(again, "t")[0]["hash"]) == read_tree(workspace)
 
 
 # ---- restart and recovery ---------------------------------------------------------------------
