@@ -351,6 +351,7 @@ class Server:
         self.engine: Engine | None = None
         self._write_lock = threading.Lock()
         self._shut_down = False
+        self._handler_table: dict[str, Handler] | None = None  # built at the first request
 
     # ------------------------------------------------------------------ wire
 
@@ -453,7 +454,9 @@ class Server:
         if not isinstance(params, dict):
             self._error(msg_id, INVALID_PARAMS, "params must be an object", "invalid_params")
             return
-        handler = self._handlers().get(method)
+        if self._handler_table is None:
+            self._handler_table = self._handlers()  # ~10 us a request when built each time
+        handler = self._handler_table.get(method)
         if handler is None:
             if msg_id is not None:
                 self._error(msg_id, METHOD_NOT_FOUND, f"Method not found: {method}")
