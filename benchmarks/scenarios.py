@@ -26,7 +26,7 @@ from typing import Any
 from benchmarks.measure import EventTap, ScenarioResult, Series, Target, fmt_value, progress
 from benchmarks.ours import BackgroundWaits, OurEngine
 from benchmarks.rivals import OpenCodeSnapshot, SeedGit
-from benchmarks.sidecar_probe import is_supported, measure_sidecar
+from benchmarks.sidecar_probe import MODEL_TURN_S, is_supported, measure_sidecar
 from benchmarks.treegen import TreeStats, git_env
 
 MB = 1024 * 1024
@@ -35,6 +35,7 @@ SEED_BASELINE = "git add . + git commit (fresh git dir)"
 MAIN_TASK = "bench"
 LONG_TASK_ROUNDS = 400
 LONG_TASK_WINDOW = 20  # rounds 1–20 against rounds 381–400
+SIDECAR_TIMED_ROUNDS = 40  # 1-file edit rounds timed in each of sidecar_rss's sidecars (sidecar_round)
 _PROJECT = Path(__file__).resolve().parent.parent  # where `python -m benchmarks.…` finds the package
 
 
@@ -144,6 +145,10 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
     # VmHWM in MiB (kB / 1024); issue 14's target at 100k files
     ScenarioSpec("sidecar_rss", "sidecar peak RSS", "MiB", "git add . peak RSS",
                  Target("≤ 120 MiB", max_value=120.0), "sidecar_rss"),
+    # the rounds of sidecar_rss's sidecar (after it), as an agent's client sees them; no target
+    # of its own: issue 14's 1/300 is the engine's round (round_edit_1), this adds the pipes
+    ScenarioSpec("sidecar_round", "round, 1 edited path, over the sidecar's stdio (watcher on)", "s", SEED_ROUND,
+                 None, "sidecar_round"),
     # before the watcher scenarios (they replace the main engine), after disk_use (400 rounds would
     # inflate it)
     ScenarioSpec("long_task", "400 1-file rounds on one task: rounds 381–400", "s", SEED_ROUND,
@@ -193,6 +198,7 @@ class TreeBench:
     profile_dir: Path | None = None
     profiler: Any = None
     background: BackgroundWaits = field(default_factory=BackgroundWaits)
+    sidecar_round_s: list[float] = field(default_factory=list)  # sidecar_rss's timed rounds
 
     # ------------------------------------------------------------------ driving
 
@@ -704,12 +710,28 @@ class TreeBench:
             quiesce_disk()
             docs = self.workdir / f"sidecar-docs-{i}"
             stats = measure_sidecar(self.root, docs, self.candidates[:4], self.touch,
-                                    self.workdir / f"sidecar-{i}.log")
+                                    self.workdir / f"sidecar-{i}.log", timed_rounds=SIDECAR_TIMED_ROUNDS)
+            self.sidecar_round_s.extend(stats.round_s)
             res.ours.add(stats.peak_rss_mb)
             res.notes.append(f"run {i + 1}: baseline {stats.baseline_s:.1f} s in the sidecar, {stats.rounds} rounds")
             shutil.rmtree(docs, ignore_errors=True)
         res.rival.samples.extend(self.rival_add_rss_mb)
         res.notes.append("rival: peak RSS of the seed baseline's `git add .` (wait4)")
+
+    def sidecar_round(self, res: ScenarioResult) -> None:
+        """The 1-file edit rounds that `sidecar_rss`'s sidecars ran after their other work,
+        `MODEL_TURN_S` apart, timed at the client over real pipes; the seed's 1-file git round
+        is the rival figure (the rounds of 'round, 1 edited path', this run)."""
+        assert res.ours is not None and res.rival is not None
+        if not self.sidecar_round_s:
+            raise Skip("sidecar_rss did not run in this run (its sidecar runs these rounds)")
+        res.ours.samples.extend(self.sidecar_round_s)
+        seed_round = self.results.get("round_edit_1")
+        if seed_round is None or seed_round.rival is None or not seed_round.rival.samples:
+            raise Skip("round_edit_1 did not run in this run (its git rounds are the rival figure)")
+        res.rival.samples.extend(seed_round.rival.samples)
+        res.notes.append(f"{len(self.sidecar_round_s)} rounds of sidecar_rss's sidecars (watcher on, the default), "
+                         f"{MODEL_TURN_S * 1e3:.0f} ms apart; rival samples: the git rounds of 'round, 1 edited path'")
 
     def _watch_engine(self) -> OurEngine:
         if self.watch is not None:

@@ -27,6 +27,12 @@ class SidecarStats:
     peak_rss_mb: float
     baseline_s: float
     rounds: int
+    # the timed 1-file edit rounds (`timed_rounds`), each as the client saw its four requests
+    round_s: tuple[float, ...] = ()
+
+
+# An agent's model turn between two timed rounds: the sidecar idles between rounds as it would.
+MODEL_TURN_S = 0.02
 
 
 class RpcClient:
@@ -108,6 +114,7 @@ def measure_sidecar(
     started: Callable[[int], None] | None = None,
     settings: Mapping[str, str] | None = None,
     before_shutdown: Callable[[], None] | None = None,
+    timed_rounds: int = 0,
 ) -> SidecarStats:
     """Run the sidecar through a baseline, rounds and a compare; return its peak RSS.
 
@@ -121,6 +128,9 @@ def measure_sidecar(
         settings: more `SHADOWPOINT_*` variables for the sidecar.
         before_shutdown: called after the rounds and the compare, before the peak is read
             (e.g. to wait for a verification pass).
+        timed_rounds: then this many 1-file edit rounds of `edit_paths[0]`, `MODEL_TURN_S`
+            apart, each timed at the client (round/begin and tool/begin, then tool/end and
+            round/end; the edit itself is not timed): `SidecarStats.round_s`.
     """
     env = sidecar_env(docs_dir, settings)
     docs_dir.mkdir(parents=True, exist_ok=True)
@@ -129,6 +139,7 @@ def measure_sidecar(
                                 stdout=subprocess.PIPE, stderr=err, env=env, cwd=root)
         if started is not None:
             started(proc.pid)
+        round_s: list[float] = []
         try:
             rpc = RpcClient(proc)
             rpc.call("initialize", {"roots": [str(root)], "client": {"name": "shadowpoint-bench", "version": "1"}})
@@ -158,6 +169,20 @@ def measure_sidecar(
                 rpc.call("round/end", {"taskId": task, "ts": ts})
                 rounds += 1
             rpc.call("checkpoint/diff", {"taskId": task, "from": base_ts})
+            edit = {"taskId": task, "tool": "write_to_file", "kind": "edit", "paths": [str(root / edit_paths[0])]}
+            for i in range(timed_rounds):
+                time.sleep(MODEL_TURN_S)
+                ts += 1_000
+                t0 = time.perf_counter()
+                rpc.call("round/begin", {"taskId": task})
+                rpc.call("tool/begin", edit)
+                t1 = time.perf_counter()
+                touch(edit_paths[:1], f"sidecar-timed-{i}")
+                t2 = time.perf_counter()
+                rpc.call("tool/end", edit)
+                rpc.call("round/end", {"taskId": task, "ts": ts})
+                round_s.append((t1 - t0) + (time.perf_counter() - t2))
+                rounds += 1
             if before_shutdown is not None:
                 before_shutdown()
             peak = read_vm_hwm_mb(proc.pid)
@@ -177,4 +202,4 @@ def measure_sidecar(
                 proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
-    return SidecarStats(peak, baseline_s, rounds)
+    return SidecarStats(peak, baseline_s, rounds, tuple(round_s))
