@@ -196,7 +196,13 @@ class _NullWriter:
 
 
 class _HookConnection(Server):
-    """An in-process protocol connection: requests dispatched like a client's, answers to futures."""
+    """An in-process protocol connection: requests dispatched like a client's, answers to futures.
+
+    Its requests always go to the task's worker: a hook's calls are queued under the
+    endpoint's lock, and most are not waited for (run on the hook's thread, a round's end
+    would hold the hook's answer and every other hook's calls)."""
+
+    runs_inline = False
 
     def __init__(self, host: Host) -> None:
         super().__init__(_NullWriter(), _NullWriter(), host=host)  # type: ignore[arg-type]

@@ -342,6 +342,10 @@ class Host:
 class Server:
     """A JSON-RPC 2.0 endpoint over a pair of byte streams (one connection)."""
 
+    # Whether a round's requests may run on the reading thread (`_INLINE`); not for a connection
+    # whose caller does not wait for every answer (the hook endpoint's).
+    runs_inline = True
+
     def __init__(self, reader: BinaryIO, writer: BinaryIO, settings: Settings | PlainSettings | None = None,
                  host: Host | None = None) -> None:
         self.reader = reader
@@ -468,7 +472,8 @@ class Server:
         if not isinstance(task_id, str) or not task_id:
             self._answer(msg_id, lambda: parse(TaskParams, params))  # answers the field's invalid_params
             return
-        inline = method in _INLINE and self.engine is not None and self.engine.is_settled(task_id)
+        inline = (self.runs_inline and method in _INLINE and self.engine is not None
+                  and self.engine.is_settled(task_id))
         self.host.submit(task_id, self, msg_id, lambda: handler(params), inline=inline)
 
     # ------------------------------------------------------------------ methods

@@ -3,13 +3,19 @@ is queued or running, and the order of a task's requests holds whichever thread 
 
 from __future__ import annotations
 
+import io
+import json
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shadowpoint.sidecar.server import Host
+from shadowpoint.engine import Engine
+from shadowpoint.sidecar.hook_endpoint import _HookConnection
+from shadowpoint.sidecar.server import Host, Server
+from tests.conftest import make_tree, wait_for
 
 WAIT_S = 30.0  # a bound on waits for events that must come (never a measure of speed)
 
@@ -117,3 +123,36 @@ def test_a_flush_waits_for_a_request_running_on_a_reading_thread(host: Host) -> 
     first.join(WAIT_S)
     flusher.join(WAIT_S)
     assert log == ["1 start", "1 end", "flushed"]
+
+
+@pytest.mark.parametrize("hooks", [False, True], ids=["stdio", "hook endpoint"])
+def test_a_round_runs_on_the_reading_thread_only_where_the_caller_waits_for_it(
+        workspace: Path, monkeypatch: pytest.MonkeyPatch, hooks: bool) -> None:
+    # A stdio client waits for each answer: its round's requests run as they are read. The
+    # hook endpoint queues a hook's calls under its lock and waits for few of them: they go to
+    # the task's worker, as before.
+    make_tree(workspace, {"a.txt": "a\n"})
+    ran_on: list[threading.Thread] = []
+    begin_round = Engine.begin_round
+
+    def recording(self: Engine, task_id: str) -> int:
+        ran_on.append(threading.current_thread())
+        return begin_round(self, task_id)
+
+    monkeypatch.setattr(Engine, "begin_round", recording)
+    host = Host()
+    conn: Server = _HookConnection(host) if hooks else Server(io.BytesIO(), io.BytesIO(), host=host)
+    try:
+        for i, (method, params) in enumerate([("initialize", {"roots": [str(workspace)]}),
+                                               ("task/start", {"taskId": "t", "ts": 1})]):
+            conn._handle_line(json.dumps({"jsonrpc": "2.0", "id": i, "method": method, "params": params}).encode())
+        host.flush(WAIT_S)
+        assert conn.engine is not None
+        engine = conn.engine
+        wait_for(lambda: engine.is_settled("t"), "the baseline was not built", WAIT_S)
+        conn._handle_line(b'{"jsonrpc": "2.0", "id": 9, "method": "round/begin", "params": {"taskId": "t"}}')
+        host.flush(WAIT_S)
+        assert len(ran_on) == 1
+        assert (ran_on[0] is threading.current_thread()) is not hooks
+    finally:
+        host.close()
