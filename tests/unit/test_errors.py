@@ -37,7 +37,7 @@ PROTOCOL_KINDS_COPY = frozenset({
 MODULE_SIGNALS = {"shadowpoint.stage.git_index.IndexDoubt", "shadowpoint.stage.patterns._Unmatchable",
                   "shadowpoint.sidecar.hook_endpoint.BadRequestError", "shadowpoint.config.plain._Unproven",
                   "shadowpoint.store.shadow_repo._NotATree", "shadowpoint.store.borrowed._Stopped",
-                  "shadowpoint.roots._Closing"}
+                  "shadowpoint.roots._Closing", "shadowpoint.maintenance._Closing"}
 
 
 def protocol_kinds() -> frozenset[str]:
