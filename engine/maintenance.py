@@ -78,8 +78,12 @@ class Maintenance:
                 log.exception("storage.collect_failed")
 
         t = threading.Thread(target=run, name="shadowpoint-gc", daemon=True)
+        self._background = [w for w in self._background if w.is_alive()]
         self._background.append(t)
         t.start()
+
+    def _collecting(self) -> bool:
+        return any(w.is_alive() for w in self._background)
 
     def collect_now(self, grace_s: float) -> dict[str, Any]:
         """Drop the objects no task reaches any more, in every root's shadow repo."""
@@ -95,9 +99,11 @@ class Maintenance:
         return out
 
     def checkpointed(self) -> None:
-        """One more checkpoint: now and then, pack loose objects (each costs a disk block) and merge packs."""
+        """One more checkpoint: now and then, pack loose objects (each costs a disk block) and merge
+        packs; not while a collection runs (one yielding to a quick succession of rounds outlasts
+        25 of them, and a second would pack the same objects beside it)."""
         self._checkpoints += 1
-        if self._checkpoints % AUTO_PACK_EVERY == 0 and any(
+        if self._checkpoints % AUTO_PACK_EVERY == 0 and not self._collecting() and any(
             loose_object_estimate(r.ws.git_dir) > AUTO_PACK_LOOSE or pack_count(r.ws.git_dir) > AUTO_PACK_PACKS
             for r in self.roots.values()
         ):

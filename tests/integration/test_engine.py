@@ -16,6 +16,7 @@ from typing import Any
 import pygit2
 import pytest
 
+from shadowpoint import maintenance
 from shadowpoint.engine import Engine
 from shadowpoint.errors import (
     AlreadyRestoredError,
@@ -641,6 +642,36 @@ def test_closing_stops_an_upkeep_collection_and_completes_a_deletions(make_engin
     git(eng, "fsck", "--full")
     again = make_engine(workspace)
     assert files_of(again, wire(again, "t")[0]["hash"]) == read_tree(workspace)
+
+
+def test_no_upkeep_collection_starts_while_one_runs(make_engine: MakeEngine, workspace: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # A collection yielding to a quick succession of rounds outlasts 25 of them: the next
+    # upkeep check must not start a second one packing the same objects beside it.
+    monkeypatch.setattr(maintenance, "AUTO_PACK_LOOSE", -1)  # any repository is due
+    make_tree(workspace, {f"f{i:02}.txt": f"file {i}\n" for i in range(40)})
+    eng = make_engine(workspace)
+    start(eng, "t")
+    inside, release = threading.Event(), threading.Event()
+
+    def pause() -> None:  # the engine's yield to rounds, held until the checks are done
+        inside.set()
+        assert release.wait(60)
+
+    def collections() -> int:
+        return sum(t.name == "shadowpoint-gc" and t.is_alive() for t in threading.enumerate())
+
+    eng.maintenance._pause = pause
+    monkeypatch.setattr(shadow_repo, "_PRUNE_BATCH", 10)
+    for _ in range(maintenance.AUTO_PACK_EVERY):
+        eng.maintenance.checkpointed()
+    assert inside.wait(60) and collections() == 1
+    for _ in range(2 * maintenance.AUTO_PACK_EVERY):
+        eng.maintenance.checkpointed()
+    assert collections() == 1
+    release.set()
+    eng.maintenance.join()
+    assert collections() == 0
 
 
 # ---- restart and recovery ---------------------------------------------------------------------
