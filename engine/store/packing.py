@@ -41,7 +41,6 @@ MODE_TREE = 0o040000
 MODE_GITLINK = 0o160000
 _IDX_MAGIC = b"\xfftOc"
 _BATCH = 256  # objects compressed per round trip to the threads
-WALK_PAUSE_TREES = 2_000  # trees `reachable` walks between two pauses
 
 Progress = Callable[[int, int], None]
 """(objects written so far, objects to write)."""
@@ -60,14 +59,9 @@ class Reachable:
     multi: set[str] = field(default_factory=set)
 
 
-def reachable(repo: pygit2.Repository, tips: Iterable[str], pause: Callable[[], None] | None = None) -> Reachable:
-    """Walk commits (parents included) and trees from `tips`, noting each object's path.
-
-    `pause`: called after every `WALK_PAUSE_TREES` trees (a background collection yields to
-    the agent's rounds there: the walk of a 100k-file tree's ~10k trees holds the interpreter
-    for about a second)."""
+def reachable(repo: pygit2.Repository, tips: Iterable[str]) -> Reachable:
+    """Walk commits (parents included) and trees from `tips`, noting each object's path."""
     out = Reachable()
-    walked = 0
     first: dict[str, str] = {}  # path -> the first object id seen there
     seen = out.objects
     names = out.names
@@ -89,9 +83,6 @@ def reachable(repo: pygit2.Repository, tips: Iterable[str], pause: Callable[[], 
             if tid in seen:
                 continue
             seen.add(tid)
-            walked += 1
-            if pause is not None and walked % WALK_PAUSE_TREES == 0:
-                pause()
             _note(out, first, path, tid)
             prefix = f"{path}/" if path else ""
             for entry in tree:

@@ -1518,19 +1518,18 @@ class ShadowRepo:
         reaches an object that only an old pack holds, nothing is removed (the next
         collection will do it). `progress(done, total)` follows the objects written.
 
-        `pause`, called between batches of trees walked, of files counted, of objects read
-        and of loose files removed (a background collection yields to the agent's rounds
-        there). The lock is held in short
+        `pause`, called between batches of objects read, and of loose files removed (a
+        background collection yields to the agent's rounds there). The lock is held in short
         spells: loose files the new packs hold go after it (`_remove_packed`), unreachable
         ones in batches (`_prune_unreachable`). Held for all of it, it kept an agent's rounds
         waiting ~0.8 s while a 10k-file baseline's loose objects went.
         Returns (objects kept, bytes freed).
         """
         self.flush()
-        before = disk_usage(self.git_dir, pause)
+        before = disk_usage(self.git_dir)
         tips = self.list_refs()
         with translated("walk history"):
-            reach = packing.reachable(self._repo, tips.values(), pause)
+            reach = packing.reachable(self._repo, tips.values())
         keep = reach.objects
         objects = self.git_dir / "objects"
         pack_dir = objects / "pack"
@@ -1599,7 +1598,7 @@ class ShadowRepo:
                 self._prune_unreachable(unreachable, keep, now_tips, grace_s, lock, pause)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
-        freed = max(0, before - disk_usage(self.git_dir, pause))
+        freed = max(0, before - disk_usage(self.git_dir))
         log.info("storage.collected", git_dir=str(self.git_dir), kept=len(keep), freed_bytes=freed)
         return len(keep), freed
 
@@ -1717,15 +1716,11 @@ def loose_object_estimate(git_dir: Path) -> int:
         return 0
 
 
-def disk_usage(path: Path, pause: Callable[[], None] | None = None) -> int:
-    """Bytes used by the files below `path` (not following symlinks); `pause` is called
-    after every `_PRUNE_BATCH` files (a background collection's yield to rounds)."""
-    total = counted = 0
+def disk_usage(path: Path) -> int:
+    """Bytes used by the files below `path` (not following symlinks)."""
+    total = 0
     for dp, _, files in os.walk(path):
         for f in files:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dp, f)).st_blocks * 512
-            counted += 1
-            if pause is not None and counted % _PRUNE_BATCH == 0:
-                pause()
     return total

@@ -544,26 +544,6 @@ def test_gc_removes_loose_objects_in_batches_with_the_lock_free_between(repo: Sh
     assert git(repo, "fsck", "--full", "--no-dangling", check=False).returncode == 0
 
 
-def test_gc_pauses_in_its_walk_before_it_writes_anything(repo: ShadowRepo, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The walk of every tree (and the disk count before it) ran without a pause: at 100k files
-    # a sidecar's rounds were slower for the second it took.
-    import shadowpoint.store.packing as packing
-    import shadowpoint.store.shadow_repo as shadow_repo
-
-    monkeypatch.setattr(packing, "WALK_PAUSE_TREES", 1)
-    monkeypatch.setattr(shadow_repo, "_PRUNE_BATCH", 10**9)  # no pause among the removals
-    c = repo.commit(build(repo, {f"d{i}/f": blob(repo, f"file {i}") for i in range(3)}), [], "m", "t")
-    repo.set_ref(task_ref("t"), c)
-    staged: list[int] = []
-
-    def pause() -> None:  # how many packs the collection had written by then
-        staged.append(sum(1 for _ in (repo.git_dir / "objects").glob("gc-*/*.pack")))
-
-    repo.collect_garbage(grace_s=0, pause=pause)
-    assert len(staged) >= 4 and staged[0] == 0  # a pause per tree (root, d0, d1, d2), before any pack
-    assert git(repo, "fsck", "--full", "--no-dangling", check=False).returncode == 0
-
-
 def test_gc_keeps_what_a_round_between_two_batches_reaches(repo: ShadowRepo,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # Between two batches of unreachable objects a round may commit a tree naming one of them
