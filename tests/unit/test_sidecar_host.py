@@ -44,7 +44,13 @@ def host() -> Iterator[Host]:
         h.stop_workers()
 
 
-def _blocking(log: list[str], name: str, started: threading.Event, release: threading.Event) -> Callable[[], str]:
+def _running_inline(host: Host, answers: _Answers, log: list[str], task_id: str,
+                    name: str) -> tuple[threading.Thread, threading.Event]:
+    """A request of `task_id` submitted inline from a thread of its own (another connection's
+    reader), running once this returns: it logs "`name` start", blocks until the returned event
+    is set, then logs "`name` end" and answers `name` (id 1)."""
+    started, release = threading.Event(), threading.Event()
+
     def run() -> str:
         log.append(f"{name} start")
         started.set()
@@ -52,7 +58,10 @@ def _blocking(log: list[str], name: str, started: threading.Event, release: thre
         log.append(f"{name} end")
         return name
 
-    return run
+    thread = threading.Thread(target=host.submit, args=(task_id, answers, 1, run), kwargs={"inline": True})
+    thread.start()
+    assert started.wait(WAIT_S)
+    return thread, release
 
 
 def test_a_request_runs_on_the_reading_thread_when_nothing_else_runs(host: Host) -> None:
@@ -68,11 +77,7 @@ def test_a_request_runs_on_the_reading_thread_when_nothing_else_runs(host: Host)
 
 def test_a_tasks_request_waits_for_its_request_running_on_another_thread(host: Host) -> None:
     answers, log = _Answers(), []
-    started, release = threading.Event(), threading.Event()
-    first = threading.Thread(target=host.submit, args=("t", answers, 1, _blocking(log, "1", started, release)),
-                             kwargs={"inline": True})
-    first.start()
-    assert started.wait(WAIT_S)
+    first, release = _running_inline(host, answers, log, "t", "1")
     # another connection's request for the same task: queued (something runs), not run beside it
     host.submit("t", answers, 2, lambda: log.append("2") or "2", inline=True)
     assert log == ["1 start"] and answers.threads.get(1) is None
@@ -85,11 +90,7 @@ def test_a_tasks_request_waits_for_its_request_running_on_another_thread(host: H
 
 def test_another_tasks_request_goes_to_its_worker_while_one_runs(host: Host) -> None:
     answers, log = _Answers(), []
-    started, release = threading.Event(), threading.Event()
-    first = threading.Thread(target=host.submit, args=("t", answers, 1, _blocking(log, "t", started, release)),
-                             kwargs={"inline": True})
-    first.start()
-    assert started.wait(WAIT_S)
+    first, release = _running_inline(host, answers, log, "t", "t")
     done = threading.Event()
     host.submit("u", answers, 2, lambda: done.set() or "u", inline=True)
     assert done.wait(WAIT_S), "task u waited for task t's request"
@@ -101,13 +102,9 @@ def test_another_tasks_request_goes_to_its_worker_while_one_runs(host: Host) -> 
 
 def test_a_flush_waits_for_a_request_running_on_a_reading_thread(host: Host) -> None:
     answers, log = _Answers(), []
-    started, release = threading.Event(), threading.Event()
     host.submit("t", answers, 0, lambda: "worker made")  # the task has a worker for flush to mark
     host.flush(WAIT_S)
-    first = threading.Thread(target=host.submit, args=("t", answers, 1, _blocking(log, "1", started, release)),
-                             kwargs={"inline": True})
-    first.start()
-    assert started.wait(WAIT_S)
+    first, release = _running_inline(host, answers, log, "t", "1")
     flushed = threading.Event()
 
     def flush() -> None:
