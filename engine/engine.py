@@ -553,13 +553,12 @@ class Engine:
         """Add `cp` to the task and save the record. When the record cannot be written
         (`storage_failed`) the task is left as before the round: the checkpoint and its refs
         are taken back and the next round stages the round's paths again."""
-        before = [(c, c.restored) for c in rt.record.checkpoints]
-        base = rt.record.base
+        before = rt.record.timeline_mark()
         rt.record.add_checkpoint(cp)
         try:
             self._append(rt)
         except StorageFailedError:
-            rt.record.take_back_checkpoint(cp, before, base)
+            rt.record.take_back_checkpoint(cp, before)
             for name, root in self.roots.items():
                 old = prev.hashes.get(name) if prev else None
                 if old and old != cp.hashes.get(name):

@@ -629,7 +629,7 @@ class Restorer:
                 cp = candidates[-1]
                 try:
                     files = self._restore_files(rt, cp)
-                    cp.restored = True
+                    rt.record.mark_restored(cp)
                 except ShadowpointError as exc:
                     error = error_value(exc)
             cut = self._cut(rt, keep_through)

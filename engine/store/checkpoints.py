@@ -93,6 +93,16 @@ class CheckpointRecord:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class TimelineMark:
+    """A task's checkpoints, restored marks and base before a checkpoint is added
+    (`TaskRecord.timeline_mark`), to take it back when its record cannot be written."""
+
+    checkpoints: list[CheckpointRecord]
+    marked: list[CheckpointRecord]
+    base: dict[str, str] | None
+
+
 @dataclass(slots=True)
 class MessageRecord:
     ts: int
@@ -134,6 +144,9 @@ class TaskRecord:
     log_gen: int = field(default=0, compare=False, repr=False)  # generation of task.json's log
     log_size: int = field(default=0, compare=False, repr=False)  # bytes of the log's whole lines
     json_size: int = field(default=0, compare=False, repr=False)  # bytes of task.json
+    # the checkpoints that may carry a restored mark (every marked one is among them): a new
+    # checkpoint clears the marks without a walk of the whole timeline (~100 µs a round at 2,000)
+    marked: list[CheckpointRecord] = field(default_factory=list, compare=False, repr=False)
 
     # ---------------------------------------------------------------- timeline
 
@@ -149,10 +162,19 @@ class TaskRecord:
                 return cp
         return None
 
+    def mark_restored(self, cp: CheckpointRecord) -> None:
+        """Mark `cp` restored (a whole restore to it): the files are as it holds them."""
+        cp.restored = True
+        self.marked.append(cp)
+
+    def _clear_marks(self) -> None:
+        for cp in self.marked:
+            cp.restored = False
+        self.marked.clear()
+
     def add_checkpoint(self, cp: CheckpointRecord) -> None:
         """Append (or replace one at the same ts); a new checkpoint clears every restored mark."""
-        for other in self.checkpoints:
-            other.restored = False
+        self._clear_marks()
         if cp.has_snapshot:
             self.base = None  # the task's newest state is this snapshot now
         if self.checkpoints and self.checkpoints[-1].ts < cp.ts:
@@ -164,15 +186,19 @@ class TaskRecord:
         self.pending.append({"op": "cp", "ts": cp.ts, "kind": cp.kind, "hashes": cp.hashes, "reused": cp.reused,
                              "created_at": cp.created_at, "warnings": cp.warnings})
 
-    def take_back_checkpoint(self, cp: CheckpointRecord, before: list[tuple[CheckpointRecord, bool]],
-                             base: dict[str, str] | None) -> None:
-        """Undo `add_checkpoint(cp)` whose write failed: `before` are the checkpoints and their
-        restored marks before it, `base` the base. Its log operation goes too; the other pending
-        ones (the round's message and scope) stay for the next write, as they stay in memory."""
-        self.checkpoints = [c for c, _ in before]
-        for c, mark in before:
-            c.restored = mark
-        self.base = base
+    def timeline_mark(self) -> TimelineMark:
+        """The timeline as it is, for `take_back_checkpoint` (a copy of the list, not a walk)."""
+        return TimelineMark(list(self.checkpoints), [c for c in self.marked if c.restored], self.base)
+
+    def take_back_checkpoint(self, cp: CheckpointRecord, before: TimelineMark) -> None:
+        """Undo `add_checkpoint(cp)` whose write failed: `before` is the timeline before it
+        (`timeline_mark`). Its log operation goes too; the other pending ones (the round's
+        message and scope) stay for the next write, as they stay in memory."""
+        self.checkpoints = list(before.checkpoints)
+        self._clear_marks()
+        for c in before.marked:
+            self.mark_restored(c)
+        self.base = before.base
         for i in range(len(self.pending) - 1, -1, -1):
             op = self.pending[i]
             if op.get("op") == "cp" and op.get("ts") == cp.ts and op.get("hashes") is cp.hashes:
@@ -266,8 +292,7 @@ class TaskRecord:
         elif op == "undo":
             if self.undo_stack and self.undo_stack[-1] == entry.get("of"):
                 self.undo_stack.pop()
-            for cp in self.checkpoints:
-                cp.restored = False  # the files are no longer as a restore left them
+            self._clear_marks()  # the files are no longer as a restore left them
             undone = self.restore_entry(entry["of"])
             if undone is not None and all(r.get("after") for r in undone["roots"].values()):
                 self.redo_stack.append(entry["of"])
@@ -279,7 +304,7 @@ class TaskRecord:
         if mark_ts is not None:
             for cp in self.checkpoints:
                 if cp.ts == mark_ts:
-                    cp.restored = True
+                    self.mark_restored(cp)
         self.pending.append({"op": "restore", "entry": entry, "mark": mark_ts})
 
     def scope_paths(self, root: str) -> list[str]:
@@ -329,6 +354,7 @@ class TaskRecord:
     def from_json(cls, data: dict[str, Any]) -> TaskRecord:
         rec = cls(task_id=data["task_id"], roots=dict(data.get("roots", {})))
         rec.checkpoints = [CheckpointRecord(**c) for c in data.get("checkpoints", [])]
+        rec.marked = [c for c in rec.checkpoints if c.restored]
         rec.messages = [MessageRecord(**m) for m in data.get("messages", [])]
         rec.edited = {k: list(v) for k, v in data.get("edited", {}).items()}
         rec.scope = {k: {str(p): int(t) for p, t in v.items()} for k, v in data.get("scope", {}).items()}

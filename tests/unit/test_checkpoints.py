@@ -40,10 +40,34 @@ def task(*cps: CheckpointRecord) -> TaskRecord:
 
 def test_add_checkpoint_clears_restored_marks() -> None:
     rec = task(cp(0, "baseline"), cp(10), cp(20))
-    rec.checkpoint(10).restored = True
-    rec.checkpoint(0).restored = True
+    rec.mark_restored(rec.checkpoint(10))
+    rec.mark_restored(rec.checkpoint(0))
     rec.add_checkpoint(cp(30))
     assert [c.restored for c in rec.checkpoints] == [False] * 4
+
+
+def test_a_checkpoint_taken_back_leaves_the_marks_and_base_as_before() -> None:
+    rec = task(cp(0, "baseline"), cp(10), cp(20))
+    rec.mark_restored(rec.checkpoint(10))
+    rec.base = {"proj": "b" * 40}
+    before = rec.timeline_mark()
+    for added in (cp(30), cp(20, hashes={"proj": "c" * 40})):  # appended, and replacing one
+        rec.add_checkpoint(added)
+        assert not rec.checkpoint(10).restored and rec.base is None
+        rec.take_back_checkpoint(added, before)
+        assert [(c.ts, c.restored) for c in rec.checkpoints] == [(0, False), (10, True), (20, False)]
+        assert rec.checkpoint(20).hashes == {"proj": f"{20:040x}"} and rec.base == {"proj": "b" * 40}
+    rec.add_checkpoint(cp(40))  # the mark put back is cleared by the next checkpoint as any other
+    assert not any(c.restored for c in rec.checkpoints)
+
+
+def test_a_loaded_mark_is_cleared_by_the_next_checkpoint() -> None:
+    rec = task(cp(0, "baseline"), cp(10))
+    rec.mark_restored(rec.checkpoint(0))
+    loaded = TaskRecord.from_json(json.loads(json.dumps(rec.to_json())))
+    assert loaded.checkpoint(0).restored
+    loaded.add_checkpoint(cp(20))
+    assert not any(c.restored for c in loaded.checkpoints)
 
 
 def test_add_checkpoint_replaces_same_ts_and_keeps_order() -> None:
@@ -125,7 +149,7 @@ def test_json_round_trip() -> None:
     rec.undo_stack, rec.redo_stack = [1], []
     rec.base = {"proj": "a" * 40}
     rec.disabled = True
-    rec.checkpoint(10).restored = True
+    rec.mark_restored(rec.checkpoint(10))
     again = TaskRecord.from_json(json.loads(json.dumps(rec.to_json())))
     assert again == rec
 
@@ -372,7 +396,7 @@ def test_lines_of_an_older_generation_are_not_applied_again(tmp_path: Path, monk
         _round(rec, ts, "a.py")
         store.append(rec)
     # a restore: marks a checkpoint restored, records a base; the log's lines would clear both
-    rec.checkpoint(10).restored = True
+    rec.mark_restored(rec.checkpoint(10))
     rec.base = {"proj": "f" * 40}
     monkeypatch.setattr(module, "drop_log", lambda path: None)  # killed before the log went
     store.save(rec)
@@ -410,13 +434,13 @@ def test_a_refused_append_changes_nothing_on_disk_and_keeps_the_changes(tmp_path
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
         return builtins.open(file, mode, *args, **kwargs)  # type: ignore[call-overload]
 
-    before = [(c, c.restored) for c in rec.checkpoints]
+    before = rec.timeline_mark()
     c = _round(rec, 20, "b.py")
     monkeypatch.setattr(module, "open", refusing_open, raising=False)
     monkeypatch.setattr(atomic_module, "open", refusing_open, raising=False)
     with pytest.raises(StorageFailedError, match=r"task\.json"):
         store.append(rec)
-    rec.take_back_checkpoint(c, before, None)  # what the engine does with the round
+    rec.take_back_checkpoint(c, before)  # what the engine does with the round
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == on_disk
     monkeypatch.undo()
     _round(rec, 30, "c.py")
