@@ -115,6 +115,9 @@ class _RootPlan:
     merged: list[RepoPath] = field(default_factory=list)
     conflicts: list[RepoPath] = field(default_factory=list)
     held: list[str] = field(default_factory=list)  # why paths the plan leaves alone are left
+    # a merged file's content in the checkpoint: the task's own part of what the merge wrote,
+    # its base from now on (the person's edits in the merge stay outside edits)
+    theirs: dict[RepoPath, TreeEntry | None] = field(default_factory=dict)
     after_tree: str | None = None  # the safety tree with the plan's writes (`_commit_states`)
 
 
@@ -346,6 +349,8 @@ class Restorer:
             here_now = {op.path: e for op in plan.ops if (e := root.cache.entry(op.path)) is not None}
             outcome = keep_outside_edits(plan, base, here_now, repo)
             out.plan, out.merged, out.conflicts = outcome.plan, list(outcome.merged), list(outcome.conflicts)
+            merged = set(outcome.merged)
+            out.theirs = {op.path: op.entry for op in plan.ops if op.path in merged}
         # Every blob is checked before any file is written, so a checkpoint with lost
         # objects fails whole instead of leaving a half-restored workspace.
         lost = [op.path for op in out.plan.ops if op.entry is not None and not repo.has_object(op.entry.oid)]
@@ -405,13 +410,16 @@ class Restorer:
             after = repo.commit(after_tree, [safety], f"after {request.op} {n}", record.task_id)
             p.after_tree = after_tree
             # The task's base from now on (keepOutsideEdits): its previous base with this restore's
-            # writes, which are never outside edits; the person's edits the restore left stay theirs.
-            # When that is what the restore leaves (the usual case: no outside edit kept), the
-            # after-state is the base: no commit of the same tree.
+            # writes, which are never outside edits; the person's edits the restore left stay theirs,
+            # those a merge kept too (a merged file's base is its checkpoint's content: a later
+            # restore keeping outside edits merges them again). When that is what the restore
+            # leaves (the usual case: no outside edit kept), the after-state is the base: no
+            # commit of the same tree.
             base_before = (record.base or {}).get(name) or parent
             before_tree = repo.commit_tree(base_before) if base_before else None
-            base_tree = after_tree if self._same_after(repo, before_tree, p.safety_tree, writes) else repo.patch_tree(
-                before_tree, writes, expect_new=False)
+            own = {**writes, **p.theirs}
+            base_tree = after_tree if not p.theirs and self._same_after(repo, before_tree, p.safety_tree, writes) \
+                else repo.patch_tree(before_tree, own, expect_new=False)
             base = after if base_tree == after_tree else repo.commit(
                 base_tree, [after], f"base after {request.op} {n}", record.task_id)
             repo.set_ref(restore_ref(record.task_id, n), base)  # reaches after and safety too

@@ -246,6 +246,27 @@ def test_an_outside_edit_a_restore_left_alone_stays_the_persons_in_the_next_one(
     assert read_tree(ws)["f.txt"] == lines(l11="mine 11").encode(), "the person's line went with the task's"
 
 
+def test_the_persons_edit_a_merge_kept_stays_the_persons_in_the_next_restore(
+        make_engine: MakeEngine, ws: Path) -> None:
+    """A merged file's base after the restore is its content in the checkpoint (the task's part
+    of what the merge wrote), not the merge: the person's lines in it stay outside edits, so a
+    restore to a later checkpoint that keeps outside edits merges them again."""
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"f.txt": lines(l1="task 1")})
+    make_tree(ws, {"f.txt": lines(l1="task 1", l9="mine 9")})
+    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
+    assert out["files"]["merged"] == ["f.txt"] and read_tree(ws)["f.txt"] == lines(l9="mine 9").encode()
+    out = eng.restore("t1", 10, "files", keep_outside_edits=True).to_wire()
+    assert out["files"]["merged"] == ["f.txt"] and out["files"]["restored"] == []
+    assert read_tree(ws)["f.txt"] == lines(l1="task 1", l9="mine 9").encode(), "the person's line was lost"
+    # undo walks it back exactly; a restore without keepOutsideEdits is as in 1.0
+    eng.undo_restore("t1")
+    assert read_tree(ws)["f.txt"] == lines(l9="mine 9").encode()
+    edit_round(eng, ws, 20, {"f.txt": lines(l1="task 1b", l9="mine 9")})
+    eng.restore("t1", 0, "files")
+    assert read_tree(ws)["f.txt"] == LINES.encode()
+
 def test_keep_outside_edits_on_a_compaction_checkpoint_is_no_file_snapshot(make_engine: MakeEngine, ws: Path) -> None:
     eng = make_engine(ws)
     start(eng)
