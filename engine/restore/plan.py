@@ -111,11 +111,18 @@ def plan_restore(
 
 def keep_skipped(plan: RestorePlan, skipped_then: Iterable[RepoPath]) -> RestorePlan:
     """Drop deletions of paths the target checkpoint left out although they existed (over
-    the size cap, unreadable): absent from its tree, they were not absent from the disk."""
+    the size cap, unreadable), and of the paths under such a path (a folder it could not
+    read): absent from its tree, they were not absent from the disk."""
     skipped = set(skipped_then)
     if not skipped:
         return plan
-    return RestorePlan(plan.root, tuple(op for op in plan.ops if op.entry is not None or op.path not in skipped))
+    kept = (op for op in plan.ops if op.entry is not None or not _at_or_under(op.path, skipped))
+    return RestorePlan(plan.root, tuple(kept))
+
+
+def _at_or_under(path: RepoPath, paths: set[RepoPath]) -> bool:
+    parts = path.split("/")
+    return any(RepoPath("/".join(parts[:i])) in paths for i in range(1, len(parts) + 1))
 
 
 def withhold(plan: RestorePlan, unsaved: Iterable[RepoPath]) -> tuple[RestorePlan, list[RepoPath]]:
@@ -131,8 +138,7 @@ def withhold(plan: RestorePlan, unsaved: Iterable[RepoPath]) -> tuple[RestorePla
     keep: list[RestoreOp] = []
     held: list[RepoPath] = []
     for op in plan.ops:
-        parts = op.path.split("/")
-        if any(RepoPath("/".join(parts[:i])) in blocked for i in range(1, len(parts) + 1)):
+        if _at_or_under(op.path, blocked):
             held.append(op.path)
         else:
             keep.append(op)

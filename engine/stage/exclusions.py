@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import itertools
 import operator
 import os
@@ -153,12 +154,35 @@ def _read_with_stats(folder: str) -> tuple[os.stat_result, list[str], list[bool]
         for entry_name in names:
             try:
                 stats.append(lstat(entry_name, dir_fd=fd))
-            except OSError:
+            except OSError as exc:
+                if not is_gone(exc):
+                    raise  # the folder cannot be read (listed without search permission)
                 continue  # gone since the listing
             kept.append(entry_name)
     finally:
         os.close(fd)
     return st, kept, [stat.S_ISDIR(entry.st_mode) for entry in stats], stats
+
+
+def is_gone(exc: OSError) -> bool:
+    """Whether an lstat or open that failed with `exc` found nothing there any more: the path
+    is gone, or a parent is no folder now (a symlink or file replaced it: ELOOP when opened
+    without following it). Anything else (permissions, an I/O error) is a path that may still
+    hold files, which cannot be read now."""
+    return isinstance(exc, (FileNotFoundError, NotADirectoryError)) or exc.errno == errno.ELOOP
+
+
+def note_unlisted(unlisted: dict[str, str] | None, rel: str, exc: OSError) -> None:
+    """A folder a walk could not read: into `unlisted` (its path, why), unless it is gone
+    (removed since its parent was listed, or no longer a folder). A folder that exists but
+    cannot be read (permissions, an I/O error) is no empty folder: its files are not known to
+    be gone, and its caller says so (SPEC §7: never silently)."""
+    if is_gone(exc):
+        log.debug("exclusions.folder_gone", path=rel, error=str(exc))
+        return
+    log.debug("exclusions.folder_unreadable", path=rel, error=str(exc))
+    if unlisted is not None:
+        unlisted[rel] = exc.strerror or str(exc)
 
 
 def _deciding_line(lines: Sequence[str], rel: str, name: str, is_dir: bool, *,
@@ -468,7 +492,8 @@ class ExclusionRules:
         """In a forked child: a fresh lock (another thread of the parent may have held it)."""
         self._dirs_lock = threading.Lock()
 
-    def walk(self, start: RepoPath = _WORKSPACE_ROOT) -> Iterator[tuple[RepoPath, os.DirEntry[str]]]:
+    def walk(self, start: RepoPath = _WORKSPACE_ROOT, unlisted: dict[str, str] | None = None
+             ) -> Iterator[tuple[RepoPath, os.DirEntry[str]]]:
         """Yield every included non-folder entry under `start`, pruning excluded folders.
 
         Regular files, symlinks (a symlink to a folder is a leaf, never followed), fifos and
@@ -479,6 +504,7 @@ class ExclusionRules:
 
         Args:
             start: The folder to walk, "" for the whole workspace.
+            unlisted: receives each folder that could not be read, with why (`note_unlisted`).
 
         Returns:
             An iterator of (path, entry); `entry.stat(follow_symlinks=False)` is the caller's.
@@ -508,7 +534,7 @@ class ExclusionRules:
                 with os.scandir(folder) as it:
                     entries = list(it)
             except OSError as exc:
-                log.debug("exclusions.folder_skipped", path=rel, error=str(exc))
+                note_unlisted(unlisted, rel, exc)
                 continue
             if rel:
                 info = self._listed_dir_info(rel, name, parent_info, folder, [entry.name for entry in entries],
@@ -527,7 +553,8 @@ class ExclusionRules:
                 yield RepoPath(prefix + entries[i].name), entries[i]
 
     def walk_folders(self, keep: bool = True, part: WalkPart | None = None,
-                     watch: FolderWatch | None = None, stats: bool = False) -> Iterator[Listed]:
+                     watch: FolderWatch | None = None, stats: bool = False,
+                     unlisted: dict[str, str] | None = None) -> Iterator[Listed]:
         """Every included non-folder entry of the workspace, like `walk()` from the root, as
         (folder path with a trailing "/", or "" for the root; the names of its included entries,
         joined by `NAME_SEP`: the listing's own string, so that a caller that keeps it holds no copy).
@@ -549,6 +576,8 @@ class ExclusionRules:
 
         `stats`: a folder listed anew gives its files' lstat, read as it was listed (each entry's
         type is read from it): the caller needs no lstat of its own there (a baseline).
+
+        `unlisted`: receives each folder that could not be read, with why (`note_unlisted`).
 
         Returns:
             An iterator of (folder prefix, entry names joined by NAME_SEP, never empty; their
@@ -578,7 +607,7 @@ class ExclusionRules:
             listing = self._reused_listing(rel, name, parent_info, folder, old.get(rel))
             file_stats = None
             if listing is None:
-                listed = self._list_folder(rel, name, parent_info, folder, stats)
+                listed = self._list_folder(rel, name, parent_info, folder, stats, unlisted)
                 if listed is None:
                     continue
                 listing, file_stats = listed
@@ -635,8 +664,8 @@ class ExclusionRules:
         # keep the tuple the sub-folders' listings were made with (their identity check)
         return replace(listing, parent_chain=parent_info.chain)
 
-    def _list_folder(self, rel: str, name: str, parent_info: _DirInfo, folder: str, with_stats: bool
-                     ) -> tuple[_Listing, list[os.stat_result] | None] | None:
+    def _list_folder(self, rel: str, name: str, parent_info: _DirInfo, folder: str, with_stats: bool,
+                     unlisted: dict[str, str] | None = None) -> tuple[_Listing, list[os.stat_result] | None] | None:
         """Read the folder and decide each entry; None if it cannot be read. `with_stats`: each
         entry is lstat-ed here (its type read from it, not from the listing) and the included
         files' stats are given back with the listing, in its order: the walk's consumer then
@@ -650,7 +679,7 @@ class ExclusionRules:
             else:
                 st, names, is_dir, stats = _read_with_types(folder)
         except OSError as exc:
-            log.debug("exclusions.folder_skipped", path=rel, error=str(exc))
+            note_unlisted(unlisted, rel, exc)
             return None
         if not stat.S_ISDIR(st.st_mode):
             return None

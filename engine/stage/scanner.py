@@ -40,7 +40,16 @@ from shadowpoint.stage.blob_workers import (
     snapshot_file,
 )
 from shadowpoint.stage.early_capture import EarlyCapture
-from shadowpoint.stage.exclusions import DIR_FLAGS, NAME_SEP, ExclusionRules, Listed, WalkPart, unwalked
+from shadowpoint.stage.exclusions import (
+    DIR_FLAGS,
+    NAME_SEP,
+    ExclusionRules,
+    Listed,
+    WalkPart,
+    is_gone,
+    note_unlisted,
+    unwalked,
+)
 from shadowpoint.stage.forked import Forked
 from shadowpoint.stage.gc_pause import collection_paused
 from shadowpoint.stage.git_index import IndexDoubt, IndexProof, open_index
@@ -276,6 +285,7 @@ class SkipReason(enum.Enum):
     UNSTORABLE = "could not be stored"
 
 
+_UNREADABLE_FOLDER = "a folder that cannot be read"
 _SKIP_REASONS = {FailureKind.VANISHED: SkipReason.VANISHED, FailureKind.UNREADABLE: SkipReason.UNREADABLE,
                  FailureKind.TOO_LARGE: SkipReason.TOO_LARGE, FailureKind.UNSTORABLE: SkipReason.UNSTORABLE}
 
@@ -288,10 +298,13 @@ class Skipped:
 
     @property
     def reason_text(self) -> str:
-        """The checkpoint warning's `reason`: a file that could not be stored names the cause."""
+        """The checkpoint warning's `reason`: a file that could not be stored names the cause,
+        a folder that could not be read says so (its files are not known, not gone)."""
         text: str = self.reason.value
         if self.reason is SkipReason.UNSTORABLE:
             return f"{self.path} {text} in the shadow repository ({self.detail})"
+        if self.reason is SkipReason.UNREADABLE and self.detail.startswith(_UNREADABLE_FOLDER):
+            return f"{text}: {self.detail}; its files are left out, not taken for deleted"
         return text
 
 
@@ -354,6 +367,9 @@ class _Staging:
     touched: set[RepoPath] = field(default_factory=set)
     # paths whose unchanged stat proves them unchanged even when racy (`StagePlan.vouched`)
     vouched: frozenset[RepoPath] = frozenset()
+    # paths that exist but could not be read (a folder without read or search permission, an
+    # I/O error), each left out with one warning: what is tracked below one is covered by it
+    unreadable: set[RepoPath] = field(default_factory=set)
     # a rescan from nothing (an empty cache, no tree): every path it records is new, so the
     # cache alone says what changed; `changes` and `originals` stay empty (they cost ~11 MiB
     # of a 100k-file baseline's peak memory)
@@ -632,7 +648,9 @@ class Scanner:
             return
         entries = run.cache.entries
         tracked_before = len(entries)
-        folders = list(self.rules.walk_folders(watch=run.watches))
+        unlisted: dict[str, str] = {}
+        folders = list(self.rules.walk_folders(watch=run.watches, unlisted=unlisted))
+        self._skip_unlisted(run, unlisted)
         if run.watches is not None:
             run.watches.finish()
         # looked up by plain str: a RepoPath is one
@@ -640,27 +658,75 @@ class Scanner:
                            self.options.split_min_files)
         run.stats.examined += found.clean
         for path in found.unproven:
-            st = self._lstat_in_folder(RepoPath(path))
-            if st is None:
-                self._record(run, RepoPath(path), None)  # gone since its folder was listed
-            else:
-                self._stage_stat(run, RepoPath(path), st)
+            self._stage_listed(run, RepoPath(path))
         if found.reached < tracked_before:
             self._stage_unwalked(run, unwalked(entries, ((prefix, joined) for prefix, joined, _ in folders)), set())
 
     def _lstat_in_folder(self, path: RepoPath) -> os.stat_result | None:
-        """lstat `path` from its folder, never through a symlink that replaced a parent folder."""
+        """lstat `path` from its folder, never through a symlink that replaced a parent folder;
+        None when it is gone.
+
+        Raises:
+            OSError: it is there but cannot be examined (`is_gone` is false).
+        """
         folder, _, name = path.rpartition("/")
         try:
             fd = os.open(self.root / folder, DIR_FLAGS)
-        except OSError:
-            return None
+        except OSError as exc:
+            if is_gone(exc):
+                return None
+            raise
         try:
             return os.lstat(name, dir_fd=fd)
-        except OSError:
-            return None
+        except OSError as exc:
+            if is_gone(exc):
+                return None
+            raise
         finally:
             os.close(fd)
+
+    def _stage_listed(self, run: _Staging, path: RepoPath) -> None:
+        """Stage a file its folder's listing named, which a stat pass left to this process."""
+        try:
+            st = self._lstat_in_folder(path)
+        except OSError as exc:
+            self._unreadable(run, path, exc)
+            return
+        if st is None:
+            self._record(run, path, None)  # gone since its folder was listed
+        else:
+            self._stage_stat(run, path, st)
+
+    def _unreadable(self, run: _Staging, path: RepoPath, exc: OSError) -> None:
+        """`path` is there but cannot be examined now (a folder above it lacks search
+        permission, an I/O error): left out with a warning as an unreadable file is, never taken
+        for deleted (a restore keeps what a checkpoint left out, and what is under it), and the
+        tracked paths under it with it. One warning covers a path and everything under it."""
+        if not self._under_unreadable(run, path):
+            self._skip(run, path, SkipReason.UNREADABLE, exc.strerror or str(exc))
+            run.unreadable.add(path)
+        else:
+            self._record(run, path, None)
+        for tracked in run.cache.under(path):
+            self._record(run, tracked, None)
+
+    def _skip_unlisted(self, run: _Staging, unlisted: Mapping[str, str]) -> None:
+        """The folders a walk could not read (`note_unlisted`): each left out with one warning,
+        its files not known to be gone (a restore leaves them alone)."""
+        for rel, why in sorted(unlisted.items()):
+            folder = RepoPath(rel)
+            if self._under_unreadable(run, folder):
+                continue
+            self._skip(run, folder, SkipReason.UNREADABLE, f"{_UNREADABLE_FOLDER} ({why})")
+            run.unreadable.add(folder)
+
+    @staticmethod
+    def _under_unreadable(run: _Staging, path: RepoPath) -> bool:
+        """Whether `path` is, or is under, a path already left out as unreadable in this run."""
+        if not run.unreadable:
+            return False
+        parts = path.split("/")
+        return any(RepoPath("/".join(parts[:i])) in run.unreadable for i in range(1, len(parts) + 1))
 
     def _stage_unwalked(self, run: _Staging, paths: Iterable[str], pinned: set[RepoPath]) -> None:
         """Tracked paths the walk did not reach: deleted, or tracked despite an exclusion
@@ -688,6 +754,7 @@ class Scanner:
         capture = run.capture
         pinned: set[RepoPath] = capture.pinned if capture is not None else set()
         child = self._fork_share(run, walked is not None)
+        unlisted: dict[str, str] = {}
         try:
             if run.index_fd is not None:
                 run.proof = IndexProof.load(self.root, fd=run.index_fd)
@@ -699,7 +766,7 @@ class Scanner:
             if mine is not None and run.proof is not None:  # the child's entries are looked up there
                 run.proof.keep(_other_runs(_unit_runs(run.proof.paths, mine.units), len(run.proof.paths)))
             reached, clean, files_done = self._scan_folders(
-                run, self.rules.walk_folders(part=mine, watch=run.watches, stats=True), walked, 0)
+                run, self.rules.walk_folders(part=mine, watch=run.watches, stats=True, unlisted=unlisted), walked, 0)
             if theirs is not None and run.fresh and run.proof is not None:
                 self._own_trees(run, theirs)
         except BaseException:
@@ -709,7 +776,7 @@ class Scanner:
         if child is not None and theirs is not None:
             serve = partial(self._serve_pending, run)
             try:
-                share = self._take_share(run, theirs, child.part(serve), walked)
+                share = self._take_share(run, theirs, child.part(serve), walked, unlisted)
                 if share is not None:  # its files recorded while it writes its trees, then those taken
                     self._keep_proven(run)
                     self._take_trees(run, child.result(serve))
@@ -719,11 +786,12 @@ class Scanner:
                 if run.proof is not None:
                     run.proof.keep(((0, len(run.proof.paths)),))
                 share = self._scan_folders(
-                    run, self.rules.walk_folders(keep=False, part=theirs, watch=run.watches, stats=True), walked,
-                    files_done)[:2]
+                    run, self.rules.walk_folders(keep=False, part=theirs, watch=run.watches, stats=True,
+                                                 unlisted=unlisted), walked, files_done)[:2]
             reached += share[0]
             clean += share[1]
         self._keep_proven(run)
+        self._skip_unlisted(run, unlisted)
         if run.watches is not None:
             run.watches.finish()
         run.stats.examined += clean
@@ -788,7 +856,7 @@ class Scanner:
                     if path in pinned:
                         continue  # captured early: never a later content
                 if st is None:
-                    self._record(run, path, None)  # gone since its folder was listed
+                    self._stage_listed(run, path)  # gone since its folder was listed, or unreadable
                     continue
                 known = entries.get(path)
                 if known is not None:
@@ -832,7 +900,7 @@ class Scanner:
                 if capture is not None and path in capture.pinned:
                     continue  # captured early: never a later content
                 if st is None:
-                    self._record(run, path, None)  # gone since its folder was listed
+                    self._stage_listed(run, path)  # gone since its folder was listed, or unreadable
                 else:
                     self._stage_stat(run, path, st)
 
@@ -874,9 +942,12 @@ class Scanner:
         states: list[bytes] = []
         walked: list[tuple[str, str]] = []
 
+        unlisted: dict[str, str] = {}
+
         def folders() -> Iterator[Listed]:
             nonlocal doubt
-            for prefix, joined, stats in self.rules.walk_folders(keep=False, part=part, watch=run.watches, stats=True):
+            for prefix, joined, stats in self.rules.walk_folders(keep=False, part=part, watch=run.watches, stats=True,
+                                                                 unlisted=unlisted):
                 if want_walked:
                     walked.append((prefix, joined))
                 if doubt is None and proof is not None \
@@ -911,7 +982,7 @@ class Scanner:
             proven, states = [], []
         placed = run.watches.placed() if run.watches is not None else None
         yield pickle.dumps((sorted(part.units), reached, clean, doubt, NAME_SEP.join(proven),
-                            states, others, walked, placed), protocol=pickle.HIGHEST_PROTOCOL)
+                            states, others, walked, placed, unlisted), protocol=pickle.HIGHEST_PROTOCOL)
         trees = self._unit_trees(part.units, proven, states, others) if proven and not run.cache.entries else {}
         yield pickle.dumps(trees, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -956,17 +1027,18 @@ class Scanner:
             pass  # a path both a file and a folder: written with the rest
 
     def _take_share(self, run: _Staging, theirs: WalkPart, answer: bytes | None,
-                    walked: list[tuple[str, str]] | None) -> tuple[int, int] | None:
-        """Record the child's answer (paths captured early meanwhile keep their capture);
-        None if there is none, or it walked another part than `theirs` (which this process then
-        walks). The watches it placed are taken over either way."""
+                    walked: list[tuple[str, str]] | None, unlisted: dict[str, str]) -> tuple[int, int] | None:
+        """Record the child's answer (paths captured early meanwhile keep their capture), the
+        folders it could not read into `unlisted`; None if there is none, or it walked another
+        part than `theirs` (which this process then walks). The watches it placed are taken
+        over either way."""
         if answer is None:
             return None
         try:
             loaded = pickle.loads(answer)
             if loaded is None:
                 return None
-            units, reached, clean, doubt, joined, states, others, child_walked, placed = loaded
+            units, reached, clean, doubt, joined, states, others, child_walked, placed, child_unlisted = loaded
         except Exception:  # a whole answer that is not one: the caller walks the folders itself
             log.info("scanner.child_answer_unreadable")
             return None
@@ -978,6 +1050,7 @@ class Scanner:
         pinned = run.capture.pinned if run.capture is not None else set()
         if walked is not None:
             walked.extend(child_walked)
+        unlisted.update(child_unlisted)
         proven: list[str] = joined.split(NAME_SEP) if joined else []
         if doubt is not None and run.proof is not None:
             run.proof.doubt = doubt
@@ -994,11 +1067,7 @@ class Scanner:
                     self._keep_borrowed(run, RepoPath(path), state)
         for path in others:
             if path not in pinned:
-                st = self._lstat_in_folder(RepoPath(path))
-                if st is None:
-                    self._record(run, RepoPath(path), None)
-                else:
-                    self._stage_stat(run, RepoPath(path), st)
+                self._stage_listed(run, RepoPath(path))
         return reached, clean
 
     def _take_trees(self, run: _Staging, answer: bytes | None) -> None:
@@ -1119,7 +1188,10 @@ class Scanner:
             return
         try:
             st = os.lstat(self.root / path)
-        except OSError:
+        except OSError as exc:
+            if not is_gone(exc):
+                self._unreadable(run, path, exc)
+                return
             self._record(run, path, None)
             for tracked in cache.under(path):
                 self._record(run, tracked, None)
@@ -1133,14 +1205,19 @@ class Scanner:
             if forced and self.rules.is_nested_repo(path):
                 return
             seen: set[RepoPath] = set()
-            for child, dirent in self._walk_dir(path, forced):
+            unlisted: dict[str, str] = {}
+            for child, dirent in self._walk_dir(path, forced, unlisted):
                 seen.add(child)
                 try:
                     cst = dirent.stat(follow_symlinks=False)
-                except OSError:
-                    self._record(run, child, None)
+                except OSError as exc:
+                    if is_gone(exc):
+                        self._record(run, child, None)
+                    else:
+                        self._unreadable(run, child, exc)
                     continue
                 self._stage_stat(run, child, cst)
+            self._skip_unlisted(run, unlisted)
             for tracked in cache.under(path):
                 if tracked not in seen:
                     self._stage_path(run, tracked, forced=True, expand_dirs=False)
@@ -1154,9 +1231,11 @@ class Scanner:
             return
         self._stage_stat(run, path, st)
 
-    def _walk_dir(self, path: RepoPath, forced: bool) -> Iterator[tuple[RepoPath, os.DirEntry[str]]]:
+    def _walk_dir(self, path: RepoPath, forced: bool,
+                  unlisted: dict[str, str]) -> Iterator[tuple[RepoPath, os.DirEntry[str]]]:
+        """The files under the folder `path`; the folders it cannot read go into `unlisted`."""
         if not forced:
-            yield from self.rules.walk(path)
+            yield from self.rules.walk(path, unlisted)
             return
         # A directory an edit tool reported: everything in it but git dirs and nested repos.
         stack = [path]
@@ -1165,7 +1244,8 @@ class Scanner:
             try:
                 with os.scandir(self.root / current) as it:
                     entries = list(it)
-            except OSError:
+            except OSError as exc:
+                note_unlisted(unlisted, current, exc)
                 continue
             for dirent in entries:
                 if is_git_component(dirent.name):
