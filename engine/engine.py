@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +161,7 @@ class Engine:
         self.restorer = Restorer(RestoreHost(
             roots=self.roots, resolver=self.resolver, store=self.store, first_root=self.first_root, task=self._task,
             wait_ready=self._baselines.wait_ready, save=self._save, append=self._append,
-            resolve_paths=self._resolve_paths))
+            resolve_paths=partial(self._resolve_paths, root_ok=True)))
         self._subscribe()
 
     def _subscribe(self) -> None:
@@ -362,13 +363,15 @@ class Engine:
                 root.watcher.flush()
                 root.watcher.journal.open_round()
 
-    def _resolve_paths(self, paths: Iterable[str] | None) -> list[tuple[str, str]]:
+    def _resolve_paths(self, paths: Iterable[str] | None, *, root_ok: bool = False) -> list[tuple[str, str]]:
+        """Request paths as (root name, root-relative path); `root_ok`: a root itself is ""
+        (`WorkspaceResolver.resolve`)."""
         out = []
         for raw in paths or ():
             folders: dict[str, os.stat_result] = {}
-            ws, rel = self.resolver.resolve(raw, folders)
+            ws, rel = self.resolver.resolve(raw, folders, root_ok=root_ok)
             root = self.roots[ws.name]
-            if root.rules.in_nested_repo(rel, folders):
+            if rel and root.rules.in_nested_repo(rel, folders):
                 raise PathOutsideWorkspaceError(f"{raw} is inside a nested repository, which checkpoints never touch.")
             out.append((ws.name, str(rel)))
         return out

@@ -174,10 +174,13 @@ class PathResolver:
         """A result path: root-relative, name-prefixed when there are several roots."""
         return f"{ws.name}/{path}" if self.multi else str(path)
 
-    def resolve(self, raw: str, folders: dict[str, os.stat_result] | None = None) -> tuple[Workspace, RepoPath]:
+    def resolve(self, raw: str, folders: dict[str, os.stat_result] | None = None, *,
+                root_ok: bool = False) -> tuple[Workspace, RepoPath]:
         """Resolve one request path. `folders`, if given, gets the lstat this took of each
         folder above the path (by root-relative path), for the caller's next look at them
-        (`ExclusionRules.in_nested_repo`).
+        (`ExclusionRules.in_nested_repo`). `root_ok`: a path naming a root itself (".", its
+        absolute path, its name with several roots) resolves to "" (a restore's `paths`: a
+        folder stands for the files under it); elsewhere it is refused.
 
         Raises:
             PathOutsideWorkspaceError: escapes every root, goes through `.git` or through a
@@ -189,13 +192,14 @@ class PathResolver:
             norm = posixpath.normpath(raw)
             for ws in self.workspaces:
                 for base in (str(ws.root), *self._aliases.get(ws.name, ())):
-                    if norm.startswith(base.rstrip("/") + "/"):
-                        return ws, self._checked(ws, norm[len(base.rstrip("/")) + 1 :], raw, folders)
+                    base = base.rstrip("/")
+                    if norm == base or norm.startswith(base + "/"):
+                        return ws, self._checked(ws, norm[len(base) + 1 :], raw, folders, root_ok)
             # The host may name the root through a symlink (macOS /tmp, a linked home folder):
             # the shortest ancestor whose real path is a root stands for that root.
             found = self._through_root_alias(norm)
             if found is not None:
-                return found[0], self._checked(found[0], found[1], raw, folders)
+                return found[0], self._checked(found[0], found[1], raw, folders, root_ok)
             raise PathOutsideWorkspaceError(f"{raw} is outside the workspace.")
         norm = posixpath.normpath(raw.replace("\\", "/") if os.sep == "\\" else raw)
         if self.multi:
@@ -207,20 +211,23 @@ class PathResolver:
                     f"{raw}: with several workspace roots a relative path starts with a root's name "
                     f"({', '.join(w.name for w in self.workspaces)})."
                 ) from None
-            return ws, self._checked(ws, rest, raw, folders)
-        return self.workspaces[0], self._checked(self.workspaces[0], norm, raw, folders)
+            return ws, self._checked(ws, rest, raw, folders, root_ok)
+        return self.workspaces[0], self._checked(self.workspaces[0], norm, raw, folders, root_ok)
 
     def _through_root_alias(self, norm: str) -> tuple[Workspace, str] | None:
         parts = norm.split("/")
         roots = {str(ws.root): ws for ws in self.workspaces}
-        for i in range(2, len(parts)):
+        for i in range(2, len(parts) + 1):
             ws = roots.get(os.path.realpath("/".join(parts[:i])))
             if ws is not None:
                 return ws, "/".join(parts[i:])
         return None
 
-    def _checked(self, ws: Workspace, rel: str, raw: str, folders: dict[str, os.stat_result] | None = None) -> RepoPath:
+    def _checked(self, ws: Workspace, rel: str, raw: str, folders: dict[str, os.stat_result] | None = None,
+                 root_ok: bool = False) -> RepoPath:
         rel = posixpath.normpath(rel) if rel else ""
+        if root_ok and rel in ("", "."):
+            return RepoPath("")
         if not rel or rel == "." or rel == ".." or rel.startswith("../") or rel.startswith("/"):
             raise PathOutsideWorkspaceError(f"{raw} is outside the workspace {ws.root}.")
         parts = rel.split("/")

@@ -72,7 +72,8 @@ class RestoreHost:
         wait_ready: blocks until the task's baseline is built; False if its checkpoints are off.
         save: writes the task's whole record.
         append: writes what changed in the task's record since its last write (task.log).
-        resolve_paths: requested paths as (root name, root-relative path) pairs
+        resolve_paths: requested paths as (root name, root-relative path) pairs; a root itself
+            is "" (every file of that root)
             (PathOutsideWorkspaceError).
     """
 
@@ -277,7 +278,7 @@ class Restorer:
         named = request.paths.get(name, []) if request.paths is not None else None
         forced = set(RepoPath(p) for p in rt.record.edited.get(name, ()))
         if named is not None:
-            forced |= set(named)
+            forced |= {p for p in named if p}
         current = root.stage(root.safety_plan(frozenset(forced), keep=request.dry_run))
         try:
             out = self._plan_staged(rt, cp, request, name, root, named, current)
@@ -309,8 +310,8 @@ class Restorer:
                 if commit is None:
                     return None
                 target_tree = repo.commit_tree(commit)
-            if named is not None:
-                scope: list[RepoPath] | None = named
+            if named is not None:  # the root itself ("") stands for every file either snapshot holds
+                scope: list[RepoPath] | None = None if RepoPath("") in named else named
             elif record.has_scope():
                 scope = [RepoPath(p) for p in record.scope_paths(name)]
             else:

@@ -296,6 +296,28 @@ def test_paths_take_folders_and_leave_unknown_files_alone(make_engine: MakeEngin
     assert not wire(eng)[0]["restored"], "a restore limited by paths does not mark the checkpoint restored"
 
 
+@pytest.mark.parametrize("root", [".", "./", "ABS", "ABS/"])
+def test_paths_naming_the_root_take_every_file_either_snapshot_holds(make_engine: MakeEngine, ws: Path,
+                                                                     root: str) -> None:
+    """The root is a folder too: the files under it, whatever the task's scope (keep.txt was
+    changed between rounds, by the person: out of the scope, in the paths)."""
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"src/a.py": "a1", "g.txt": "g1"})
+    make_tree(ws, {"keep.txt": "the person's", "untracked.txt": "new, in no snapshot"})
+    named = [root.replace("ABS", str(ws))]
+    plan = eng.restore("t1", 0, "files", paths=named, dry_run=True).to_wire()["files"]
+    assert sorted(plan["restored"]) == ["g.txt", "keep.txt"] and plan["deleted"] == ["src/a.py"]
+    out = eng.restore("t1", 0, "files", paths=named).to_wire()["files"]
+    assert (sorted(out["restored"]), out["deleted"]) == (sorted(plan["restored"]), plan["deleted"])
+    tree = read_tree(ws)
+    assert tree["g.txt"] == b"g0" and tree["keep.txt"] == b"k" and "src/a.py" not in tree
+    assert tree["untracked.txt"] == b"new, in no snapshot", "neither snapshot holds it: left alone"
+    assert not wire(eng)[0]["restored"], "a restore limited by paths does not mark the checkpoint restored"
+    eng.undo_restore("t1")
+    assert read_tree(ws)["keep.txt"] == b"the person's" and read_tree(ws)["src/a.py"] == b"a1"
+
+
 def test_bad_input_is_refused_and_writes_nothing(make_engine: MakeEngine, ws: Path, tmp_path: Path) -> None:
     eng = make_engine(ws)
     start(eng)

@@ -289,6 +289,25 @@ def test_multi_root_relative_paths_need_a_root_prefix(two_roots: PathResolver) -
             two_roots.resolve(raw)
 
 
+def test_a_root_itself_resolves_only_where_asked(resolver: PathResolver, two_roots: PathResolver,
+                                                  workspace: Path) -> None:
+    """A restore's `paths` may name a root (a folder stands for the files under it): "" then;
+    a tool's path never (the root is no file)."""
+    for raw in (".", "./", str(workspace), str(workspace) + "/", str(workspace) + "/a/.."):
+        assert resolver.resolve(raw, root_ok=True)[1] == ""
+        with pytest.raises(PathOutsideWorkspaceError):
+            resolver.resolve(raw)
+    for raw in ("..", "../x", str(workspace) + "/..", str(workspace) + "-sibling", ".git"):
+        with pytest.raises(PathOutsideWorkspaceError):
+            resolver.resolve(raw, root_ok=True)
+    app, lib = two_roots.workspaces
+    assert two_roots.resolve("lib", root_ok=True) == (lib, "")
+    assert two_roots.resolve(str(app.root), root_ok=True) == (app, "")
+    for raw in (".", "other"):
+        with pytest.raises(PathOutsideWorkspaceError):
+            two_roots.resolve(raw, root_ok=True)
+
+
 def test_multi_root_absolute_paths_pick_their_root(two_roots: PathResolver) -> None:
     app, lib = two_roots.workspaces
     assert two_roots.resolve(str(lib.root / "z" / "w.txt")) == (lib, "z/w.txt")
