@@ -109,7 +109,7 @@ class BaselineBuilder:
 
         def slow() -> None:
             if not fut.done():
-                self._notify("task/initSlow", {"taskId": task_id, "seconds": round(time.monotonic() - started, 1)})
+                self._notify("task/initSlow", {"taskId": task_id, "seconds": _seconds(time.monotonic() - started)})
                 log.warning("task.init_slow", task_id=task_id, hint="the repository may be large")
 
         def timeout() -> None:
@@ -120,7 +120,7 @@ class BaselineBuilder:
                     return
                 rt.generation += 1  # the build's result is dropped: no timeout paid on every round
                 self._fail(rt, InitTimeoutError(
-                    f"Checkpoint initialisation took over {self._options().init_timeout_s:.0f} s; "
+                    f"Checkpoint initialisation took over {_seconds(self._options().init_timeout_s):g} s; "
                     "checkpoints are off for this task (task/retry tries again)."))
             if not fut.done():
                 fut.set_result(None)
@@ -243,3 +243,7 @@ class BaselineBuilder:
                  wait_ms=round((time.perf_counter() - start) * 1e3, 2))
 
 
+def _seconds(value: float) -> float:
+    """A duration as a person reads it: tenths from 10 s on, else hundredths (a setting below a
+    second showed as "0 s")."""
+    return round(value, 1 if value >= 10 else 2)

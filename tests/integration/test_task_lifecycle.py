@@ -52,6 +52,7 @@ def test_initialisation_timeout_disables_the_task_without_paying_it_again(worksp
     eng.start_task("late", ts=1)
     failed = notes.wait_for("task/initFailed")
     assert failed["kind"] == "init_timeout" and failed["taskId"] == "late"
+    assert "took over 0.01 s;" in failed["message"], failed["message"]
     listing = eng.list_checkpoints("late").to_wire()
     assert listing["state"] == "disabled" and listing["error"]["kind"] == "init_timeout"
     assert listing["checkpoints"] == [], "the late baseline is dropped, never half-attached"
