@@ -42,7 +42,15 @@ def _paint(line: str, style: str, color: bool) -> str:
 
 
 def _lines(text: str | None) -> list[str]:
-    return text.splitlines(keepends=True) if text else []
+    """The lines of `text`, split at `\\n` only, each keeping it (as git splits them: a form feed,
+    `\\r` or U+2028 inside a line is part of it, so the diff applies with `git apply`)."""
+    if not text:
+        return []
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
 
 
 def unified_diff_lines(diff: Mapping[str, Any], *, color: bool = False) -> Iterator[str]:

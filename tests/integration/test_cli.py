@@ -134,6 +134,35 @@ def test_plain_diff_when_piped_and_stat(ws: Path, env: dict[str, str]) -> None:
     assert "<table" in html and "print(3)" in text and "app.py" in text
 
 
+ODD_BREAKS = "form\x0cfeed\nline\u2028sep\nfile\x1cgroup\x1drecord\x1eunit\nlone\rreturn\ncrlf\r\nend\n"
+
+
+def test_diff_splits_lines_at_newline_only_and_git_applies_it(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    (ws / "odd.txt").write_bytes(ODD_BREAKS.encode())
+    save(ws, env)
+    after = ODD_BREAKS.replace("line\u2028sep", "line\u2028SEP").replace("lone\rreturn", "lone\rRETURN")
+    (ws / "odd.txt").write_bytes(after.encode())
+    proc = subprocess.run([*SP, "diff", "--", "odd.txt"], cwd=ws, env=env, capture_output=True, timeout=120,
+                          stdin=subprocess.DEVNULL, check=False)
+    assert proc.returncode == 0, proc.stderr
+    patch = tmp_path / "odd.diff"
+    patch.write_bytes(proc.stdout)
+    assert b"\n@@ -1,6 +1,6 @@\n" in proc.stdout, proc.stdout  # six lines, as git counts them
+    check = tmp_path / "check"
+    check.mkdir()
+
+    def git_apply(*flags: str) -> subprocess.CompletedProcess[str]:  # the git CLI is the oracle
+        return subprocess.run(["git", "apply", "--check", *flags, str(patch)], cwd=check, capture_output=True,
+                              text=True, timeout=60, check=False)
+
+    (check / "odd.txt").write_bytes(ODD_BREAKS.encode())
+    assert git_apply().returncode == 0, git_apply().stderr
+    (check / "odd.txt").write_bytes(after.encode())
+    assert git_apply("-R").returncode == 0, git_apply("-R").stderr
+    stat = sp("diff", "--stat", cwd=ws, env=env)
+    assert "1 file changed, 2 insertions(+), 2 deletions(-)" in stat.stdout, stat.stdout
+
+
 def test_restore_without_terminal_and_without_yes_refuses(ws: Path, env: dict[str, str]) -> None:
     save(ws, env)
     (ws / "app.py").write_text("mine\n")
