@@ -296,8 +296,7 @@ def diff(ctx: Ctx, args: tuple[str, ...], directory: str | None, task_id: str | 
     if html_file:
         from shadowpoint.cli.html_diff import diff_page
 
-        Path(html_file).write_text(diff_page(result, title, task=task, workspace=str(backend.root)),
-                                   encoding="utf-8")
+        write_page(html_file, diff_page(result, title, task=task, workspace=str(backend.root)))
     if as_json:
         print_json({"taskId": task, "workspace": str(backend.root), "from": old, "to": new, **result})
         return
@@ -426,7 +425,7 @@ def log(ctx: Ctx, directory: str | None, task_id: str | None, as_json: bool, htm
         root = backend.root
     events = timeline(load_record(ctx, task), cps)
     if html_file:
-        Path(html_file).write_text(timeline_page(task, str(root), events), encoding="utf-8")
+        write_page(html_file, timeline_page(task, str(root), events))
     if as_json:
         print_json({"taskId": task, "workspace": str(root), "events": events})
         return
@@ -435,6 +434,15 @@ def log(ctx: Ctx, directory: str | None, task_id: str | None, as_json: bool, htm
         ctx.out.print(f"{str(e.get('createdAt') or '')[:19].replace('T', ' '):<19}  {e['kind']:<10} {e['text']}")
     if html_file:
         ctx.err.print(f"timeline page written to {html_file}")
+
+
+def write_page(path: str, text: str) -> None:
+    """Write an `--html` page. A path that cannot be written is bad input (exit 2, as click
+    answers for an existing read-only file or a folder there), not an internal error."""
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        fail(f"Cannot write the page to {path}: {exc.strerror or exc}.", "usage")
 
 
 def timeline(record: TaskRecord | None, cps: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -163,6 +163,20 @@ def test_diff_splits_lines_at_newline_only_and_git_applies_it(ws: Path, env: dic
     assert "1 file changed, 2 insertions(+), 2 deletions(-)" in stat.stdout, stat.stdout
 
 
+def test_an_html_page_that_cannot_be_written_is_one_error_line(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    save(ws, env)
+    (ws / "app.py").write_text("print(2)\n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for page, reason in ((tmp_path / "missing" / "page.html", "No such file or directory"),
+                         (a_file / "page.html", "Not a directory")):
+        for command in ("diff", "log"):
+            proc = sp(command, "--html", str(page), cwd=ws, env=env)
+            assert proc.returncode == 2, (command, proc.stderr)  # bad input, as click says of a read-only file
+            assert proc.stderr.startswith("shadowpoint: error:") and proc.stderr.count("\n") == 1, proc.stderr
+            assert str(page) in proc.stderr and reason in proc.stderr, proc.stderr
+
+
 def test_restore_without_terminal_and_without_yes_refuses(ws: Path, env: dict[str, str]) -> None:
     save(ws, env)
     (ws / "app.py").write_text("mine\n")
