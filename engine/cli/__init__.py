@@ -40,6 +40,7 @@ Exit codes (one per error kind; the README carries the same table):
     51  aborted                 the question was answered no
     60  doctor_problems         `doctor` found problems
     130 interrupted             Ctrl-C (outside `watch`, which exits 0)
+    141 —                       stdout's reader quit early (`| head`): stops quietly (128 + SIGPIPE, as git)
 """
 
 from __future__ import annotations

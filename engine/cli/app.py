@@ -17,10 +17,23 @@ import click
 from shadowpoint import __version__
 from shadowpoint.cli import agents, history, restore, serve, storage
 from shadowpoint.cli.context import ARGV
-from shadowpoint.cli.report import EXIT_CODES, report, report_exception
+from shadowpoint.cli.report import EXIT_CODES, is_stdout_closed, report, report_exception, stdout_closed
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The group, answering a reader that closed stdout early (`| head`) before click does:
+    click would exit 1, which is `internal` here."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            if not is_stdout_closed():
+                raise
+            sys.exit(stdout_closed())
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="shadowpoint")
 @click.option("-C", "chdir", type=click.Path(file_okay=False, exists=True), default=None,
               help="run as if started in this folder (like git -C)")
@@ -86,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
         cli.main(args=args, prog_name="shadowpoint", standalone_mode=False)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the last flush of stdout (a command's own writes go to _Group.invoke)
+        return stdout_closed()
     except click.exceptions.Abort:
         sys.stderr.write("shadowpoint: interrupted\n")
         return EXIT_CODES["interrupted"]

@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import click
 
-from shadowpoint.cli.report import PlainOut, fail, stdout_console
+from shadowpoint.cli.report import PlainOut, fail, rich_console, stdout_console
 from shadowpoint.errors import AbortedError
 from shadowpoint.stopping import StopFlag
 
@@ -70,9 +70,7 @@ class Ctx:
     @property
     def err(self) -> Console:
         if self._err is None:
-            from rich.console import Console
-
-            self._err = Console(stderr=True, highlight=False, emoji=False, markup=False)
+            self._err = rich_console(stderr=True, highlight=False, emoji=False, markup=False)
         return self._err
 
 

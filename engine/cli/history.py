@@ -34,7 +34,7 @@ from shadowpoint.cli.context import (
     wait_ready,
     workspace_for,
 )
-from shadowpoint.cli.report import fail, print_json
+from shadowpoint.cli.report import fail, print_json, rich_console
 
 if TYPE_CHECKING:
     from shadowpoint.sidecar.backend import Backend
@@ -190,9 +190,8 @@ def list_cmd(ctx: Ctx, positional_dir: str | None, directory: str | None, task_i
         if out is sys.stdout:
             ctx.out.print(table)
         else:
-            from rich.console import Console
-
-            Console(file=out, force_terminal=ctx.out.is_terminal, width=ctx.out.width, highlight=False).print(table)
+            rich_console(file=out, force_terminal=ctx.out.is_terminal, width=ctx.out.width,
+                         highlight=False).print(table)
         if show_all:
             out.write(f"Safety checkpoints ({len(safety)}; name one by its hash in diff or restore):\n")
             for row in safety:

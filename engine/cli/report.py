@@ -7,6 +7,8 @@ click (`quick`), so both answer alike. Runs on the main thread. The exit-code ta
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
 import os
 import sys
@@ -47,6 +49,32 @@ EXIT_CODES: dict[str, int] = {
 }
 
 
+STDOUT_CLOSED = 141  # 128 + SIGPIPE: what a shell shows for git (or cat) whose reader quit early
+
+
+def is_stdout_closed() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has gone (`shadowpoint diff | head -1`)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or stdout is no file
+        return False
+
+
+def stdout_closed() -> int:
+    """After stdout's reader quit: send what is still buffered to /dev/null (so the interpreter's
+    last flush raises nothing) and answer the exit code; no message, no traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return STDOUT_CLOSED
+
+
 def fail(message: str, kind: str) -> NoReturn:
     raise cli_error(message, kind)
 
@@ -65,9 +93,8 @@ class PlainOut:
     @property
     def rich(self) -> Console:
         if self._rich is None:
-            from rich.console import Console
 
-            self._rich = Console(highlight=False, emoji=False, markup=False, soft_wrap=True)
+            self._rich = rich_console(highlight=False, emoji=False, markup=False, soft_wrap=True)
         return self._rich
 
     @property
@@ -88,9 +115,25 @@ def stdout_console() -> Console | PlainOut:
     """The console of stdout: rich's on a terminal (or when colour is forced), else `PlainOut`."""
     if not sys.stdout.isatty() and "FORCE_COLOR" not in os.environ and "TTY_COMPATIBLE" not in os.environ:
         return PlainOut()
+    return rich_console(highlight=False, emoji=False, markup=False, soft_wrap=True)
+
+
+def rich_console(**options: Any) -> Console:
+    """A rich console whose broken pipe raises `BrokenPipeError` (for `cli.app` to answer),
+    where rich's own exits 1 (`internal` here)."""
+    return _quiet_console_class()(**options)
+
+
+@functools.cache
+def _quiet_console_class() -> type[Console]:
     from rich.console import Console
 
-    return Console(highlight=False, emoji=False, markup=False, soft_wrap=True)
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    return PipeConsole
 
 
 def print_json(data: Any) -> None:

@@ -177,6 +177,33 @@ def test_an_html_page_that_cannot_be_written_is_one_error_line(ws: Path, env: di
             assert str(page) in proc.stderr and reason in proc.stderr, proc.stderr
 
 
+def test_a_reader_that_quits_early_stops_the_command_quietly(ws: Path, env: dict[str, str]) -> None:
+    (ws / "big.txt").write_text("".join(f"line {i}\n" for i in range(50_000)))
+    save(ws, env)
+    (ws / "big.txt").write_text("".join(f"LINE {i}\n" for i in range(50_000)))  # a diff of ~1.2 MB
+    # `shadowpoint diff | head -1`: far more than a pipe holds, so the writer is still writing when the reader quits
+    proc = subprocess.Popen([*SP, "diff"], cwd=ws, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 141, err  # 128 + SIGPIPE, as git's users see; not 1 (internal)
+    assert first.startswith(b"diff --shadowpoint") and "Traceback" not in err and "error" not in err, err
+    # a reader gone before the command writes anything: every command that prints
+    for args in (["status"], ["list"], ["log"], ["diff", "--stat"], ["list", "--json"]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            done = subprocess.run([*SP, *args], cwd=ws, env=env, stdin=subprocess.DEVNULL, stdout=write_end,
+                                  stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+        finally:
+            os.close(write_end)
+        assert done.returncode == 141, (args, done.returncode, done.stderr)
+        assert "Traceback" not in done.stderr and "error" not in done.stderr, (args, done.stderr)
+
+
 def test_restore_without_terminal_and_without_yes_refuses(ws: Path, env: dict[str, str]) -> None:
     save(ws, env)
     (ws / "app.py").write_text("mine\n")
