@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 @click.command()
 @click.argument("ref")
 @click.argument("paths", nargs=-1)
-@click.option("--files", "mode", flag_value="files", help="restore the files only")
-@click.option("--task", "mode", flag_value="task", help="restore the task only (cut the conversation)")
-@click.option("--both", "mode", flag_value="both", help="restore files and task")
+@click.option("--files", "files_mode", is_flag=True, help="restore the files only")
+@click.option("--task", "task_mode", is_flag=True, help="restore the task only (cut the conversation)")
+@click.option("--both", "both_mode", is_flag=True, help="restore files and task")
 @click.option("--dry-run", is_flag=True, help="change nothing: print what the restore would do")
 @click.option("--keep-mine", is_flag=True, help="keep edits made outside the task's rounds (three-way merge)")
 @click.option("-y", "--yes", is_flag=True, help="do not ask for confirmation")
@@ -36,13 +36,15 @@ if TYPE_CHECKING:
 @task_option
 @click.option("--json", "as_json", is_flag=True, help="print the Restore result as JSON")
 @pass_ctx
-def restore(ctx: Ctx, ref: str, paths: tuple[str, ...], mode: str | None, dry_run: bool, keep_mine: bool,
-            yes: bool, directory: str | None, task_id: str | None, as_json: bool) -> None:
+def restore(ctx: Ctx, ref: str, paths: tuple[str, ...], files_mode: bool, task_mode: bool, both_mode: bool,
+            dry_run: bool, keep_mine: bool, yes: bool, directory: str | None, task_id: str | None,
+            as_json: bool) -> None:
     """Restore checkpoint REF: --files, --task or --both (asks first unless --yes).
 
     PATHS (after REF, or after `--`) restores only those files and folders. The question
     shows exactly what the restore does, and which changed files it leaves alone and why.
     """
+    mode = one_mode(files=files_mode, task=task_mode, both=both_mode)
     if mode is None:
         mode = "files" if paths else None
     if mode is None:
@@ -131,6 +133,19 @@ def step(ctx: Ctx, directory: str | None, task_id: str | None, as_json: bool, op
     other = "redo" if op == "undo" else "undo"
     ctx.out.print(f"{op}ne: {len(files.get('restored', []))} file(s) written, {len(files.get('deleted', []))} "
                   f"removed (safety checkpoint {str(files.get('safety'))[:10]}; `shadowpoint {other}` reverts)")
+
+
+def one_mode(**flags: bool) -> str | None:
+    """The one of --files, --task, --both given (None: none).
+
+    Raises:
+        click.UsageError: two different ones (which wins would be a guess).
+    """
+    given = [name for name, on in flags.items() if on]
+    if len(given) > 1:
+        raise click.UsageError(f"{' and '.join('--' + g for g in given)} contradict each other: give one of "
+                               "--files, --task or --both.")
+    return given[0] if given else None
 
 
 def run_restore(backend: Backend, task: str, cp: Mapping[str, Any], mode: str, paths: list[str] | None,

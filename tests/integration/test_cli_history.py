@@ -62,6 +62,20 @@ def test_dry_run_prints_the_plan_and_json_is_the_restore(ws: Path, env: dict[str
     assert (ws / "notes.md").read_text() == "the person's\n"
 
 
+def test_two_different_restore_modes_are_a_usage_error(ws: Path, env: dict[str, str]) -> None:
+    two_saves(ws, env)
+    disk = read_tree(ws)
+    listed = sp_json("list", cwd=ws, env=env)["checkpoints"]
+    for modes in (["--files", "--task"], ["--task", "--files"], ["--files", "--both"], ["--both", "--task"],
+                  ["--files", "--task", "--both"]):
+        proc = sp("restore", "2", *modes, "--yes", cwd=ws, env=env)
+        assert proc.returncode == 2, (modes, proc.stderr)
+        assert "--files" in proc.stderr and "contradict" in proc.stderr, proc.stderr
+        assert read_tree(ws) == disk and sp_json("list", cwd=ws, env=env)["checkpoints"] == listed, "nothing changed"
+    again = sp("restore", "2", "--files", "--files", "--yes", "--json", cwd=ws, env=env)
+    assert again.returncode == 0 and json.loads(again.stdout)["files"]["restored"], "one mode twice is that mode"
+
+
 def test_restore_named_paths_only(ws: Path, env: dict[str, str]) -> None:
     two_saves(ws, env)
     proc = sp("restore", "2", "--yes", "--json", "--", "a.txt", cwd=ws, env=env)
