@@ -21,12 +21,12 @@ from shadowpoint.cli.report import fail, print_json
 @dir_option
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @pass_ctx
-def doctor(ctx: Ctx, positional_dir: str | None, directory: str | None, as_json: bool) -> None:
+def doctor(ctx: Ctx, positional_dir: str | None, as_json: bool) -> None:
     """Check watch limits, storage, locks, sidecars and every shadow repo's health."""
     from shadowpoint.sidecar.doctor import run_checks
 
     isolate()
-    report = run_checks(ctx.settings, workspace_for(ctx, directory or positional_dir))
+    report = run_checks(ctx.settings, workspace_for(ctx, positional_dir))
     problems = [c for c in report if c["status"] == "problem"]
     if as_json:
         print_json({"checks": report, "problems": len(problems)})
@@ -42,6 +42,7 @@ def doctor(ctx: Ctx, positional_dir: str | None, directory: str | None, as_json:
 
 @click.command()
 @click.argument("agent")
+@dir_option
 def hook(agent: str) -> None:
     """Read an agent's hook payload on stdin and forward it to the workspace's sidecar.
 
@@ -64,6 +65,7 @@ def run_hook_command(agent: str) -> int:
 @click.option("--remove", is_flag=True, help="remove shadowpoint's entries (only ours)")
 @click.option("--command", "command", default=None, help="the hook command (default: this shadowpoint)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
+@dir_option
 @pass_ctx
 def install_hooks(ctx: Ctx, agent: str, directory: str | None, remove: bool, command: str | None,
                   as_json: bool) -> None:
@@ -88,6 +90,7 @@ def install_hooks(ctx: Ctx, agent: str, directory: str | None, remove: bool, com
 
 @click.command()
 @click.argument("directory", required=False, type=click.Path(file_okay=False, exists=True))
+@dir_option
 @pass_ctx
 def mcp(ctx: Ctx, directory: str | None) -> None:
     """Run an MCP server (stdio) with tools to list, diff and restore checkpoints (needs the

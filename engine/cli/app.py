@@ -16,7 +16,7 @@ import click
 
 from shadowpoint import __version__
 from shadowpoint.cli import agents, history, restore, serve, storage
-from shadowpoint.cli.context import ARGV
+from shadowpoint.cli.context import ARGV, dir_option
 from shadowpoint.cli.report import EXIT_CODES, is_stdout_closed, report, report_exception, stdout_closed
 
 
@@ -35,9 +35,8 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="shadowpoint")
-@click.option("-C", "chdir", type=click.Path(file_okay=False, exists=True), default=None,
-              help="run as if started in this folder (like git -C)")
-def cli(chdir: str | None) -> None:
+@dir_option
+def cli() -> None:
     """Checkpoints for AI coding agents: snapshots in a shadow git repository, compare and restore.
 
     Checkpoints are named by their position in `shadowpoint list` (1 = newest; `@N` works
@@ -47,12 +46,11 @@ def cli(chdir: str | None) -> None:
     holding a .git, else the current folder. Every command acts on the workspace's one
     default task (its most recently active) unless --task-id says otherwise.
     """
-    if chdir:
-        os.chdir(chdir)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@dir_option
 def bench(args: tuple[str, ...]) -> None:
     """Run the benchmark suite (benchmarks/ of a checkout); arguments go to its runner."""
     runner = _import_bench()

@@ -166,8 +166,18 @@ def confirm(ctx: Ctx, question: str, yes: bool, refusal: str | None = None) -> N
 
 # ---------------------------------------------------------------------------- the group
 
+def _chdir(ctx: click.Context, _: click.Parameter, value: str | None) -> None:
+    if value and not ctx.resilient_parsing:
+        os.chdir(value)
+
+
+# `-C DIR` on the group and on every command (git's -C): run as if started in DIR, so the
+# workspace is searched upwards from it and relative paths are read from it. Eager: DIR holds
+# before the other arguments are checked.
 dir_option = click.option("-C", "--dir", "directory", type=click.Path(file_okay=False, exists=True), default=None,
-                           help="workspace folder, searched upwards (default: the current folder)")
+                          is_eager=True, expose_value=False, callback=_chdir,
+                          help="run as if started in this folder (like git -C); the workspace is searched "
+                               "upwards from it")
 task_option = click.option("--task-id", "task_id", default=None, help="task id (default: the workspace's latest)")
 pager_option = click.option("--no-pager", "no_pager", is_flag=True, help="do not page long output on a terminal")
 

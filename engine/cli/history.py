@@ -120,12 +120,11 @@ def resolve_ref(ctx: Ctx, backend: Backend, task: str, ref: str) -> dict[str, An
               help="task id (default: the workspace's latest; cli-<workspace hash> for a new one)")
 @click.option("--json", "as_json", is_flag=True, help="print the checkpoint as JSON")
 @pass_ctx
-def save(ctx: Ctx, positional_dir: str | None, directory: str | None, message: str | None, task_id: str | None,
-         as_json: bool) -> None:
+def save(ctx: Ctx, positional_dir: str | None, message: str | None, task_id: str | None, as_json: bool) -> None:
     """Checkpoint the workspace now (in its default task, the one `list` shows)."""
     from shadowpoint.sidecar.backend import now_ms
 
-    with backend_for(ctx, directory or positional_dir) as backend:
+    with backend_for(ctx, positional_dir) as backend:
         task = task_for(ctx, backend, task_id, create=True)
         try:
             backend.task_state(task)
@@ -164,16 +163,15 @@ def save(ctx: Ctx, positional_dir: str | None, directory: str | None, message: s
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @pager_option
 @pass_ctx
-def list_cmd(ctx: Ctx, positional_dir: str | None, directory: str | None, task_id: str | None, show_tasks: bool,
-             show_all: bool, as_json: bool, no_pager: bool) -> None:
+def list_cmd(ctx: Ctx, positional_dir: str | None, task_id: str | None, show_tasks: bool, show_all: bool,
+             as_json: bool, no_pager: bool) -> None:
     """List the checkpoints of a task, newest first (# is what other commands accept)."""
     from shadowpoint.cli.render import checkpoint_table
 
-    directory = directory or positional_dir
     if show_tasks:
-        _list_tasks(ctx, directory, as_json)
+        _list_tasks(ctx, positional_dir, as_json)
         return
-    with backend_for(ctx, directory) as backend:
+    with backend_for(ctx, positional_dir) as backend:
         task = task_for(ctx, backend, task_id)
         result = backend.list_checkpoints(task)
         cps = checkpoints_of(backend, task)
@@ -273,14 +271,14 @@ def _under(path: str, wanted: list[str]) -> bool:
 @click.option("--color/--no-color", "color", default=None, help="force colour on or off (default: on a terminal)")
 @pager_option
 @pass_ctx
-def diff(ctx: Ctx, args: tuple[str, ...], directory: str | None, task_id: str | None,
-         as_json: bool, html_file: str | None, stat_only: bool, color: bool | None, no_pager: bool) -> None:
+def diff(ctx: Ctx, args: tuple[str, ...], task_id: str | None, as_json: bool, html_file: str | None,
+         stat_only: bool, color: bool | None, no_pager: bool) -> None:
     """Compare checkpoint REF (default: the newest) with the workspace, or with REF2; PATHs
     (files or folders) limit the comparison to them."""
     from shadowpoint.cli.render import stat_lines, unified_diff_lines, use_color
     from shadowpoint.sidecar.backend import resolve_checkpoint
 
-    with backend_for(ctx, directory) as backend:
+    with backend_for(ctx, None) as backend:
         refs, paths = split_refs_and_paths(args, args_after_dashes(args), Path(os.getcwd()), backend.root)
         task = task_for(ctx, backend, task_id)
         cps = checkpoints_of(backend, task)
@@ -322,13 +320,12 @@ def diff(ctx: Ctx, args: tuple[str, ...], directory: str | None, task_id: str | 
 @click.option("--ignored", is_flag=True, help="also the changed files the exclusion rules leave out, and why")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @pass_ctx
-def status(ctx: Ctx, paths: tuple[str, ...], directory: str | None, task_id: str | None, ignored: bool,
-           as_json: bool) -> None:
+def status(ctx: Ctx, paths: tuple[str, ...], task_id: str | None, ignored: bool, as_json: bool) -> None:
     """What changed since the newest checkpoint (--ignored: and what the rules leave out)."""
     from shadowpoint.sidecar.backend import resolve_checkpoint
     from shadowpoint.stage.exclusions import ignored_changes
 
-    with backend_for(ctx, directory) as backend:
+    with backend_for(ctx, None) as backend:
         _, wanted = split_refs_and_paths(paths, len(paths), Path(os.getcwd()), backend.root)
         task = task_for(ctx, backend, task_id)
         newest = resolve_checkpoint(checkpoints_of(backend, task), "@1")
@@ -389,7 +386,7 @@ def _when_text(cp: dict[str, Any]) -> str:
 @task_option
 @click.option("--json", "as_json", is_flag=True, help="print the fork's newest checkpoint as JSON")
 @pass_ctx
-def fork(ctx: Ctx, ref: str, new_id: str, directory: str | None, task_id: str | None, as_json: bool) -> None:
+def fork(ctx: Ctx, ref: str, new_id: str, task_id: str | None, as_json: bool) -> None:
     """Fork the task at checkpoint REF into a new task NEW_ID (sharing its snapshots).
 
     Both lines stay: restore the fork's files to try another way from REF, and the first
@@ -397,7 +394,7 @@ def fork(ctx: Ctx, ref: str, new_id: str, directory: str | None, task_id: str | 
     """
     from shadowpoint.sidecar.backend import resolve_checkpoint
 
-    with backend_for(ctx, directory) as backend:
+    with backend_for(ctx, None) as backend:
         task = task_for(ctx, backend, task_id)
         cp = resolve_checkpoint(checkpoints_of(backend, task), ref)
         forked = backend.fork(task, cp["ts"], new_id)
@@ -415,10 +412,10 @@ def fork(ctx: Ctx, ref: str, new_id: str, directory: str | None, task_id: str | 
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True), default=None,
               help="also write the timeline as an HTML page to this file")
 @pass_ctx
-def log(ctx: Ctx, directory: str | None, task_id: str | None, as_json: bool, html_file: str | None) -> None:
+def log(ctx: Ctx, task_id: str | None, as_json: bool, html_file: str | None) -> None:
     """The task's timeline: messages, checkpoints, restores, undos, redos and forks, with the
     safety checkpoints (named by hash prefix in `diff` and `restore`)."""
-    with backend_for(ctx, directory) as backend:
+    with backend_for(ctx, None) as backend:
         task = task_for(ctx, backend, task_id)
         cps = checkpoints_of(backend, task)
         root = backend.root

@@ -37,8 +37,7 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="print the Restore result as JSON")
 @pass_ctx
 def restore(ctx: Ctx, ref: str, paths: tuple[str, ...], files_mode: bool, task_mode: bool, both_mode: bool,
-            dry_run: bool, keep_mine: bool, yes: bool, directory: str | None, task_id: str | None,
-            as_json: bool) -> None:
+            dry_run: bool, keep_mine: bool, yes: bool, task_id: str | None, as_json: bool) -> None:
     """Restore checkpoint REF: --files, --task or --both (asks first unless --yes).
 
     PATHS (after REF, or after `--`) restores only those files and folders. The question
@@ -49,9 +48,8 @@ def restore(ctx: Ctx, ref: str, paths: tuple[str, ...], files_mode: bool, task_m
         mode = "files" if paths else None
     if mode is None:
         fail("Say what to restore: --files, --task or --both.", "usage")
-    # relative to -C DIR when given (as git's -C), else to the current directory
-    named = [os.path.join(os.path.abspath(directory or os.getcwd()), p) for p in paths] if paths else None
-    with backend_for(ctx, directory) as backend:
+    named = [os.path.abspath(p) for p in paths] if paths else None  # -C DIR is the current folder by now
+    with backend_for(ctx, None) as backend:
         task = task_for(ctx, backend, task_id)
         cp = resolve_ref(ctx, backend, task, ref)
         label = f"#{cp['position']} ({str(cp.get('hash') or 'no snapshot')[:10]}, {cp['kind']}, {cp['createdAt']})"
@@ -105,10 +103,10 @@ def restore(ctx: Ctx, ref: str, paths: tuple[str, ...], files_mode: bool, task_m
 @task_option
 @click.option("--json", "as_json", is_flag=True, help="print the Restore result as JSON")
 @pass_ctx
-def undo(ctx: Ctx, directory: str | None, task_id: str | None, as_json: bool) -> None:
+def undo(ctx: Ctx, task_id: str | None, as_json: bool) -> None:
     """Undo the last file restore of the task (puts back exactly the files it touched); again for
     the one before it, and so on."""
-    step(ctx, directory, task_id, as_json, "undo")
+    step(ctx, task_id, as_json, "undo")
 
 
 @click.command()
@@ -116,14 +114,14 @@ def undo(ctx: Ctx, directory: str | None, task_id: str | None, as_json: bool) ->
 @task_option
 @click.option("--json", "as_json", is_flag=True, help="print the Restore result as JSON")
 @pass_ctx
-def redo(ctx: Ctx, directory: str | None, task_id: str | None, as_json: bool) -> None:
+def redo(ctx: Ctx, task_id: str | None, as_json: bool) -> None:
     """Redo the last undone file restore (walks forward through what `undo` walked back)."""
-    step(ctx, directory, task_id, as_json, "redo")
+    step(ctx, task_id, as_json, "redo")
 
 
-def step(ctx: Ctx, directory: str | None, task_id: str | None, as_json: bool, op: str) -> None:
+def step(ctx: Ctx, task_id: str | None, as_json: bool, op: str) -> None:
     """`undo` or `redo`: one step along the task's undo stack, and what it wrote."""
-    with backend_for(ctx, directory) as backend:
+    with backend_for(ctx, None) as backend:
         task = task_for(ctx, backend, task_id)
         result = backend.undo_restore(task) if op == "undo" else backend.redo_restore(task)
     if as_json:

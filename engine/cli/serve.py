@@ -36,6 +36,7 @@ if TYPE_CHECKING:
               help="with --socket: exit after this many seconds without a connection")
 @click.option("--workspace", "http_root", type=click.Path(file_okay=False), default=None,
               help="with --socket: also serve this workspace's http hooks on 127.0.0.1")
+@dir_option
 @pass_ctx
 def serve(ctx: Ctx, socket_path: str | None, idle_timeout: float | None, http_root: str | None) -> None:
     """Run the sidecar: JSON-RPC 2.0 on stdio (or a Unix socket), see PROTOCOL.md."""
@@ -63,8 +64,7 @@ def serve(ctx: Ctx, socket_path: str | None, idle_timeout: float | None, http_ro
 @click.option("--task-id", "task_id", default=None,
               help="task id (default: the workspace's latest; cli-<workspace hash> for a new one)")
 @pass_ctx
-def watch(ctx: Ctx, positional_dir: str | None, directory: str | None, debounce: float | None,
-          task_id: str | None) -> None:
+def watch(ctx: Ctx, positional_dir: str | None, debounce: float | None, task_id: str | None) -> None:
     """Checkpoint DIR after every quiet period, until Ctrl-C (the standalone main job).
 
     Also serves the workspace's sidecar socket, so agent hooks and other commands share
@@ -78,7 +78,7 @@ def watch(ctx: Ctx, positional_dir: str | None, directory: str | None, debounce:
 
     settings = ctx.settings
     isolate()
-    root = workspace_for(ctx, directory or positional_dir)
+    root = workspace_for(ctx, positional_dir)
     task = task_id or default_task(settings.resolved_docs_dir(), root, create=True)
     # the baseline this run builds (a new task) is a checkpoint too, as `list` shows
     baseline = 0 if CheckpointStore(settings.resolved_docs_dir()).task_dir(task).is_dir() else 1

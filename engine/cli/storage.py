@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from shadowpoint.cli.context import Ctx, backend_for, confirm, isolate, pass_ctx
+from shadowpoint.cli.context import Ctx, backend_for, confirm, dir_option, isolate, pass_ctx
 from shadowpoint.cli.report import fail, print_json
 
 
@@ -24,6 +24,7 @@ from shadowpoint.cli.report import fail, print_json
 @click.option("--only", "only", multiple=True, hidden=True, help="with --gc: only this workspace hash")
 @click.option("--quiet", is_flag=True, hidden=True, help="print nothing (the background collection)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
+@dir_option
 @pass_ctx
 def storage(ctx: Ctx, gc: bool, grace: float | None, only: tuple[str, ...], quiet: bool, as_json: bool) -> None:
     """What each workspace's shadow repo and each task uses; --gc reclaims space.
@@ -115,6 +116,7 @@ def _size(n: float) -> str:
 @click.option("--no-collect", "no_collect", is_flag=True,
               help="leave the freed space for a later `shadowpoint storage --gc`")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
+@dir_option
 @pass_ctx
 def delete_task(ctx: Ctx, task_id: str, yes: bool, no_collect: bool, as_json: bool) -> None:
     """Delete a task's checkpoints (the shared shadow repo stays for the other tasks).

@@ -40,9 +40,20 @@ def test_dash_c_on_every_command(ws: Path, env: dict[str, str], tmp_path: Path) 
     saved = sp_json("save", "-C", str(ws), cwd=elsewhere, env=env)
     assert saved["workspace"] == str(ws)
     assert sp_json("-C", str(ws), "list", cwd=elsewhere, env=env)["workspace"] == str(ws)
-    for args in (["list"], ["diff"], ["status"], ["doctor"]):
+    for args in (["list"], ["diff"], ["status"], ["doctor"], ["log"], ["storage"],
+                 ["restore", "1", "--files", "--dry-run"], ["fork", "1", "tried"], ["list", "--tasks"]):
         proc = sp(*args, "-C", str(ws), "--json", cwd=elsewhere, env=env)
         assert proc.returncode == 0, (args, proc.stderr)
+    assert sp("undo", "-C", str(ws), cwd=elsewhere, env=env).returncode == 22, "reached the workspace's task"
+    (ws / "app.py").write_text("print(2)\n")
+    changed = sp_json("diff", "-C", str(ws / "lib"), "../app.py", cwd=elsewhere, env=env)
+    assert [f["path"] for f in changed["files"]] == ["app.py"], "paths are read from -C DIR, as git does"
+    deleted = sp("delete-task", "-C", str(ws), "tried", "--yes", cwd=elsewhere, env=env)
+    assert deleted.returncode == 0, deleted.stderr
+    from shadowpoint.cli.app import cli
+
+    for name, command in cli.commands.items():  # a command added later must take it too
+        assert any("-C" in p.opts for p in command.params), f"`shadowpoint {name}` does not take -C DIR"
 
 
 def test_one_default_task_for_every_command_save_included(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
