@@ -256,6 +256,14 @@ def split_refs_and_paths(args: tuple[str, ...], after_dashes: int | None, cwd: P
     return refs, rel
 
 
+def unknown_paths(named: Mapping[str, str], root: Path, files: list[dict[str, Any]]) -> list[str]:
+    """The arguments of `named` ({argument: workspace-relative path}) that name no path on disk
+    and none of `files` (a Diff's: what a compared snapshot holds that the disk does not)."""
+    return [arg for arg, rel in named.items()
+            if not os.path.lexists(root / rel)
+            and not any(_under(f["path"], [rel]) or _under(f.get("oldPath") or "", [rel]) for f in files)]
+
+
 def _under(path: str, wanted: list[str]) -> bool:
     return not wanted or any(not w or path == w or path.startswith(w + "/") for w in wanted)
 
@@ -279,13 +287,24 @@ def diff(ctx: Ctx, args: tuple[str, ...], task_id: str | None, as_json: bool, ht
     from shadowpoint.sidecar.backend import resolve_checkpoint
 
     with backend_for(ctx, None) as backend:
-        refs, paths = split_refs_and_paths(args, args_after_dashes(args), Path(os.getcwd()), backend.root)
+        after_dashes = args_after_dashes(args)
+        refs, paths = split_refs_and_paths(args, after_dashes, Path(os.getcwd()), backend.root)
         task = task_for(ctx, backend, task_id)
         cps = checkpoints_of(backend, task)
         old = resolve_ref(ctx, backend, task, refs[0] if refs else "@1")  # a safety checkpoint's hash too
         new = resolve_checkpoint(cps, refs[1]) if len(refs) > 1 else None
         result = backend.diff(task, old["ts"], new["ts"] if new else None) if old.get("safety") is None or new \
             else backend.diff_safety(task, int(old["safety"]))
+        # without `--`, a word that names no checkpoint must be a path (git's "ambiguous argument")
+        named = dict(zip(args[len(refs):], paths, strict=True)) if after_dashes is None else {}
+        unknown = unknown_paths(named, backend.root, result["files"])
+        if unknown and new is not None:  # in both snapshots, unchanged, gone from the disk since?
+            unknown = unknown_paths({a: named[a] for a in unknown}, backend.root,
+                                    backend.diff(task, new["ts"], None)["files"])
+    if unknown:
+        fail(f"{unknown[0]!r} names no checkpoint and no path in the workspace or the checkpoints compared "
+             "(a checkpoint is its position in `shadowpoint list` or 5+ hex digits of its hash; put paths "
+             "after `--`).", "unknown_checkpoint")
     result = {**result, "files": [f for f in result["files"]
                                   if _under(f["path"], paths) or _under(f.get("oldPath") or "", paths)]}
     against = f"checkpoint #{new['position']}" if new else "the workspace"
@@ -301,12 +320,11 @@ def diff(ctx: Ctx, args: tuple[str, ...], task_id: str | None, as_json: bool, ht
     lines = stat_lines(result, color=painted) if stat_only else unified_diff_lines(result, color=painted)
     head = f"{header(task, backend.root)}\n{title}\n"
     with paged(not no_pager) as out:
-        if out is not sys.stdout or sys.stdout.isatty():
-            out.write(head)
-        else:
-            sys.stderr.write(head)  # piped: stdout stays a clean diff
+        for_people = out if out is not sys.stdout or sys.stdout.isatty() else sys.stderr  # piped: a clean diff
+        for_people.write(head)
         if not result["files"]:
-            out.write("No changes.\n")
+            for_people.write("No changes.\n")
+            lines = iter(())  # not even --stat's "0 files changed": nothing on stdout, as git
         for line in lines:
             out.write(line)
     if html_file:
@@ -329,7 +347,13 @@ def status(ctx: Ctx, paths: tuple[str, ...], task_id: str | None, ignored: bool,
         _, wanted = split_refs_and_paths(paths, len(paths), Path(os.getcwd()), backend.root)
         task = task_for(ctx, backend, task_id)
         newest = resolve_checkpoint(checkpoints_of(backend, task), "@1")
-        changed = [f for f in backend.diff(task, newest["ts"], None)["files"] if _under(f["path"], wanted)]
+        files = backend.diff(task, newest["ts"], None)["files"]
+        changed = [f for f in files if _under(f["path"], wanted)]
+    checked = len(paths) - (args_after_dashes(paths) or 0)  # after `--`, any word is a path (as git)
+    unknown = unknown_paths(dict(zip(paths[:checked], wanted, strict=False)), backend.root, files)
+    if unknown:
+        fail(f"{unknown[0]!r} names no path in the workspace or in checkpoint #1 (status takes paths; "
+             "`shadowpoint diff REF` compares a checkpoint).", "unknown_checkpoint")
     left_out: list[dict[str, Any]] = []
     if ignored:
         since = _stamp_s(newest.get("createdAt", ""))

@@ -204,6 +204,33 @@ def test_a_reader_that_quits_early_stops_the_command_quietly(ws: Path, env: dict
         assert "Traceback" not in done.stderr and "error" not in done.stderr, (args, done.stderr)
 
 
+def test_a_word_naming_no_checkpoint_and_no_path_is_an_error(ws: Path, env: dict[str, str]) -> None:
+    (ws / "gone.txt").write_text("soon gone\n")
+    save(ws, env)
+    (ws / "gone.txt").unlink()
+    save(ws, env)
+    for args in (["diff", "nosuch"], ["diff", "HEAD"], ["diff", "abcd"], ["diff", "2", "nosuch"],
+                 ["status", "nosuch"]):
+        proc = sp(*args, cwd=ws, env=env)  # git: "ambiguous argument: unknown revision or path"
+        assert proc.returncode == 11, (args, proc.returncode, proc.stderr)
+        assert proc.stderr.startswith("shadowpoint: error:") and args[-1] in proc.stderr and proc.stdout == "", args
+    assert sp("diff", "--", "nosuch", cwd=ws, env=env).returncode == 0, "after --, a word is a path (as git)"
+    deleted = sp_json("diff", "2", "gone.txt", cwd=ws, env=env)  # only in the older snapshot
+    assert [(f["path"], f["status"]) for f in deleted["files"]] == [("gone.txt", "deleted")]
+    (ws / "README.md").unlink()  # in both snapshots, unchanged between them, gone from the disk
+    assert sp_json("diff", "2", "1", "README.md", cwd=ws, env=env)["files"] == []
+    assert [c["path"] for c in sp_json("status", "README.md", cwd=ws, env=env)["changed"]] == ["README.md"]
+    assert sp("diff", "lib", cwd=ws, env=env).returncode == 0, "an existing folder"
+
+
+def test_no_changes_print_nothing_on_a_piped_stdout(ws: Path, env: dict[str, str]) -> None:
+    save(ws, env)
+    for args in (["diff"], ["diff", "--stat"], ["diff", "1", "app.py"]):
+        proc = sp(*args, cwd=ws, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == "" and "No changes." in proc.stderr, (args, proc.stdout, proc.stderr)
+
+
 def test_restore_without_terminal_and_without_yes_refuses(ws: Path, env: dict[str, str]) -> None:
     save(ws, env)
     (ws / "app.py").write_text("mine\n")
