@@ -414,7 +414,8 @@ def fork(ctx: Ctx, ref: str, new_id: str, task_id: str | None, as_json: bool) ->
     """Fork the task at checkpoint REF into a new task NEW_ID (sharing its snapshots).
 
     Both lines stay: restore the fork's files to try another way from REF, and the first
-    attempt is one restore away (`shadowpoint restore --task-id OLD …`).
+    attempt is one restore away. The default task stays this one (positions keep naming the
+    same checkpoints): name the fork with --task-id NEW_ID until it has a checkpoint of its own.
     """
     from shadowpoint.sidecar.backend import resolve_checkpoint
 
@@ -426,7 +427,8 @@ def fork(ctx: Ctx, ref: str, new_id: str, task_id: str | None, as_json: bool) ->
         print_json({"taskId": new_id, "source": task, "checkpoint": forked})
         return
     ctx.out.print(f"forked task {task} at #{cp['position']} ({str(forked.get('hash') or '—')[:10]}) into {new_id}; "
-                  f"its files: shadowpoint restore 1 --files --task-id {new_id}")
+                  f"its files: shadowpoint restore 1 --files --task-id {new_id} (the default task stays {task}: "
+                  f"name the fork with --task-id {new_id} until it has a checkpoint of its own)")
 
 
 @click.command()

@@ -87,8 +87,11 @@ def _stamp(value: str) -> float:
 
 
 def last_activity(rec: TaskRecord) -> float:
-    """When the task last got a checkpoint (or was created), as a POSIX timestamp."""
-    return max([_stamp(rec.created_at), *(_stamp(c.created_at) for c in rec.checkpoints)])
+    """When the task last got a checkpoint (or was created), as a POSIX timestamp. Making a fork
+    is not activity in it: it shares its source's checkpoints until it gets one of its own, and
+    the workspace's default task (and so what `@N` names) stays the source until then."""
+    created = [] if rec.forked_from else [_stamp(rec.created_at)]
+    return max([*created, *(_stamp(c.created_at) for c in rec.checkpoints)], default=0.0)
 
 
 def workspace_tasks(docs_dir: Path, root: Path) -> list[TaskRecord]:
@@ -102,7 +105,7 @@ def workspace_tasks(docs_dir: Path, root: Path) -> list[TaskRecord]:
             continue
         if str(root) in rec.roots.values():
             out.append(rec)
-    out.sort(key=last_activity, reverse=True)
+    out.sort(key=lambda rec: (last_activity(rec), -_stamp(rec.created_at)), reverse=True)  # a tie: the older
     return out
 
 

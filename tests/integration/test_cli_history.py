@@ -126,6 +126,23 @@ def test_undo_redo_list_all_fork_and_log(ws: Path, env: dict[str, str], tmp_path
     assert text.returncode == 0 and "safety checkpoint" in text.stdout and "undo" in text.stdout
 
 
+def test_a_fork_leaves_the_default_task_and_its_positions_alone(ws: Path, env: dict[str, str]) -> None:
+    two_saves(ws, env)
+    before = sp_json("list", cwd=ws, env=env)
+    forked = sp("fork", "2", "attempt-2", cwd=ws, env=env)
+    assert forked.returncode == 0 and "--task-id attempt-2" in forked.stdout, forked.stderr
+    after = sp_json("list", cwd=ws, env=env)
+    assert after["taskId"] == before["taskId"] and after["checkpoints"] == before["checkpoints"], \
+        "@N names the same checkpoint until a new one is saved"
+    assert sp_json("diff", "@1", cwd=ws, env=env)["from"]["hash"] == before["checkpoints"][0]["hash"]
+    assert sp_json("list", "--tasks", cwd=ws, env=env)["default"] == before["taskId"]
+    fork = sp_json("list", "--task-id", "attempt-2", cwd=ws, env=env)
+    assert [c["hash"] for c in fork["checkpoints"]] == [before["checkpoints"][1]["hash"]]
+    (ws / "a.txt").write_text("a3 in the fork\n")
+    sp_json("save", "--task-id", "attempt-2", cwd=ws, env=env)
+    assert sp_json("list", cwd=ws, env=env)["taskId"] == "attempt-2", "its own checkpoint: the most recently active"
+
+
 def test_storage_gc_keeps_young_unreachable_objects_by_default(ws: Path, env: dict[str, str]) -> None:
     save(ws, env)
     report = sp_json("storage", cwd=ws, env=env)
