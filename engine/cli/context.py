@@ -92,11 +92,16 @@ def workspace_for(ctx: Ctx, directory: str | None) -> Path:
 
 
 @contextlib.contextmanager
-def backend_for(ctx: Ctx, directory: str | None) -> Iterator[Backend]:
-    from shadowpoint.sidecar.backend import open_backend
+def backend_for(ctx: Ctx, directory: str | None, *, read_only: bool = False) -> Iterator[Backend]:
+    """The backend of the workspace a command means. `read_only` (status, diff, list, log):
+    a folder without checkpoints is refused (unknown_task) before anything is written there."""
+    from shadowpoint.sidecar.backend import open_backend, require_checkpoints
 
     isolate()
-    backend = open_backend(workspace_for(ctx, directory), ctx.settings)
+    root = workspace_for(ctx, directory)
+    if read_only:
+        require_checkpoints(ctx.settings.resolved_docs_dir(), root)
+    backend = open_backend(root, ctx.settings)
     try:
         yield backend
     finally:

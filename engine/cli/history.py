@@ -171,7 +171,7 @@ def list_cmd(ctx: Ctx, positional_dir: str | None, task_id: str | None, show_tas
     if show_tasks:
         _list_tasks(ctx, positional_dir, as_json)
         return
-    with backend_for(ctx, positional_dir) as backend:
+    with backend_for(ctx, positional_dir, read_only=True) as backend:
         task = task_for(ctx, backend, task_id)
         result = backend.list_checkpoints(task)
         cps = checkpoints_of(backend, task)
@@ -286,7 +286,7 @@ def diff(ctx: Ctx, args: tuple[str, ...], task_id: str | None, as_json: bool, ht
     from shadowpoint.cli.render import stat_lines, unified_diff_lines, use_color
     from shadowpoint.sidecar.backend import resolve_checkpoint
 
-    with backend_for(ctx, None) as backend:
+    with backend_for(ctx, None, read_only=True) as backend:
         after_dashes = args_after_dashes(args)
         refs, paths = split_refs_and_paths(args, after_dashes, Path(os.getcwd()), backend.root)
         task = task_for(ctx, backend, task_id)
@@ -343,7 +343,7 @@ def status(ctx: Ctx, paths: tuple[str, ...], task_id: str | None, ignored: bool,
     from shadowpoint.sidecar.backend import resolve_checkpoint
     from shadowpoint.stage.exclusions import ignored_changes
 
-    with backend_for(ctx, None) as backend:
+    with backend_for(ctx, None, read_only=True) as backend:
         _, wanted = split_refs_and_paths(paths, len(paths), Path(os.getcwd()), backend.root)
         task = task_for(ctx, backend, task_id)
         newest = resolve_checkpoint(checkpoints_of(backend, task), "@1")
@@ -441,7 +441,7 @@ def fork(ctx: Ctx, ref: str, new_id: str, task_id: str | None, as_json: bool) ->
 def log(ctx: Ctx, task_id: str | None, as_json: bool, html_file: str | None) -> None:
     """The task's timeline: messages, checkpoints, restores, undos, redos and forks, with the
     safety checkpoints (named by hash prefix in `diff` and `restore`)."""
-    with backend_for(ctx, None) as backend:
+    with backend_for(ctx, None, read_only=True) as backend:
         task = task_for(ctx, backend, task_id)
         cps = checkpoints_of(backend, task)
         root = backend.root

@@ -62,14 +62,39 @@ def find_workspace(directory: str | os.PathLike[str] | None, docs_dir: Path) -> 
     chain = [start, *start.parents]
     protected = protected_directories()
     usable = [p for p in chain if refusal(p, protected, docs_dir) is None]
-    checkpoints = docs_dir / "checkpoints"
     for folder in usable:
-        if (checkpoints / workspace_hash(folder) / ".git").is_dir():
+        if has_checkpoints(docs_dir, folder):
             return folder
     for folder in usable:
         if os.path.lexists(folder / ".git"):
             return folder
     return start
+
+
+def has_checkpoints(docs_dir: Path, root: Path) -> bool:
+    """Whether `root` has a shadow repository under the docs root (it has had checkpoints)."""
+    return (docs_dir / "checkpoints" / workspace_hash(root) / ".git").is_dir()
+
+
+def require_checkpoints(docs_dir: Path, root: Path) -> None:
+    """Refuse a read-only command on a folder that has no checkpoints (no shadow repo, and no
+    sidecar serving it), before an engine is opened there: opening one writes in the docs root.
+
+    Raises:
+        UnknownTaskError: the folder has no checkpoints yet.
+    """
+    if has_checkpoints(docs_dir, root):
+        return
+    live = connect_live(root)
+    if live is not None:
+        live.close()
+        return
+    raise _none_yet(root)
+
+
+def _none_yet(root: Path) -> UnknownTaskError:
+    return UnknownTaskError(
+        f"No checkpoints for {root} yet: run `shadowpoint save` or `shadowpoint watch` there first.")
 
 
 def cli_task_id(root: Path) -> str:
@@ -120,8 +145,7 @@ def default_task(docs_dir: Path, root: Path, *, create: bool = False) -> str:
     if not tasks:
         if create:
             return cli_task_id(root)
-        raise UnknownTaskError(
-            f"No checkpoints for {root} yet: run `shadowpoint save` or `shadowpoint watch` there first.")
+        raise _none_yet(root)
     return tasks[0].task_id
 
 

@@ -231,6 +231,20 @@ def test_no_changes_print_nothing_on_a_piped_stdout(ws: Path, env: dict[str, str
         assert proc.stdout == "" and "No changes." in proc.stderr, (args, proc.stdout, proc.stderr)
 
 
+def test_read_only_commands_in_a_folder_without_checkpoints_write_nothing(ws: Path, env: dict[str, str],
+                                                                          tmp_path: Path) -> None:
+    task = save(ws, env)["taskId"]
+    docs = Path(env["SHADOWPOINT_DOCS_DIR"])
+    before = sorted(p.relative_to(docs).as_posix() for p in docs.rglob("*"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args in (["status"], ["diff"], ["list"], ["log"], ["diff", "--stat"], ["list", "--task-id", task],
+                 ["status", "--task-id", task]):
+        proc = sp(*args, cwd=empty, env=env)
+        assert proc.returncode == 10 and "No checkpoints for" in proc.stderr, (args, proc.stderr)
+        assert sorted(p.relative_to(docs).as_posix() for p in docs.rglob("*")) == before, args
+
+
 def test_restore_without_terminal_and_without_yes_refuses(ws: Path, env: dict[str, str]) -> None:
     save(ws, env)
     (ws / "app.py").write_text("mine\n")
