@@ -179,7 +179,7 @@ def _chdir(ctx: click.Context, _: click.Parameter, value: str | None) -> None:
 # `-C DIR` on the group and on every command (git's -C): run as if started in DIR, so the
 # workspace is searched upwards from it and relative paths are read from it. Eager: DIR holds
 # before the other arguments are checked.
-dir_option = click.option("-C", "--dir", "directory", type=click.Path(file_okay=False, exists=True), default=None,
+dir_option = click.option("-C", "--dir", "chdir_to", type=click.Path(file_okay=False, exists=True), default=None,
                           is_eager=True, expose_value=False, callback=_chdir,
                           help="run as if started in this folder (like git -C); the workspace is searched "
                                "upwards from it")

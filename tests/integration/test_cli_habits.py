@@ -56,6 +56,21 @@ def test_dash_c_on_every_command(ws: Path, env: dict[str, str], tmp_path: Path) 
         assert any("-C" in p.opts for p in command.params), f"`shadowpoint {name}` does not take -C DIR"
 
 
+def test_no_command_has_two_parameters_of_one_name() -> None:
+    """click warns (on stderr, at every run) when two parameters share a name: `-C` was once
+    named like `mcp`'s DIRECTORY argument, and the one-line error of `mcp` got a warning above it."""
+    import warnings
+
+    import click
+
+    from shadowpoint.cli.app import cli
+
+    for name, command in cli.commands.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            command.make_parser(click.Context(command, info_name=name))
+
+
 def test_one_default_task_for_every_command_save_included(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
     save(ws, env)
     # an agent's session in the same workspace becomes the most recently active task
