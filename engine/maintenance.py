@@ -4,6 +4,7 @@ checkpoints folder going with the last task (unless another engine still uses it
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 from collections.abc import Callable, Mapping
@@ -128,10 +129,12 @@ class Maintenance:
                          reason="another process uses them")
                 self.collect_in_background()
                 return
-            for root in self.roots.values():
-                with root.locked() as r:
-                    r.forget_repo()
-            shutil.rmtree(self.options.docs_dir / "checkpoints", ignore_errors=True)
+            # under every root's lock: a background write (a stat cache, a merge of small packs)
+            # waiting for it finds the folder gone afterwards, and never makes it again
+            with contextlib.ExitStack() as held:
+                for root in self.roots.values():
+                    held.enter_context(root.locked()).forget_repo()
+                shutil.rmtree(self.options.docs_dir / "checkpoints", ignore_errors=True)
         log.info("storage.checkpoints_removed", docs_dir=str(self.options.docs_dir))
 
     def join(self) -> None:

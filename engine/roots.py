@@ -410,10 +410,12 @@ class RootState:
                 if self._copy_stop.is_set() or (between is not None and not between()):
                     raise _Closing
                 try:
-                    stack.enter_context(self.lock.held(timeout_s=_BACKGROUND_LOCK_TRY_S))
+                    stack.enter_context(self.lock.held(timeout_s=_BACKGROUND_LOCK_TRY_S, make_folder=False))
                     break
                 except LockTimeoutError:
                     continue  # a round, another process or the close holds it
+                except FileNotFoundError:
+                    raise _Closing from None  # the checkpoints folder was deleted: nothing to keep
             yield
 
     # ------------------------------------------------------------------ borrowed blobs
@@ -507,6 +509,8 @@ class RootState:
             self._handles = None
 
     def _forget_repo(self) -> None:
+        with self._upkeep_lock:  # nothing left to write or copy (the background thread ends)
+            self._cache_due = self._merge_due = self._copy_due = False
         if self._handles is not None:
             self._handles.repo.close()
         self._handles = None

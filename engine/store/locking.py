@@ -36,19 +36,22 @@ class WorkspaceLock:
         self._fd: int | None = None
 
     @contextlib.contextmanager
-    def held(self, timeout_s: float | None = None) -> Iterator[None]:
+    def held(self, timeout_s: float | None = None, *, make_folder: bool = True) -> Iterator[None]:
         """Hold the lock (thread lock first, then the file lock); `timeout_s`: wait this long
         instead of the lock's own timeout (a background job that tries again later).
+        `make_folder`: make the lock file's folder if it is missing (a background job's hold
+        does not: a folder deleted meanwhile stays deleted).
 
         Raises:
             LockTimeoutError: another thread or process held it for longer than the timeout.
+            FileNotFoundError: `make_folder` is false and the lock file's folder is gone.
         """
         timeout = self.timeout_s if timeout_s is None else timeout_s
         if not self._thread_lock.acquire(timeout=timeout):
             raise LockTimeoutError(f"Timed out waiting for the checkpoint lock {self.path}.")
         try:
             if self._depth == 0:
-                self._acquire_file(timeout)
+                self._acquire_file(timeout, make_folder)
             self._depth += 1
             try:
                 yield
@@ -59,8 +62,9 @@ class WorkspaceLock:
         finally:
             self._thread_lock.release()
 
-    def _acquire_file(self, timeout_s: float) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def _acquire_file(self, timeout_s: float, make_folder: bool) -> None:
+        if make_folder:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         deadline = time.monotonic() + timeout_s
         delay = 0.005

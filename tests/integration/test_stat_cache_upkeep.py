@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 from shadowpoint.engine import Engine
 from shadowpoint.stage.stat_cache import StatCache
 from shadowpoint.store.values import HEAD_REF
-from tests.conftest import make_tree
+from tests.conftest import make_tree, read_tree
 from tests.integration.test_engine import held_copy_engine, wait_ready
 
 FILES = {f"src/mod{i:03d}.py": f"value = {i}\n" for i in range(60)} | {"README.md": "hello\n"}
@@ -87,3 +87,19 @@ def test_a_close_does_not_wait_for_a_cache_save_that_wants_the_lock(make_engine:
     assert not closing.is_alive() and done == ["tried", "closed"]
     assert state.wait_copied(0)
     assert state.cache_file.exists()  # the close wrote it itself
+
+
+def test_deleting_the_last_task_while_its_upkeep_waits_leaves_no_folder_behind(
+        make_engine: Any, workspace: Path) -> None:
+    """A conformance run on a loaded host found `checkpoints/<hash>/shadowpoint.lock` after the
+    last task's deletion (SPEC §2: the whole folder goes): the stat cache's save, due since the
+    baseline, took the workspace lock once the folder was gone, and the lock made it again."""
+    eng, state, gate = _engine_held_at_its_upkeep(make_engine, workspace)
+    checkpoints = eng.options.docs_dir / "checkpoints"
+    assert checkpoints.is_dir() and not state.cache_file.exists()
+    eng.delete_task("t1")
+    assert not checkpoints.exists()
+    gate.set()  # the background thread goes on: nothing is left for it to write
+    assert state.wait_copied(60)
+    assert not checkpoints.exists(), sorted(str(p) for p in checkpoints.rglob("*"))
+    assert read_tree(workspace) == {k: v.encode() for k, v in FILES.items()}, "the workspace is untouched"

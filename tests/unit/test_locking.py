@@ -178,3 +178,18 @@ def test_exception_inside_releases(lock_path: Path) -> None:
         with lock.held():
             pass
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_hold_that_makes_no_folder_finds_a_deleted_one_gone(tmp_path: Path) -> None:
+    """A background job's hold (`make_folder=False`) never makes the checkpoints folder again
+    after the last task's deletion removed it; a round's hold makes it as always."""
+    path = tmp_path / "checkpoints" / "0123" / "shadowpoint.lock"
+    lock = WorkspaceLock(path, timeout_s=1)
+    with pytest.raises(FileNotFoundError):
+        with lock.held(make_folder=False):
+            pass
+    assert not (tmp_path / "checkpoints").exists()
+    with lock.held():
+        assert path.is_file()
+    with lock.held(make_folder=False):  # there now: held as any other
+        pass
