@@ -11,12 +11,22 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from shadowpoint.cli.context import Ctx, backend_for, confirm, dir_option, pass_ctx, task_for, task_option
-from shadowpoint.cli.history import load_record, resolve_ref
+from shadowpoint.cli.context import (
+    Ctx,
+    backend_for,
+    checkpoints_of,
+    confirm,
+    dir_option,
+    pass_ctx,
+    task_for,
+    task_option,
+)
+from shadowpoint.cli.history import load_record, resolve_ref, split_refs_and_paths, unknown_paths
 from shadowpoint.cli.report import fail, print_json
 
 if TYPE_CHECKING:
@@ -54,6 +64,9 @@ def restore(ctx: Ctx, ref: str, paths: tuple[str, ...], files_mode: bool, task_m
         cp = resolve_ref(ctx, backend, task, ref)
         label = f"#{cp['position']} ({str(cp.get('hash') or 'no snapshot')[:10]}, {cp['kind']}, {cp['createdAt']})"
         files_part = mode in ("files", "both") and bool(cp.get("hash"))
+        changes = changed_since(backend, task, cp) if files_part else []
+        if paths and files_part:
+            refuse_unknown_paths(backend, task, cp, paths, changes)
         plan = run_restore(backend, task, cp, mode, named, True, keep_mine) if files_part or dry_run else {}
         lines = [f"{'Would restore' if dry_run else 'Restore'} {'files and task' if mode == 'both' else mode} "
                  f"of task {task} to checkpoint {label}."]
@@ -61,10 +74,8 @@ def restore(ctx: Ctx, ref: str, paths: tuple[str, ...], files_mode: bool, task_m
             record = load_record(ctx, task)
             scope = {p for name in (record.roots if record else {}) for p in record.scope_paths(name)} \
                 if record is not None and record.has_scope() else None
-            changed = [f["path"] for f in (backend.diff(task, cp["ts"], None) if cp.get("safety") is None
-                                           else backend.diff_safety(task, int(cp["safety"])))["files"]]
-            alone = left_alone(changed, plan["files"], scope=scope, named=named is not None, keep_mine=keep_mine,
-                               ref=ref)
+            alone = left_alone([f["path"] for f in changes], plan["files"], scope=scope, named=named is not None,
+                               keep_mine=keep_mine, ref=ref)
             lines += plan_lines(plan["files"], alone)
             if not dry_run:
                 lines.append("A safety checkpoint is taken first; `shadowpoint undo` puts the files back.")
@@ -131,6 +142,33 @@ def step(ctx: Ctx, task_id: str | None, as_json: bool, op: str) -> None:
     other = "redo" if op == "undo" else "undo"
     ctx.out.print(f"{op}ne: {len(files.get('restored', []))} file(s) written, {len(files.get('deleted', []))} "
                   f"removed (safety checkpoint {str(files.get('safety'))[:10]}; `shadowpoint {other}` reverts)")
+
+
+def changed_since(backend: Backend, task: str, cp: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The files that differ between checkpoint `cp` (a safety checkpoint too) and the workspace."""
+    diff = backend.diff(task, cp["ts"], None) if cp.get("safety") is None \
+        else backend.diff_safety(task, int(cp["safety"]))
+    files: list[dict[str, Any]] = diff["files"]
+    return files
+
+
+def refuse_unknown_paths(backend: Backend, task: str, cp: Mapping[str, Any], paths: tuple[str, ...],
+                         changes: list[dict[str, Any]]) -> None:
+    """Fail (path_outside_workspace) for the first of `paths` that names nothing on disk, in the
+    checkpoint or in the newest one (git's "pathspec did not match"), before anything is written;
+    `changes` is `changed_since(cp)`."""
+    from shadowpoint.sidecar.backend import resolve_checkpoint
+
+    _, rel = split_refs_and_paths(paths, len(paths), Path(os.getcwd()), backend.root)
+    named = dict(zip(paths, rel, strict=True))
+    unknown = unknown_paths(named, backend.root, changes)
+    newest = resolve_checkpoint(checkpoints_of(backend, task), "@1") if unknown else None
+    if unknown and newest is not None and newest["ts"] != cp.get("ts"):
+        unknown = unknown_paths({a: named[a] for a in unknown}, backend.root,
+                                backend.diff(task, newest["ts"], None)["files"])
+    if unknown:
+        fail(f"{unknown[0]!r} names no path in the workspace, in checkpoint #{cp['position']} or in the newest "
+             "checkpoint; nothing was restored.", "path_outside_workspace")
 
 
 def one_mode(**flags: bool) -> str | None:

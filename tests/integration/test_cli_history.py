@@ -85,6 +85,25 @@ def test_restore_named_paths_only(ws: Path, env: dict[str, str]) -> None:
     assert (ws / "a.txt").read_text() == "a1\n" and (ws / "n.txt").exists()
 
 
+def test_a_path_naming_nothing_is_refused_before_anything_is_written(ws: Path, env: dict[str, str]) -> None:
+    make_tree(ws, {"d/x.txt": "x\n"})
+    two_saves(ws, env)
+    (ws / "n.txt").unlink()  # only in the newest snapshot now
+    disk = read_tree(ws)
+    for args in (["nosuch.txt"], ["--", "nosuch.txt"], ["a.txt", "d/nosuch.txt"]):
+        proc = sp("restore", "2", "--files", "--yes", *args, cwd=ws, env=env)  # git: "pathspec did not match"
+        assert proc.returncode == 5, (args, proc.returncode, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("shadowpoint: error:") and proc.stderr.count("\n") == 1, proc.stderr
+        assert args[-1] in proc.stderr and proc.stdout == "", proc.stderr
+    assert read_tree(ws) == disk
+    assert sp_json("list", "--all", cwd=ws, env=env)["safety"] == [], "no safety checkpoint"
+    assert sp("undo", cwd=ws, env=env).returncode == 22, "nothing on the undo stack"
+    done = sp_json("restore", "2", "--files", "--yes", "n.txt", "d", cwd=ws, env=env)  # newest snapshot, a folder
+    assert done["files"]["restored"] == [] and done["files"]["deleted"] == []
+    done = sp_json("restore", "1", "--files", "--yes", "n.txt", cwd=ws, env=env)  # in the checkpoint
+    assert done["files"]["restored"] == ["n.txt"] and (ws / "n.txt").read_text() == "new\n"
+
+
 def test_a_conflict_exits_with_its_code_and_writes_nothing(ws: Path, env: dict[str, str]) -> None:
     two_saves(ws, env)
     make_tree(ws, {"f.txt": LINES.replace("line 2\n", "mine 2\n")})
