@@ -116,11 +116,6 @@ def task_for(ctx: Ctx, backend: Backend, task_id: str | None, *, create: bool = 
     return task_id or default_task(ctx.settings.resolved_docs_dir(), backend.root, create=create)
 
 
-def header(task: str, root: Path, extra: str = "") -> str:
-    """The line every command's output starts with: which task of which workspace."""
-    return f"Task {task} · {root}" + (f" · {extra}" if extra else "")
-
-
 def checkpoints_of(backend: Backend, task_id: str) -> list[dict[str, Any]]:
     from shadowpoint.sidecar.backend import by_position
 

@@ -24,7 +24,6 @@ from shadowpoint.cli.context import (
     backend_for,
     checkpoints_of,
     dir_option,
-    header,
     is_unknown_task,
     paged,
     pager_option,
@@ -34,7 +33,7 @@ from shadowpoint.cli.context import (
     wait_ready,
     workspace_for,
 )
-from shadowpoint.cli.report import fail, print_json, rich_console
+from shadowpoint.cli.report import fail, header, print_json, rich_console
 
 if TYPE_CHECKING:
     from shadowpoint.sidecar.backend import Backend
@@ -426,6 +425,7 @@ def fork(ctx: Ctx, ref: str, new_id: str, task_id: str | None, as_json: bool) ->
     if as_json:
         print_json({"taskId": new_id, "source": task, "checkpoint": forked})
         return
+    ctx.out.print(header(task, backend.root))
     ctx.out.print(f"forked task {task} at #{cp['position']} ({str(forked.get('hash') or '—')[:10]}) into {new_id}; "
                   f"its files: shadowpoint restore 1 --files --task-id {new_id} (the default task stays {task}: "
                   f"name the fork with --task-id {new_id} until it has a checkpoint of its own)")
@@ -451,7 +451,7 @@ def log(ctx: Ctx, task_id: str | None, as_json: bool, html_file: str | None) -> 
     if as_json:
         print_json({"taskId": task, "workspace": str(root), "events": events})
         return
-    ctx.out.print(f"Task {task} · {root}")
+    ctx.out.print(header(task, root))
     for e in events:
         ctx.out.print(f"{str(e.get('createdAt') or '')[:19].replace('T', ' '):<19}  {e['kind']:<10} {e['text']}")
     if html_file:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shadowpoint.cli.report import fail, print_json, report_exception, stdout_console
+from shadowpoint.cli.report import fail, header, print_json, report_exception, stdout_console
 
 if TYPE_CHECKING:
     from shadowpoint.store.checkpoints import TaskRecord
@@ -74,7 +74,7 @@ class DeleteTask:
         if self.as_json:
             print_json(deleted_json(self.task_id, background))
         else:
-            stdout_console().print(deleted_text(self.task_id, len(rec.checkpoints), background))
+            stdout_console().print(deleted_text(self.task_id, roots, len(rec.checkpoints), background))
         return 0
 
 
@@ -131,6 +131,6 @@ def deleted_json(task_id: str, background: bool) -> dict[str, Any]:
     return {"taskId": task_id, "deleted": True, "collecting": background}
 
 
-def deleted_text(task_id: str, checkpoints: int, background: bool) -> str:
+def deleted_text(task_id: str, roots: list[str], checkpoints: int, background: bool) -> str:
     tail = "; its space is being reclaimed in the background" if background else ""
-    return f"deleted task {task_id} ({checkpoints} checkpoint(s)){tail}"
+    return f"{header(task_id, ', '.join(roots))}\ndeleted task {task_id} ({checkpoints} checkpoint(s)){tail}"

@@ -141,6 +141,11 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def header(task: str, root: str | os.PathLike[str], extra: str = "") -> str:
+    """The line every command's output for people starts with: which task of which workspace."""
+    return f"Task {task} · {os.fspath(root)}" + (f" · {extra}" if extra else "")
+
+
 def people_words(message: str) -> str:
     """An engine message as a person reads it: times instead of raw `ts=…` milliseconds,
     commands instead of protocol methods."""

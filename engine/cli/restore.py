@@ -27,7 +27,7 @@ from shadowpoint.cli.context import (
     task_option,
 )
 from shadowpoint.cli.history import load_record, resolve_ref, split_refs_and_paths, unknown_paths
-from shadowpoint.cli.report import fail, print_json
+from shadowpoint.cli.report import fail, header, print_json
 
 if TYPE_CHECKING:
     from shadowpoint.sidecar.backend import Backend
@@ -87,16 +87,21 @@ def restore(ctx: Ctx, ref: str, paths: tuple[str, ...], files_mode: bool, task_m
             if as_json:
                 print_json({"taskId": task, "checkpoint": cp, **plan})
             else:
+                ctx.out.print(header(task, backend.root))
                 ctx.out.print("\n".join(lines))
             return
-        if not yes:
-            if sys.stdin.isatty():
-                sys.stderr.write("\n".join(lines) + "\n")
-            confirm(ctx, "Go ahead?", yes)
+        asking = not yes and sys.stdin.isatty()
+        if asking and not as_json:  # the header above the question (stderr) and the result under it
+            ctx.out.print(header(task, backend.root))
+        if asking:
+            sys.stderr.write("\n".join(lines) + "\n")
+        confirm(ctx, "Go ahead?", yes)
         result = run_restore(backend, task, cp, mode, named, False, keep_mine)
     if as_json:
         print_json({"taskId": task, "checkpoint": cp, **result})
     else:
+        if not asking:
+            ctx.out.print(header(task, backend.root))
         files = result.get("files")
         if files:
             merged = f", merged {len(files.get('merged', []))}" if files.get("merged") else ""
@@ -140,6 +145,7 @@ def step(ctx: Ctx, task_id: str | None, as_json: bool, op: str) -> None:
         return
     files = result.get("files") or {}
     other = "redo" if op == "undo" else "undo"
+    ctx.out.print(header(task, backend.root))
     ctx.out.print(f"{op}ne: {len(files.get('restored', []))} file(s) written, {len(files.get('deleted', []))} "
                   f"removed (safety checkpoint {str(files.get('safety'))[:10]}; `shadowpoint {other}` reverts)")
 

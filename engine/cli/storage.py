@@ -151,7 +151,7 @@ def delete_task(ctx: Ctx, task_id: str, yes: bool, no_collect: bool, as_json: bo
     if as_json:
         print_json(deleted_json(task_id, background))
         return
-    ctx.out.print(deleted_text(task_id, len(rec.checkpoints), background))
+    ctx.out.print(deleted_text(task_id, roots, len(rec.checkpoints), background))
 
 
 COMMANDS = (storage, delete_task)

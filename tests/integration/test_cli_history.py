@@ -145,6 +145,20 @@ def test_undo_redo_list_all_fork_and_log(ws: Path, env: dict[str, str], tmp_path
     assert text.returncode == 0 and "safety checkpoint" in text.stdout and "undo" in text.stdout
 
 
+def test_restore_undo_redo_fork_and_delete_task_start_with_the_task_and_workspace(ws: Path,
+                                                                                  env: dict[str, str]) -> None:
+    two_saves(ws, env)
+    task = sp_json("list", cwd=ws, env=env)["taskId"]
+    head = f"Task {task} · {ws}\n"
+    for args in (["restore", "2", "--files", "--yes"], ["undo"], ["redo"], ["restore", "2", "--files", "--dry-run"],
+                 ["fork", "1", "other"], ["restore", "1", "--task", "--yes"], ["delete-task", "other", "--yes"]):
+        proc = sp(*args, cwd=ws, env=env)
+        assert proc.returncode == 0, (args, proc.stderr)
+        want = head.replace(task, "other") if args[0] == "delete-task" else head
+        assert proc.stdout.startswith(want) and proc.stdout.count(want) == 1, (args, proc.stdout)
+    assert "Task" not in sp("undo", "--json", cwd=ws, env=env).stdout, "JSON output is unchanged"
+
+
 def test_a_fork_leaves_the_default_task_and_its_positions_alone(ws: Path, env: dict[str, str]) -> None:
     two_saves(ws, env)
     before = sp_json("list", cwd=ws, env=env)

@@ -122,7 +122,7 @@ def test_the_fast_path_deletes_as_the_click_command_does(two_tasks: Path, ws: Pa
     if "--json" in flags:
         assert json.loads(out) == {"taskId": "doomed", "deleted": True, "collecting": False}
     else:
-        assert out == "deleted task doomed (2 checkpoint(s))\n"
+        assert out == f"Task doomed · {ws}\ndeleted task doomed (2 checkpoint(s))\n"
     [repo] = fast_effect["repos"].values()
     assert not [r for r in repo["refs"] if "/doomed" in r], "the task's refs are gone"
     assert [r for r in repo["refs"] if r not in before["repos"][next(iter(before["repos"]))]["refs"]] == []
@@ -137,7 +137,8 @@ def test_the_background_collection_starts_alike(two_tasks: Path, ws: Path, hooks
     [(fast, fast_effect), (slow, slow_effect)] = both(["delete-task", "doomed", "--yes"], ws, docs, hooks_env,
                                                       quick=True)
     assert fast == slow and fast_effect == slow_effect
-    assert fast == (0, "deleted task doomed (2 checkpoint(s)); its space is being reclaimed in the background\n", "")
+    assert fast == (0, f"Task doomed · {ws}\n"
+                       "deleted task doomed (2 checkpoint(s)); its space is being reclaimed in the background\n", "")
     git_dir = next((docs / "checkpoints").iterdir()) / ".git"
     assert subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "-e", oid], capture_output=True).returncode
     [(fast, _), (slow, _)] = both(["delete-task", "doomed", "--yes", "--json"], ws, docs, hooks_env, quick=True)
@@ -151,7 +152,7 @@ def test_deleting_the_last_task_removes_the_store_alike(ws: Path, hooks_env: dic
     shutil.copytree(docs, docs.with_name("docs-pristine"), symlinks=True)
     [(fast, fast_effect), (slow, slow_effect)] = both(["delete-task", task, "--yes"], ws, docs, hooks_env, quick=True)
     assert fast == slow and fast_effect == slow_effect
-    assert fast == (0, f"deleted task {task} (1 checkpoint(s))\n", "")
+    assert fast == (0, f"Task {task} · {ws}\ndeleted task {task} (1 checkpoint(s))\n", "")
     assert fast_effect == {"repos": {}, "tasks": []}
 
 
