@@ -33,7 +33,7 @@ from shadowpoint.cli.context import (
     wait_ready,
     workspace_for,
 )
-from shadowpoint.cli.report import fail, header, print_json, rich_console
+from shadowpoint.cli.report import fail, header, print_json, rich_console, when
 
 if TYPE_CHECKING:
     from shadowpoint.sidecar.backend import Backend
@@ -394,8 +394,6 @@ def _stamp_s(stamp: str) -> float:
 
 
 def _when_text(cp: dict[str, Any]) -> str:
-    from shadowpoint.cli.render import when
-
     return when(cp.get("createdAt", ""))
 
 

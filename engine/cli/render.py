@@ -11,11 +11,12 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Iterator, Mapping
-from datetime import datetime
 from typing import IO, Any
 
 from rich.table import Table
 from rich.text import Text
+
+from shadowpoint.cli.report import when
 
 _RESET = "\x1b[0m"
 _STYLES = {"header": "\x1b[1m", "meta": "\x1b[1;36m", "hunk": "\x1b[36m", "del": "\x1b[31m", "add": "\x1b[32m"}
@@ -127,14 +128,6 @@ def stat_lines(diff: Mapping[str, Any], *, color: bool = False, width: int = 40)
         yield f" {f['path']:<{name_w}} | {a + r:>4} {bar}\n"
     yield (f" {len(files)} file{'s' if len(files) != 1 else ''} changed, "
            f"{total_a} insertion{'s' if total_a != 1 else ''}(+), {total_r} deletion{'s' if total_r != 1 else ''}(-)\n")
-
-
-def when(stamp: str) -> str:
-    """An ISO timestamp as local `YYYY-MM-DD HH:MM:SS` (the text itself if it is not one)."""
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).astimezone().strftime("%Y-%m-%d %H:%M:%S")
-    except ValueError:
-        return stamp
 
 
 def checkpoint_table(checkpoints: list[dict[str, Any]], messages: Mapping[int, str], title: str) -> Table:

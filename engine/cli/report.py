@@ -146,19 +146,26 @@ def header(task: str, root: str | os.PathLike[str], extra: str = "") -> str:
     return f"Task {task} · {os.fspath(root)}" + (f" · {extra}" if extra else "")
 
 
+def when(stamp: str | int | None) -> str:
+    """A time as people read it everywhere in the CLI: local `YYYY-MM-DD HH:MM:SS`, the seconds
+    cut, not rounded. `stamp` is an ISO text (a `createdAt`) or epoch milliseconds (a `ts`);
+    a text that is neither comes back as it is ("" for None)."""
+    from datetime import datetime
+
+    try:
+        moment = datetime.fromtimestamp(stamp / 1000) if isinstance(stamp, int) else \
+            datetime.fromisoformat(str(stamp or "").replace("Z", "+00:00")).astimezone()
+    except (OverflowError, OSError, ValueError):
+        return str(stamp or "")
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
 def people_words(message: str) -> str:
     """An engine message as a person reads it: times instead of raw `ts=…` milliseconds,
     commands instead of protocol methods."""
     import re
-    from datetime import datetime
 
-    def stamp(m: re.Match[str]) -> str:
-        try:
-            return datetime.fromtimestamp(int(m.group(1)) / 1000).strftime("%Y-%m-%d %H:%M:%S")
-        except (OverflowError, OSError, ValueError):
-            return m.group(0)
-
-    message = re.sub(r"\bts=['\"]?(\d{10,16})['\"]?", stamp, message)
+    message = re.sub(r"\bts=['\"]?(\d{10,16})['\"]?", lambda m: when(int(m.group(1))), message)
     message = message.replace("start it with task/start first", "it has no checkpoints yet (`shadowpoint save` "
                               "makes the first)")
     return message.replace("task/start", "`shadowpoint save`")

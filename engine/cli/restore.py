@@ -27,7 +27,7 @@ from shadowpoint.cli.context import (
     task_option,
 )
 from shadowpoint.cli.history import load_record, resolve_ref, split_refs_and_paths, unknown_paths
-from shadowpoint.cli.report import fail, header, print_json
+from shadowpoint.cli.report import fail, header, print_json, when
 
 if TYPE_CHECKING:
     from shadowpoint.sidecar.backend import Backend
@@ -62,12 +62,20 @@ def restore(ctx: Ctx, ref: str, paths: tuple[str, ...], files_mode: bool, task_m
     with backend_for(ctx, None) as backend:
         task = task_for(ctx, backend, task_id)
         cp = resolve_ref(ctx, backend, task, ref)
-        label = f"#{cp['position']} ({str(cp.get('hash') or 'no snapshot')[:10]}, {cp['kind']}, {cp['createdAt']})"
+        label = f"#{cp['position']} ({str(cp.get('hash') or 'no snapshot')[:10]}, {cp['kind']}, " \
+                f"{when(cp['createdAt'])})"
         files_part = mode in ("files", "both") and bool(cp.get("hash"))
         changes = changed_since(backend, task, cp) if files_part else []
         if paths and files_part:
             refuse_unknown_paths(backend, task, cp, paths, changes)
-        plan = run_restore(backend, task, cp, mode, named, True, keep_mine) if files_part or dry_run else {}
+        try:
+            plan = run_restore(backend, task, cp, mode, named, True, keep_mine) if files_part or dry_run else {}
+        except Exception as exc:
+            if getattr(exc, "kind", None) != "already_restored":
+                raise
+            # the engine names the checkpoint by its ts; people know it as `list` shows it
+            fail(f"The files are already restored to checkpoint {label}; save a new checkpoint first.",
+                 "already_restored")
         lines = [f"{'Would restore' if dry_run else 'Restore'} {'files and task' if mode == 'both' else mode} "
                  f"of task {task} to checkpoint {label}."]
         if files_part and plan.get("files") is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -102,6 +103,16 @@ def test_a_path_naming_nothing_is_refused_before_anything_is_written(ws: Path, e
     assert done["files"]["restored"] == [] and done["files"]["deleted"] == []
     done = sp_json("restore", "1", "--files", "--yes", "n.txt", cwd=ws, env=env)  # in the checkpoint
     assert done["files"]["restored"] == ["n.txt"] and (ws / "n.txt").read_text() == "new\n"
+
+
+def test_already_restored_names_the_checkpoint_as_list_shows_it(ws: Path, env: dict[str, str]) -> None:
+    two_saves(ws, env)
+    sp_json("restore", "1", "--files", "--yes", cwd=ws, env=env)
+    listed = sp("list", cwd=ws, env={**env, "TZ": "IST-5:30"})  # local time, not UTC
+    [(short, created)] = re.findall(r"│ 1 │ (\w+) +│ \w+ +│ ([\d-]+ [\d:]+) +│", listed.stdout)
+    proc = sp("restore", "1", "--files", "--yes", cwd=ws, env={**env, "TZ": "IST-5:30"})
+    assert proc.returncode == 21 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"#1 ({short}, round, {created})" in proc.stderr, (proc.stderr, listed.stdout)
 
 
 def test_a_conflict_exits_with_its_code_and_writes_nothing(ws: Path, env: dict[str, str]) -> None:
