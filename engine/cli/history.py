@@ -75,9 +75,19 @@ def safety_rows(record: TaskRecord | None) -> list[dict[str, Any]]:
     return rows
 
 
-def describe_safety(row: Mapping[str, Any]) -> str:
+def checkpoint_at(ts: int | None, cps: list[dict[str, Any]]) -> str:
+    """The checkpoint of `ts` as people name it: `#N (hash prefix)`, or its time once cut from the task."""
+    cp = next((c for c in cps if c["ts"] == ts), None)
+    if ts is None:
+        return "a checkpoint"
+    if cp is None:
+        return f"the checkpoint of {when(ts)} (no longer in the task)"
+    return f"#{cp['position']} ({str(cp.get('hash') or 'no snapshot')[:10]})"
+
+
+def describe_safety(row: Mapping[str, Any], cps: list[dict[str, Any]]) -> str:
     if row["op"] == "restore":
-        what = f"before restore {row['n']} to ts {row['ts']}" if row.get("ts") is not None else \
+        what = f"before restore {row['n']} to {checkpoint_at(row['ts'], cps)}" if row.get("ts") is not None else \
             f"before restore {row['n']}"
     else:
         what = f"before {row['op']} of restore {row.get('of')}"
@@ -192,8 +202,7 @@ def list_cmd(ctx: Ctx, positional_dir: str | None, task_id: str | None, show_tas
         if show_all:
             out.write(f"Safety checkpoints ({len(safety)}; name one by its hash in diff or restore):\n")
             for row in safety:
-                out.write(f"  {str(row['hash'])[:10]}  {str(row['createdAt'] or '')[:19].replace('T', ' ')}  "
-                          f"{describe_safety(row)}\n")
+                out.write(f"  {str(row['hash'])[:10]}  {when(row['createdAt'])}  {describe_safety(row, cps)}\n")
 
 
 def _list_tasks(ctx: Ctx, directory: str | None, as_json: bool) -> None:
@@ -451,7 +460,7 @@ def log(ctx: Ctx, task_id: str | None, as_json: bool, html_file: str | None) -> 
         return
     ctx.out.print(header(task, root))
     for e in events:
-        ctx.out.print(f"{str(e.get('createdAt') or '')[:19].replace('T', ' '):<19}  {e['kind']:<10} {e['text']}")
+        ctx.out.print(f"{when(e.get('createdAt')):<19}  {e['kind']:<10} {e['text']}")
     if html_file:
         ctx.err.print(f"timeline page written to {html_file}")
 
@@ -485,7 +494,7 @@ def timeline(record: TaskRecord | None, cps: list[dict[str, Any]]) -> list[dict[
     items.sort(key=lambda i: (i[0], i[1]))
     extra: list[dict[str, Any]] = []
     for row in safety_rows(record):
-        target = f" to ts {row['ts']}" if row["op"] == "restore" and row.get("ts") is not None else (
+        target = f" to {checkpoint_at(row['ts'], cps)}" if row["op"] == "restore" and row.get("ts") is not None else (
             f" of restore {row.get('of')}" if row["op"] != "restore" else "")
         extra.append({"kind": row["op"], "createdAt": row["createdAt"], "safety": row["hash"], "n": row["n"],
                       "text": f"{OP_WORDS.get(row['op'], row['op'])} {row['n']}{target}: {row['paths']} path(s); "
@@ -494,10 +503,10 @@ def timeline(record: TaskRecord | None, cps: list[dict[str, Any]]) -> list[dict[
         if record.forked_from:
             src = record.forked_from
             extra.append({"kind": "fork", "createdAt": src.get("createdAt"),
-                          "text": f"forked from task {src.get('taskId')} at ts {src.get('ts')}"})
+                          "text": f"forked from task {src.get('taskId')} at {checkpoint_at(src.get('ts'), cps)}"})
         for f in record.forks:
             extra.append({"kind": "fork", "createdAt": f.get("createdAt"),
-                          "text": f"forked into task {f.get('taskId')} at ts {f.get('ts')}"})
+                          "text": f"forked into task {f.get('taskId')} at {checkpoint_at(f.get('ts'), cps)}"})
     events = [e for _, _, e in items]
     for e in sorted(extra, key=lambda x: str(x.get("createdAt") or "")):
         stamp = str(e.get("createdAt") or "")
@@ -522,7 +531,7 @@ def timeline_page(task: str, root: str, events: list[dict[str, Any]]) -> str:
 
     rows = "\n".join(
         f"<tr class='{html.escape(e['kind'])}'><td class='when'>"
-        f"{html.escape(str(e.get('createdAt') or '')[:19].replace('T', ' '))}</td>"
+        f"{html.escape(when(e.get('createdAt')))}</td>"
         f"<td><span class='badge {BADGES.get(e['kind'], '')}'>{html.escape(e['kind'])}</span></td>"
         f"<td class='what'>{html.escape(e['text'])}</td></tr>" for e in events)
     body = f"<table class='timeline'><tbody>{rows}</tbody></table>"

@@ -116,7 +116,7 @@ def restore(ctx: Ctx, ref: str, paths: tuple[str, ...], files_mode: bool, task_m
             ctx.out.print(f"restored {len(files['restored'])} file(s), deleted {len(files['deleted'])}{merged} "
                           f"(safety checkpoint {str(files['safety'])[:10]}; `shadowpoint undo` reverts)")
         if result.get("task"):
-            ctx.out.print(f"task cut after ts {result['task']['keepThrough']}")
+            ctx.out.print(f"task cut after checkpoint {label}")
     if result.get("error"):
         err = result["error"]
         fail(err.get("message", "restore failed"), err.get("kind", "restore_failed"))

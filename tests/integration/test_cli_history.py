@@ -170,6 +170,30 @@ def test_restore_undo_redo_fork_and_delete_task_start_with_the_task_and_workspac
     assert "Task" not in sp("undo", "--json", cwd=ws, env=env).stdout, "JSON output is unchanged"
 
 
+def test_people_see_checkpoints_by_position_and_local_time_never_raw_ts(ws: Path, env: dict[str, str]) -> None:
+    env = {**env, "TZ": "IST-5:30"}  # list shows local time: so must everything else
+    two_saves(ws, env)
+    make_tree(ws, {"a.txt": "a3\n"})
+    save(ws, env, "three")
+    sp_json("restore", "2", "--files", "--yes", cwd=ws, env=env)
+    sp_json("fork", "2", "attempt-2", cwd=ws, env=env)
+    two = sp_json("list", cwd=ws, env=env)["checkpoints"][1]
+    name = f"#2 ({two['hash'][:10]})"
+    cut = sp("restore", "2", "--task", "--yes", cwd=ws, env=env)
+    assert cut.returncode == 0 and f"task cut after checkpoint {name[:-1]}, round, " in cut.stdout, cut.stdout
+    listed = sp("list", "--all", cwd=ws, env=env).stdout
+    log = sp("log", cwd=ws, env=env).stdout
+    fork_log = sp("log", "--task-id", "attempt-2", cwd=ws, env=env).stdout
+    for text in (cut.stdout, listed, log, fork_log):
+        assert not re.search(r"\bts\b|(?<![-\d])\d{13}", text), text  # cli-<13 digits> is a task id
+    now = f"#1 ({two['hash'][:10]})"  # the newest since the cut
+    assert f"to {now}" in listed and f"restore 1 to {now}" in log and f"forked into task attempt-2 at {now}" in log
+    assert f"forked from task {cut.stdout.split()[1]} at {now}" in fork_log, fork_log
+    times = dict(re.findall(r"│ (\d) │ \w+ +│ \w+ +│ ([\d-]+ [\d:]+) +│", listed))
+    shown = [line[:19] for line in log.splitlines() if line[21:].startswith("checkpoint ")]
+    assert shown == [times["2"], times["1"]], log
+
+
 def test_a_fork_leaves_the_default_task_and_its_positions_alone(ws: Path, env: dict[str, str]) -> None:
     two_saves(ws, env)
     before = sp_json("list", cwd=ws, env=env)
