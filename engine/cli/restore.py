@@ -89,8 +89,9 @@ def restore(ctx: Ctx, ref: str, paths: tuple[str, ...], files_mode: bool, task_m
                 lines.append("A safety checkpoint is taken first; `shadowpoint undo` puts the files back.")
         elif plan.get("error"):
             lines.append(f"the files cannot be restored: {plan['error'].get('message')}")
-        if mode in ("task", "both"):
-            lines.append("Checkpoints and messages after it leave the task.")
+        if mode in ("task", "both") and cp.get("safety") is None:
+            record = load_record(ctx, task)
+            lines += cut_lines(checkpoints_of(backend, task), record.messages if record else [], int(cp["ts"]))
         if dry_run:
             if as_json:
                 print_json({"taskId": task, "checkpoint": cp, **plan})
@@ -183,6 +184,22 @@ def refuse_unknown_paths(backend: Backend, task: str, cp: Mapping[str, Any], pat
     if unknown:
         fail(f"{unknown[0]!r} names no path in the workspace, in checkpoint #{cp['position']} or in the newest "
              "checkpoint; nothing was restored.", "path_outside_workspace")
+
+
+def cut_lines(cps: list[dict[str, Any]], messages: Iterable[Any], ts: int, *, limit: int = 40) -> list[str]:
+    """The task part of a restore's plan: which checkpoints (by #N) and how many messages after
+    `ts` leave the task."""
+    gone = [c for c in cps if c["ts"] > ts]
+    said = sum(1 for m in messages if m.ts > ts)
+    if not gone and not said:
+        return ["nothing leaves the task: no checkpoint or message after it"]
+    lines = [f"leave the task: {len(gone)} checkpoint{'s' if len(gone) != 1 else ''} and {said} "
+             f"message{'s' if said != 1 else ''} after it{':' if gone else ''}"]
+    lines += [f"  #{c['position']} ({str(c.get('hash') or 'no snapshot')[:10]}, {c['kind']}, {when(c['createdAt'])})"
+              for c in gone[:limit]]
+    if len(gone) > limit:
+        lines.append(f"  … and {len(gone) - limit} more")
+    return lines
 
 
 def one_mode(**flags: bool) -> str | None:

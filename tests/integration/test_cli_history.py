@@ -17,7 +17,7 @@ import pygit2
 import pytest
 
 from tests.conftest import make_tree, read_tree
-from tests.integration.test_cli import save, sp, sp_json
+from tests.integration.test_cli import SP, run_pty, save, sp, sp_json
 
 
 @pytest.fixture
@@ -61,6 +61,21 @@ def test_dry_run_prints_the_plan_and_json_is_the_restore(ws: Path, env: dict[str
     assert done["files"]["merged"] == ["f.txt"]
     assert (ws / "f.txt").read_text() == LINES.replace("line 9\n", "mine 9\n")
     assert (ws / "notes.md").read_text() == "the person's\n"
+
+
+def test_the_question_of_a_task_restore_lists_what_leaves_the_task(ws: Path, env: dict[str, str]) -> None:
+    two_saves(ws, env)
+    listed = sp_json("list", cwd=ws, env=env)
+    newest = listed["checkpoints"][0]
+    code, out = run_pty([*SP, "restore", "2", "--task"], ws, env, typed=b"n\n")
+    text = out.decode().replace("\r\n", "\n")
+    assert code == 51 and "Nothing was changed." in text, text
+    assert f"Task {listed['taskId']} · {ws}\n" in text and text.count(f"Task {listed['taskId']} · ") == 1, text
+    assert "leave the task: 1 checkpoint and 1 message after it:\n" in text, text
+    assert f"  #1 ({newest['hash'][:10]}, round, " in text and text.index("#1 (") < text.index("Go ahead?"), text
+    assert sp_json("list", cwd=ws, env=env)["checkpoints"] == listed["checkpoints"], "answered no: nothing cut"
+    plan = sp("restore", "1", "--both", "--dry-run", cwd=ws, env=env).stdout
+    assert "nothing leaves the task: no checkpoint or message after it" in plan, plan
 
 
 def test_two_different_restore_modes_are_a_usage_error(ws: Path, env: dict[str, str]) -> None:
