@@ -93,7 +93,6 @@ class PlainOut:
     @property
     def rich(self) -> Console:
         if self._rich is None:
-
             self._rich = rich_console(highlight=False, emoji=False, markup=False, soft_wrap=True)
         return self._rich
 
