@@ -31,7 +31,7 @@ from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules
 from shadowpoint.stage.stager import is_rules_file
 from shadowpoint.stage.stat_cache import FileState, is_clean, state_entry
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
-from shadowpoint.workspace import RepoPath
+from shadowpoint.workspace import RepoPath, at_or_under
 
 log = structlog.get_logger(__name__)
 
@@ -105,7 +105,7 @@ class WatchVerifier:
         recorded = journal.current_paths()
         if not flushed or journal.swaps != swaps or root.stages != stages or any(map(is_rules_file, recorded)):
             return VerifyStats(Verdict.INTERRUPTED, run.examined, run.hashed)
-        missed = tuple(p for p in run.differing if not _covered(p, recorded))
+        missed = tuple(p for p in run.differing if not at_or_under(p, recorded))
         duration_ms = round((time.perf_counter() - start) * 1e3, 1)
         if missed:
             if not watcher.has_missed_change:
@@ -201,12 +201,6 @@ class WatchVerifier:
         return TreeEntry(outcome.oid, MODE_EXEC if outcome.stat.st_mode & 0o100 else MODE_FILE)
 
 
-def _covered(path: RepoPath, recorded: frozenset[RepoPath]) -> bool:
-    """True if the journal recorded `path` or a folder above it."""
-    if path in recorded:
-        return True
-    parts = path.split("/")
-    return any(RepoPath("/".join(parts[:i])) in recorded for i in range(1, len(parts)))
 
 
 def throttled(share: float, keep_going: Callable[[], bool], wait: Callable[[float], bool]) -> Pause:

@@ -10,7 +10,7 @@ import hashlib
 import os
 import posixpath
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NewType
@@ -25,6 +25,12 @@ from shadowpoint.errors import (
 RepoPath = NewType("RepoPath", str)
 
 HASH_DIGITS = 13
+
+
+def at_or_under(path: str, paths: Container[str]) -> bool:
+    """Whether `path` or a folder above it is one of `paths` (root-relative, "/"-separated)."""
+    parts = path.split("/")
+    return any("/".join(parts[:i]) in paths for i in range(1, len(parts) + 1))
 
 
 def workspace_hash(real_root: Path) -> str:

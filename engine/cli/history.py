@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -264,12 +264,17 @@ def split_refs_and_paths(args: tuple[str, ...], after_dashes: int | None, cwd: P
     return refs, rel
 
 
-def unknown_paths(named: Mapping[str, str], root: Path, files: list[dict[str, Any]]) -> list[str]:
+def unknown_paths(named: Mapping[str, str], root: Path, files: list[dict[str, Any]],
+                  more: Callable[[], list[dict[str, Any]]] | None = None) -> list[str]:
     """The arguments of `named` ({argument: workspace-relative path}) that name no path on disk
-    and none of `files` (a Diff's: what a compared snapshot holds that the disk does not)."""
-    return [arg for arg, rel in named.items()
-            if not os.path.lexists(root / rel)
-            and not any(_under(f["path"], [rel]) or _under(f.get("oldPath") or "", [rel]) for f in files)]
+    and none of `files` (a Diff's: what a compared snapshot holds that the disk does not), nor
+    of `more()` (another snapshot's Diff against the disk, asked for only when some are left)."""
+    unknown = [arg for arg, rel in named.items()
+               if not os.path.lexists(root / rel)
+               and not any(_under(f["path"], [rel]) or _under(f.get("oldPath") or "", [rel]) for f in files)]
+    if unknown and more is not None:
+        return unknown_paths({arg: named[arg] for arg in unknown}, root, more())
+    return unknown
 
 
 def _under(path: str, wanted: list[str]) -> bool:
@@ -305,10 +310,9 @@ def diff(ctx: Ctx, args: tuple[str, ...], task_id: str | None, as_json: bool, ht
             else backend.diff_safety(task, int(old["safety"]))
         # without `--`, a word that names no checkpoint must be a path (git's "ambiguous argument")
         named = dict(zip(args[len(refs):], paths, strict=True)) if after_dashes is None else {}
-        unknown = unknown_paths(named, backend.root, result["files"])
-        if unknown and new is not None:  # in both snapshots, unchanged, gone from the disk since?
-            unknown = unknown_paths({a: named[a] for a in unknown}, backend.root,
-                                    backend.diff(task, new["ts"], None)["files"])
+        # a path in both snapshots, unchanged, gone from the disk since: in REF2's diff to the disk
+        unknown = unknown_paths(named, backend.root, result["files"],
+                                (lambda: backend.diff(task, new["ts"], None)["files"]) if new is not None else None)
     if unknown:
         fail(f"{unknown[0]!r} names no checkpoint and no path in the workspace or the checkpoints compared "
              "(a checkpoint is its position in `shadowpoint list` or 5+ hex digits of its hash; put paths "

@@ -28,6 +28,7 @@ from shadowpoint.cli.context import (
 )
 from shadowpoint.cli.history import load_record, resolve_ref, split_refs_and_paths, unknown_paths
 from shadowpoint.cli.report import fail, header, print_json, when
+from shadowpoint.workspace import at_or_under
 
 if TYPE_CHECKING:
     from shadowpoint.sidecar.backend import Backend
@@ -176,11 +177,14 @@ def refuse_unknown_paths(backend: Backend, task: str, cp: Mapping[str, Any], pat
 
     _, rel = split_refs_and_paths(paths, len(paths), Path(os.getcwd()), backend.root)
     named = dict(zip(paths, rel, strict=True))
-    unknown = unknown_paths(named, backend.root, changes)
-    newest = resolve_checkpoint(checkpoints_of(backend, task), "@1") if unknown else None
-    if unknown and newest is not None and newest["ts"] != cp.get("ts"):
-        unknown = unknown_paths({a: named[a] for a in unknown}, backend.root,
-                                backend.diff(task, newest["ts"], None)["files"])
+
+    def newest_changes() -> list[dict[str, Any]]:
+        newest = resolve_checkpoint(checkpoints_of(backend, task), "@1")
+        files: list[dict[str, Any]] = [] if newest["ts"] == cp.get("ts") else \
+            backend.diff(task, newest["ts"], None)["files"]
+        return files
+
+    unknown = unknown_paths(named, backend.root, changes, newest_changes)
     if unknown:
         fail(f"{unknown[0]!r} names no path in the workspace, in checkpoint #{cp['position']} or in the newest "
              "checkpoint; nothing was restored.", "path_outside_workspace")
@@ -246,18 +250,13 @@ def left_alone(changed: Iterable[str], files: Mapping[str, Any], *, scope: set[s
             continue
         if named:
             why = "not among the paths named"
-        elif keep_mine and (scope is None or _in(path, scope)):
+        elif keep_mine and (scope is None or at_or_under(path, scope)):
             why = "only edits made outside the task's rounds since then: kept by --keep-mine (leave it out to reset)"
         else:
             why = (f"changed outside the task's rounds (not in its scope); to restore it too: "
                    f"shadowpoint restore {ref} --files -- {path}")
         out.append(LeftAlone(path, why))
     return out
-
-
-def _in(path: str, scope: set[str]) -> bool:
-    parts = path.split("/")
-    return any("/".join(parts[:i]) in scope for i in range(1, len(parts) + 1))
 
 
 def plan_lines(files: Mapping[str, Any], alone: list[LeftAlone], *, limit: int = 40) -> list[str]:

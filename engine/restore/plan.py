@@ -19,7 +19,7 @@ from shadowpoint.errors import RestoreFailedError, ShadowpointError
 from shadowpoint.restore.safe_fs import SafeWriter
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import MODE_EXEC, MODE_LINK, TreeEntry
-from shadowpoint.workspace import RepoPath
+from shadowpoint.workspace import RepoPath, at_or_under
 
 log = structlog.get_logger(__name__)
 
@@ -116,14 +116,8 @@ def keep_skipped(plan: RestorePlan, skipped_then: Iterable[RepoPath]) -> Restore
     skipped = set(skipped_then)
     if not skipped:
         return plan
-    kept = (op for op in plan.ops if op.entry is not None or not _at_or_under(op.path, skipped))
+    kept = (op for op in plan.ops if op.entry is not None or not at_or_under(op.path, skipped))
     return RestorePlan(plan.root, tuple(kept))
-
-
-def _at_or_under(path: RepoPath, paths: set[RepoPath]) -> bool:
-    parts = path.split("/")
-    return any(RepoPath("/".join(parts[:i])) in paths for i in range(1, len(parts) + 1))
-
 
 def withhold(plan: RestorePlan, unsaved: Iterable[RepoPath]) -> tuple[RestorePlan, list[RepoPath]]:
     """Drop the ops that would overwrite content the safety checkpoint could not keep (a file
@@ -138,7 +132,7 @@ def withhold(plan: RestorePlan, unsaved: Iterable[RepoPath]) -> tuple[RestorePla
     keep: list[RestoreOp] = []
     held: list[RepoPath] = []
     for op in plan.ops:
-        if _at_or_under(op.path, blocked):
+        if at_or_under(op.path, blocked):
             held.append(op.path)
         else:
             keep.append(op)

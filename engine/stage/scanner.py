@@ -69,7 +69,7 @@ from shadowpoint.stage.stat_pass import check_folders, default_split_min, lstat_
 from shadowpoint.store import borrowed, loose, shadow_repo
 from shadowpoint.store.shadow_repo import RootItems, ShadowRepo
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, MODE_TREE, TreeEntry
-from shadowpoint.workspace import RepoPath, is_git_component
+from shadowpoint.workspace import RepoPath, at_or_under, is_git_component
 
 log = structlog.get_logger(__name__)
 
@@ -672,18 +672,14 @@ class Scanner:
         folder, _, name = path.rpartition("/")
         try:
             fd = os.open(self.root / folder, DIR_FLAGS)
+            try:
+                return os.lstat(name, dir_fd=fd)
+            finally:
+                os.close(fd)
         except OSError as exc:
             if is_gone(exc):
                 return None
             raise
-        try:
-            return os.lstat(name, dir_fd=fd)
-        except OSError as exc:
-            if is_gone(exc):
-                return None
-            raise
-        finally:
-            os.close(fd)
 
     def _stage_listed(self, run: _Staging, path: RepoPath) -> None:
         """Stage a file its folder's listing named, which a stat pass left to this process."""
@@ -702,7 +698,7 @@ class Scanner:
         permission, an I/O error): left out with a warning as an unreadable file is, never taken
         for deleted (a restore keeps what a checkpoint left out, and what is under it), and the
         tracked paths under it with it. One warning covers a path and everything under it."""
-        if not self._under_unreadable(run, path):
+        if not at_or_under(path, run.unreadable):
             self._skip(run, path, SkipReason.UNREADABLE, exc.strerror or str(exc))
             run.unreadable.add(path)
         else:
@@ -715,18 +711,10 @@ class Scanner:
         its files not known to be gone (a restore leaves them alone)."""
         for rel, why in sorted(unlisted.items()):
             folder = RepoPath(rel)
-            if self._under_unreadable(run, folder):
+            if at_or_under(folder, run.unreadable):
                 continue
             self._skip(run, folder, SkipReason.UNREADABLE, f"{_UNREADABLE_FOLDER} ({why})")
             run.unreadable.add(folder)
-
-    @staticmethod
-    def _under_unreadable(run: _Staging, path: RepoPath) -> bool:
-        """Whether `path` is, or is under, a path already left out as unreadable in this run."""
-        if not run.unreadable:
-            return False
-        parts = path.split("/")
-        return any(RepoPath("/".join(parts[:i])) in run.unreadable for i in range(1, len(parts) + 1))
 
     def _stage_unwalked(self, run: _Staging, paths: Iterable[str], pinned: set[RepoPath]) -> None:
         """Tracked paths the walk did not reach: deleted, or tracked despite an exclusion
