@@ -51,12 +51,28 @@ class RoundRecorder:
     # opened while the baseline builds opens them at its first tool that may change files
     watching: bool = False
     edited: set[tuple[str, str]] = field(default_factory=set)
+    # what the request paths of this round's tool/begin events resolved to (`known_paths`)
+    resolved: dict[str, tuple[str, str]] = field(default_factory=dict)
     _open_edits: dict[str, bool] = field(default_factory=dict)
 
-    def tool_began(self, tool: str, kind: ToolKind, paths: Iterable[tuple[str, str]]) -> None:
+    def tool_began(self, tool: str, kind: ToolKind, paths: Iterable[tuple[str, str]],
+                   raw: Iterable[str] = ()) -> None:
+        """`raw`: the request paths that `paths` resolved from, in the same order."""
         reported = self._note(kind, paths)
         if reported is not None:
             self._open_edits[tool] = bool(reported)
+            self.resolved.update(zip(raw, reported, strict=False))
+
+    def known_paths(self, raw: Iterable[str] | None) -> list[tuple[str, str]] | None:
+        """The resolved paths of `raw` when a tool/begin of this round resolved every one of
+        them (an edit tool's end names the paths its begin did), else None."""
+        out = []
+        for path in raw or ():
+            found = self.resolved.get(path)
+            if found is None:
+                return None
+            out.append(found)
+        return out
 
     def tool_ended(self, tool: str, kind: ToolKind, paths: Iterable[tuple[str, str]]) -> None:
         reported = self._note(kind, paths)

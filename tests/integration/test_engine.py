@@ -242,6 +242,34 @@ def test_paths_outside_workspace_are_refused(make_engine: MakeEngine, ws: Path, 
             eng.tool_began("t1", EDIT, "edit", [bad])
 
 
+def test_an_edit_tools_end_takes_the_paths_its_begin_resolved(make_engine: MakeEngine, ws: Path,
+                                                               tmp_path: Path) -> None:
+    """The end of an edit tool naming the paths its begin did does not resolve them again; what
+    the tool did to the folders above them is staging's to find: a folder it swapped for a
+    symlink to outside is staged as that link, and nothing outside is read."""
+    outside = make_tree(tmp_path / "outside", {"f.txt": "outside's secret"})
+    make_tree(ws, {"d/f.txt": "d0"})
+    eng = make_engine(ws)
+    start(eng)
+    eng.begin_round("t1")
+    eng.tool_began("t1", EDIT, "edit", ["d/f.txt"])
+    (ws / "d" / "f.txt").unlink()
+    (ws / "d").rmdir()
+    (ws / "d").symlink_to(outside)
+    eng.tool_ended("t1", EDIT, ["d/f.txt"])  # begin resolved it: no error now
+    cp = eng.end_round("t1", 10)
+    assert cp is not None
+    snap = files_of(eng, cp.to_wire()["hashes"]["proj"])
+    assert snap["d"] == Link(str(outside)) and "d/f.txt" not in snap
+    # a path its begin did not name is resolved, and refused as before
+    eng.begin_round("t1")
+    eng.tool_began("t1", EDIT, "edit", ["a.txt"])
+    with pytest.raises(PathOutsideWorkspaceError):
+        eng.tool_ended("t1", EDIT, ["d/f.txt"])
+    with pytest.raises(PathOutsideWorkspaceError):
+        eng.tool_ended("t1", EDIT, ["a.txt", "../escape"])
+
+
 def test_warnings_are_recorded_on_the_checkpoint(make_engine: MakeEngine, ws: Path) -> None:
     eng = make_engine(ws, max_file_bytes=100)
     start(eng)
