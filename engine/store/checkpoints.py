@@ -454,7 +454,7 @@ class CheckpointStore:
         self.docs_dir = docs_dir
         self.tasks_dir = docs_dir / "tasks"
         # a task folder's name never starts with "." (ref_component)
-        self.pool = FilePool(self.tasks_dir / ".file-pool", size=8) if made_ahead else None
+        self.pool = FilePool(self.tasks_dir / ".file-pool", size=8, anchor=docs_dir) if made_ahead else None
 
     def close(self) -> None:
         if self.pool is not None:

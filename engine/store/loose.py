@@ -84,8 +84,13 @@ class FilePool:
     fan-out folders of loose objects: making one costs what making a file does).
     """
 
-    def __init__(self, folder: Path, size: int = POOL_SIZE, folders: Iterable[str] = ()) -> None:
+    def __init__(self, folder: Path, size: int = POOL_SIZE, folders: Iterable[str] = (),
+                 anchor: Path | None = None) -> None:
+        """`anchor`: the folder the pool's folder is made in (default: its parent), never made
+        itself: a pool of a repository or a docs root that was removed (another process deleted
+        the task) does not make its folders again."""
         self.folder = os.fspath(folder)
+        self._anchor = os.fspath(anchor) if anchor is not None else os.path.dirname(self.folder)
         self.size = size
         self._folders = list(folders)
         self._pid = os.getpid()
@@ -143,7 +148,7 @@ class FilePool:
                 try:
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                 except FileNotFoundError:
-                    os.makedirs(self.folder, exist_ok=True)
+                    self._make_folder()
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                 os.close(fd)
             except OSError as exc:
@@ -153,6 +158,16 @@ class FilePool:
             self._ready.append(path)
             made += 1
         return made
+
+    def _make_folder(self) -> None:
+        """Make the pool's folder below its anchor, a level at a time (FileNotFoundError: the
+        anchor is gone)."""
+        below = os.path.relpath(self.folder, self._anchor)
+        current = self._anchor
+        for part in below.split(os.sep):
+            current = os.path.join(current, part)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(current)
 
     def sweep(self) -> int:
         """Remove pool files older than POOL_STALE_S that are not this pool's; how many went."""

@@ -440,7 +440,7 @@ class ShadowRepo:
         self._held_blob_bytes = 0  # the content bytes of the blobs in `_pending`
         self._packs_written = 0  # small packs `flush` wrote since the last merge
         self._objects_dir = os.fspath(git_dir / "objects")
-        self._pool = FilePool(git_dir / FILE_POOL_FOLDER,
+        self._pool = FilePool(git_dir / FILE_POOL_FOLDER, anchor=git_dir,
                               folders=[os.path.join(git_dir, "objects", f"{i:02x}") for i in range(256)])
         self._borrowed: dict[str, _ReadOnlyObjects] = {}
         self._open_refs: dict[str, int] = {}  # refs moved in place (`loose.rewrite_ref`): path -> fd

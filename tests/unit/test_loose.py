@@ -4,6 +4,7 @@ time, read back by the git CLI as the independent witness (`cat-file`, `fsck --s
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -280,3 +281,18 @@ def test_a_repository_closes_the_refs_it_keeps_open(repo: ShadowRepo) -> None:
     repo.close()
     with pytest.raises(OSError):
         os.fstat(fds[0])
+
+
+def test_a_pool_never_makes_its_anchor_again(tmp_path: Path) -> None:
+    """A pool whose repository was removed (another process deleted the task) refills nothing
+    and makes none of the repository's folders again; with the anchor there, it makes its
+    folder a level at a time."""
+    git_dir = tmp_path / "checkpoints" / "h" / ".git"
+    git_dir.mkdir(parents=True)
+    pool = FilePool(git_dir / FILE_POOL_FOLDER, size=2, anchor=git_dir)
+    assert pool.fill() == 2 and (git_dir / FILE_POOL_FOLDER).is_dir()
+    shutil.rmtree(tmp_path / "checkpoints" / "h")
+    pool._ready.clear()  # taken (no refill thread: nothing was taken through `take`)
+    assert pool.fill() == 0
+    assert not (tmp_path / "checkpoints" / "h").exists()
+    pool.close()
