@@ -46,26 +46,39 @@ Progress = Callable[[int, int], None]
 """(objects written so far, objects to write)."""
 
 
+# Below this many objects a walk keeps the path of every one (a small collection writes them
+# all with the delta search, ordered and named by path); past it, only those of `multi`.
+NAME_ALL_BELOW = 5_000
+
+
 @dataclass(slots=True)
 class Reachable:
-    """What the refs reach: every object id, and the path of each tree and blob.
+    """What the refs reach: every object id, in the order the walk met them (folder by folder).
 
     `multi` holds trees and blobs whose path has several versions among the reachable
-    commits (delta candidates); `names` their path, for the delta search's ordering.
+    commits (delta candidates); `names` their path, for the delta search's ordering (and
+    every object's, in a walk that met fewer than NAME_ALL_BELOW).
     """
 
     objects: set[str] = field(default_factory=set)
     names: dict[str, str] = field(default_factory=dict)
     multi: set[str] = field(default_factory=set)
+    order: list[str] = field(default_factory=list)
 
 
 def reachable(repo: pygit2.Repository, tips: Iterable[str]) -> Reachable:
-    """Walk commits (parents included) and trees from `tips`, noting each object's path."""
+    """Walk commits (parents included) and trees from `tips`, noting which objects share a path.
+
+    Kept small: at 100k files a collection's walk held a path string per object, and libgit2
+    cached every tree it read (~26 and ~10 MiB of a sidecar's peak). Trees are read raw from
+    the object database (no cache) and parsed here; a path is held only as long as the walk
+    is in its folder, its hash stands for it in `first` (a collision of two hashes only makes
+    two objects delta candidates)."""
     out = Reachable()
-    first: dict[str, str] = {}  # path -> the first object id seen there
+    first: dict[int, str] = {}  # hash of a path -> the first object id seen there
     seen = out.objects
-    names = out.names
     stack = list(tips)
+    odb = repo.odb
     while stack:
         oid = stack.pop()
         if oid in seen:
@@ -73,40 +86,54 @@ def reachable(repo: pygit2.Repository, tips: Iterable[str]) -> Reachable:
         obj: Any = repo[oid]
         if isinstance(obj, pygit2.Commit):
             seen.add(oid)
+            out.order.append(oid)
             stack.extend(str(p) for p in obj.parent_ids)
-            trees: list[tuple[Any, str]] = [(obj.tree, "")]
+            trees: list[tuple[str, str]] = [(str(obj.tree_id), "")]
         else:
-            trees = [(obj, "")]
+            trees = [(oid, "")]
         while trees:
-            tree, path = trees.pop()
-            tid = str(tree.id)
+            tid, path = trees.pop()
             if tid in seen:
                 continue
             seen.add(tid)
             _note(out, first, path, tid)
             prefix = f"{path}/" if path else ""
-            for entry in tree:
-                mode = entry.filemode
+            for mode, name, eid in _tree_entries(odb.read(tid)[1]):
                 if mode == MODE_GITLINK:
                     continue
-                eid = str(entry.id)
                 if mode == MODE_TREE:
                     if eid not in seen:
-                        trees.append((repo[entry.id], prefix + entry.name))
+                        trees.append((eid, prefix + name))
                 elif eid not in seen:
                     seen.add(eid)
-                    _note(out, first, prefix + entry.name, eid)
-                elif eid not in names:
-                    names[eid] = prefix + entry.name
+                    _note(out, first, prefix + name, eid)
     return out
 
 
-def _note(out: Reachable, first: dict[str, str], path: str, oid: str) -> None:
-    out.names.setdefault(oid, path)
-    other = first.setdefault(path, oid)
+def _tree_entries(data: bytes) -> Iterator[tuple[int, str, str]]:
+    """(mode, name, object id) of each entry of a raw tree (`<octal mode> <name>\\0<20-byte id>`)."""
+    pos, end = 0, len(data)
+    while pos < end:
+        space = data.index(b" ", pos)
+        nul = data.index(b"\0", space)
+        yield int(data[pos:space], 8), data[space + 1:nul].decode("utf-8", "surrogateescape"), \
+            data[nul + 1:nul + 21].hex()
+        pos = nul + 21
+
+
+def _note(out: Reachable, first: dict[int, str], path: str, oid: str) -> None:
+    out.order.append(oid)
+    names = out.names
+    if len(out.order) < NAME_ALL_BELOW:
+        names.setdefault(oid, path)
+    elif len(out.order) == NAME_ALL_BELOW:  # many objects: from now on, only the delta candidates' names
+        out.names = names = {o: names[o] for o in out.multi if o in names}
+    other = first.setdefault(hash(path), oid)
     if other != oid:
         out.multi.add(oid)
         out.multi.add(other)
+        names.setdefault(oid, path)
+        names.setdefault(other, path)
 
 
 # ---------------------------------------------------------------- existing packs

@@ -1554,7 +1554,8 @@ class ShadowRepo:
                         packed.update(listed)
                 todo = keep - packed
                 deltas = sorted(todo & reach.multi, key=lambda o: reach.names.get(o, ""))
-                plain = sorted(todo - reach.multi, key=lambda o: reach.names.get(o, ""))
+                # in the walk's order: folder by folder, as sorting by path put them
+                plain = [o for o in reach.order if o in todo and o not in reach.multi]
                 if len(plain) < GC_KEEP_PACK_OBJECTS:
                     deltas, plain = sorted(todo, key=lambda o: reach.names.get(o, "")), []  # small: one pack
                 total, done = len(todo), 0

@@ -346,3 +346,29 @@ def test_trees_the_walkers_wrote_are_taken_only_where_they_still_hold() -> None:
     assert taken({**every, "c": (4, ids["c"])}) == {"a", "b"}  # a path more than it was written with
     assert taken(every, touched={"a/1", "b/1"}) == {"c"}  # 5 of 13 paths: a third or more
     assert taken({"a": every["a"]}) == set()  # 4 of 13: under a third
+
+
+@pytest.mark.parametrize("name_all_below", [5_000, 3])
+def test_the_walk_reaches_what_git_does_and_names_the_delta_candidates(
+        repo: ShadowRepo, monkeypatch: pytest.MonkeyPatch, name_all_below: int) -> None:
+    """`reachable` against `git rev-list --objects`: the same objects, each once in `order`,
+    a folder's objects together; `multi` is the paths with several versions, `names` their
+    paths (every object's, in a small walk), also past the point where a big walk stops
+    naming the others."""
+    monkeypatch.setattr(packing, "NAME_ALL_BELOW", name_all_below)
+    head, content = _history(repo, "t1", files=30, rounds=6, seed=3)
+    repo.flush()
+    reach = packing.reachable(repo._repo, [head])
+    listed = git(repo, "rev-list", "--objects", head).stdout.split("\n")
+    oracle = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in listed if line}
+    assert reach.objects == set(oracle) and sorted(reach.order) == sorted(oracle)
+    changed = {f"d0/f{r % 3 * 4}.txt" for r in range(6)} | {"d0", ""}  # the files the rounds edited, their folders
+    commits = set(git(repo, "rev-list", head).stdout.split())
+    assert reach.multi == {oid for oid, path in oracle.items() if path in changed and oid not in commits}
+    assert all(reach.names[o] == oracle[o] for o in reach.multi)
+    if name_all_below > len(oracle):
+        assert reach.names == {o: p for o, p in oracle.items() if o not in commits}
+    else:
+        assert set(reach.names) == reach.multi
+    blobs_of_d1 = [i for i, o in enumerate(reach.order) if oracle[o].startswith("d1/")]
+    assert blobs_of_d1 == list(range(blobs_of_d1[0], blobs_of_d1[0] + len(blobs_of_d1))), "d1's objects together"
