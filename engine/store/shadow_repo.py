@@ -1552,13 +1552,14 @@ class ShadowRepo:
                     if len(listed) >= GC_KEEP_PACK_OBJECTS and all(o in keep for o in listed):
                         kept_packs.add(idx.stem)
                         packed.update(listed)
-                todo = keep - packed
-                deltas = sorted(todo & reach.multi, key=lambda o: reach.names.get(o, ""))
-                # in the walk's order: folder by folder, as sorting by path put them
-                plain = [o for o in reach.order if o in todo and o not in reach.multi]
-                if len(plain) < GC_KEEP_PACK_OBJECTS:
-                    deltas, plain = sorted(todo, key=lambda o: reach.names.get(o, "")), []  # small: one pack
-                total, done = len(todo), 0
+                # What to write, in lists: no set of it beside `keep` (~4 MiB at 100k objects).
+                # The plain ones in the walk's order: folder by folder, as sorting by path put them.
+                deltas = sorted((o for o in reach.multi if o not in packed), key=lambda o: reach.names.get(o, ""))
+                plain = [o for o in reach.order if o not in packed and o not in reach.multi]
+                if len(plain) < GC_KEEP_PACK_OBJECTS:  # small: one pack
+                    deltas, plain = sorted([*deltas, *plain], key=lambda o: reach.names.get(o, "")), []
+                reach.order = []
+                total, done = len(deltas) + len(plain), 0
                 with translated("collect garbage"):
                     for i in range(0, len(plain), GC_PACK_OBJECTS):
                         chunk = plain[i:i + GC_PACK_OBJECTS]
