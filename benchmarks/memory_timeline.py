@@ -1,13 +1,17 @@
-"""`python -m benchmarks.memory_timeline TREE [--every 30] [--verify N]`: the sidecar's memory over
-time on an existing tree (issue 14: the 1M tree is generated once and reused; `benchmarks.treegen`).
+"""`python -m benchmarks.memory_timeline TREE [--every 30] [--timed-rounds N] [--collected]
+[--verify N]`: the sidecar's memory over time on an existing tree (issue 14: the 1M tree is
+generated once and reused; `benchmarks.treegen`).
 
 Runs `sidecar_probe.measure_sidecar` (a baseline, three edit rounds, two command rounds and a
 diff) on TREE with a new docs dir, samples the sidecar's VmRSS, RssAnon and RssFile from
 /proc every 0.2 s, and prints one line per `--every` seconds, the highest sample and the
 kernel's peak (VmHWM). `--verify N` then waits for N passes of the watcher's verification
 (SPEC §4; run every second, unthrottled, instead of every minute at 5% of a core), which a
-sidecar runs while it is idle, and reads the peak after them. Linux only. The rounds append
-a comment line to the first text files the walk finds and leave it there.
+sidecar runs while it is idle, and reads the peak after them. `--timed-rounds 40 --collected`
+is the suite's sidecar_rss with its sidecar's first upkeep collection run to the end: the
+suite reads the peak right after its rounds, when that collection may or may not have got
+going (on a fast host it had: 123 MiB, against ~74 MiB on a slower one). Linux only. The
+rounds append a comment line to the first text files the walk finds and leave it there.
 """
 
 from __future__ import annotations
@@ -49,6 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("tree", type=Path)
     p.add_argument("--every", type=float, default=30.0, help="seconds between printed lines")
+    p.add_argument("--timed-rounds", type=int, default=0, metavar="N",
+                   help="then N 1-file edit rounds 20 ms apart, as the suite's sidecar_rss runs")
+    p.add_argument("--collected", action="store_true",
+                   help="before reading the peak, wait for the sidecar's first collection to finish "
+                        "(its upkeep starts one after the 25th checkpoint when loose objects pile up)")
     p.add_argument("--verify", type=int, default=0, metavar="N",
                    help="wait for N verification passes before reading the peak")
     p.add_argument("--docs", type=Path, help="docs dir for the sidecar, kept afterwards (default: a temp dir, "
@@ -91,13 +100,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return
             time.sleep(0.5)
 
+    def collected() -> None:
+        """Until the sidecar logged a finished collection (its log is the marker)."""
+        while True:
+            with open(log_file, encoding="utf-8", errors="replace") as fh:
+                if any("storage.collected" in text for text in fh):
+                    return
+            time.sleep(0.5)
+
+    if args.collected:
+        settings = {"SHADOWPOINT_LOG_LEVEL": "info", "SHADOWPOINT_LOG_FORMAT": "json"}
     if args.verify:
         settings = {"SHADOWPOINT_VERIFY_INTERVAL_S": "1", "SHADOWPOINT_VERIFY_CPU_SHARE": "1",
                     "SHADOWPOINT_LOG_LEVEL": "info", "SHADOWPOINT_LOG_FORMAT": "json"}
     try:
         stats = measure_sidecar(args.tree, args.docs or work / "docs", _text_files(args.tree, 4), touch,
                                 log_file, started=pids.append, settings=settings,
-                                before_shutdown=verified if args.verify else None)
+                                before_shutdown=verified if args.verify else collected if args.collected else None,
+                                timed_rounds=args.timed_rounds)
         for text in passes:
             print("verification:", text)
     finally:
