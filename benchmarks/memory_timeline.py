@@ -8,9 +8,8 @@ diff) on TREE with a new docs dir, samples the sidecar's VmRSS, RssAnon and RssF
 kernel's peak (VmHWM). `--verify N` then waits for N passes of the watcher's verification
 (SPEC §4; run every second, unthrottled, instead of every minute at 5% of a core), which a
 sidecar runs while it is idle, and reads the peak after them. `--timed-rounds 40 --collected`
-is the suite's sidecar_rss with its sidecar's first upkeep collection run to the end: the
-suite reads the peak right after its rounds, when that collection may or may not have got
-going (on a fast host it had: 123 MiB, against ~74 MiB on a slower one). Linux only. The
+is the suite's sidecar_rss: the peak read once the sidecar's first upkeep collection (after its
+25th checkpoint) has ended. Linux only. The
 rounds append a comment line to the first text files the walk finds and leave it there.
 """
 
@@ -25,7 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.sidecar_probe import is_supported, measure_sidecar
+from benchmarks.sidecar_probe import is_supported, measure_sidecar, wait_for_collections
 
 _FIELDS = ("VmRSS", "RssAnon", "RssFile")
 
@@ -101,12 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(0.5)
 
     def collected() -> None:
-        """Until the sidecar logged a finished collection (its log is the marker)."""
-        while True:
-            with open(log_file, encoding="utf-8", errors="replace") as fh:
-                if any("storage.collected" in text for text in fh):
-                    return
-            time.sleep(0.5)
+        wait_for_collections(log_file)
 
     if args.collected:
         settings = {"SHADOWPOINT_LOG_LEVEL": "info", "SHADOWPOINT_LOG_FORMAT": "json"}

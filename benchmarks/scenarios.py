@@ -26,7 +26,7 @@ from typing import Any
 from benchmarks.measure import EventTap, ScenarioResult, Series, Target, fmt_value, progress
 from benchmarks.ours import BackgroundWaits, OurEngine
 from benchmarks.rivals import OpenCodeSnapshot, SeedGit
-from benchmarks.sidecar_probe import MODEL_TURN_S, is_supported, measure_sidecar
+from benchmarks.sidecar_probe import MODEL_TURN_S, is_supported, measure_sidecar, wait_for_collections
 from benchmarks.treegen import TreeStats, git_env
 
 MB = 1024 * 1024
@@ -709,8 +709,16 @@ class TreeBench:
             self.background.settle()
             quiesce_disk()
             docs = self.workdir / f"sidecar-docs-{i}"
-            stats = measure_sidecar(self.root, docs, self.candidates[:4], self.touch,
-                                    self.workdir / f"sidecar-{i}.log", timed_rounds=SIDECAR_TIMED_ROUNDS)
+            log_file = self.workdir / f"sidecar-{i}.log"
+            # The peak is read once the sidecar's collections ended: its first upkeep collection
+            # starts after the 25th checkpoint, and whether it had got going when the rounds
+            # ended depended on the host's speed (~74 MiB on a slow host, 123 on a fast one).
+            collections: list[bool] = []
+            stats = measure_sidecar(self.root, docs, self.candidates[:4], self.touch, log_file,
+                                    settings={"SHADOWPOINT_LOG_LEVEL": "info"}, timed_rounds=SIDECAR_TIMED_ROUNDS,
+                                    before_shutdown=partial(_note_wait, collections, log_file))
+            if not all(collections):
+                res.notes.append(f"run {i + 1}: a collection had not ended after 15 minutes; peak read then")
             self.sidecar_round_s.extend(stats.round_s)
             res.ours.add(stats.peak_rss_mb)
             res.notes.append(f"run {i + 1}: baseline {stats.baseline_s:.1f} s in the sidecar, {stats.rounds} rounds")
@@ -893,3 +901,8 @@ class TreeBench:
         if any(self._events(mark, "watcher.started", "placed_by_scan")):
             res.notes.append("placed by the baseline's scan: the time spent placing the watches (in this process "
                              "and the scan's child), each before its folder is listed; the listing is the scan's")
+
+
+def _note_wait(ended: list[bool], log_file: Path) -> None:
+    """`wait_for_collections`, its answer noted in `ended`."""
+    ended.append(wait_for_collections(log_file))

@@ -63,6 +63,23 @@ class RpcClient:
             return reply.get("result")
 
 
+def wait_for_collections(log_file: Path, timeout_s: float = 900.0) -> bool:
+    """Until every collection the sidecar logged starting (`storage.collect_started`) logged
+    its end; False when one has not ended within `timeout_s`. A sidecar's first upkeep
+    collection starts after its 25th checkpoint (on a big shadow repo) and runs beside the
+    rounds: its memory is part of the sidecar's peak, on a fast host and a slow one alike."""
+    ends = ("storage.collected", "storage.collect_failed", "storage.collect_stopped", "storage.collect_deferred")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with open(log_file, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+        if text.count("storage.collect_started") <= sum(text.count(end) for end in ends):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
 def sidecar_env(docs_dir: Path, settings: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a benchmark's sidecar: its own docs dir, no config file, no limit on
     the baseline's time, and none of the caller's `SHADOWPOINT_*` or `GIT_*` variables."""

@@ -68,6 +68,7 @@ class Maintenance:
                 self._pause()
 
         def run() -> None:
+            log.info("storage.collect_started", upkeep=upkeep)
             try:
                 collect_repo_garbage(self.options.docs_dir, grace_s=self.options.gc_grace_s,
                                      lock_timeout_s=self.options.lock_timeout_s, only=dirs,
