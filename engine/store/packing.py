@@ -64,6 +64,7 @@ class Reachable:
     names: dict[str, str] = field(default_factory=dict)
     multi: set[str] = field(default_factory=set)
     order: list[str] = field(default_factory=list)
+    naming_all: bool = True  # `names` holds every object's path (until NAME_ALL_BELOW were met)
 
 
 def reachable(repo: pygit2.Repository, tips: Iterable[str]) -> Reachable:
@@ -124,10 +125,11 @@ def _tree_entries(data: bytes) -> Iterator[tuple[int, str, str]]:
 def _note(out: Reachable, first: dict[int, str], path: str, oid: str) -> None:
     out.order.append(oid)
     names = out.names
-    if len(out.order) < NAME_ALL_BELOW:
-        names.setdefault(oid, path)
-    elif len(out.order) == NAME_ALL_BELOW:  # many objects: from now on, only the delta candidates' names
+    if out.naming_all and len(out.order) >= NAME_ALL_BELOW:  # many: from now on, the delta candidates' alone
         out.names = names = {o: names[o] for o in out.multi if o in names}
+        out.naming_all = False
+    if out.naming_all:
+        names.setdefault(oid, path)
     other = first.setdefault(hash(path), oid)
     if other != oid:
         out.multi.add(oid)

@@ -348,25 +348,29 @@ def test_trees_the_walkers_wrote_are_taken_only_where_they_still_hold() -> None:
     assert taken({"a": every["a"]}) == set()  # 4 of 13: under a third
 
 
-@pytest.mark.parametrize("name_all_below", [5_000, 3])
+@pytest.mark.parametrize("walk", ["small", "big", "passed by a commit"])
 def test_the_walk_reaches_what_git_does_and_names_the_delta_candidates(
-        repo: ShadowRepo, monkeypatch: pytest.MonkeyPatch, name_all_below: int) -> None:
+        repo: ShadowRepo, monkeypatch: pytest.MonkeyPatch, walk: str) -> None:
     """`reachable` against `git rev-list --objects`: the same objects, each once in `order`,
     a folder's objects together; `multi` is the paths with several versions, `names` their
     paths (every object's, in a small walk), also past the point where a big walk stops
-    naming the others."""
-    monkeypatch.setattr(packing, "NAME_ALL_BELOW", name_all_below)
-    head, content = _history(repo, "t1", files=30, rounds=6, seed=3)
+    naming the others, whether an object of a tree or a commit passed it."""
+    head, _ = _history(repo, "t1", files=30, rounds=6, seed=3)
     repo.flush()
+    commits = set(git(repo, "rev-list", head).stdout.split())
+    whole = packing.reachable(repo._repo, [head])
+    threshold = {"small": 5_000, "big": 3,
+                 # the count the walk has when it appends its second commit
+                 "passed by a commit": next(i for i, o in enumerate(whole.order) if i and o in commits) + 1}[walk]
+    monkeypatch.setattr(packing, "NAME_ALL_BELOW", threshold)
     reach = packing.reachable(repo._repo, [head])
     listed = git(repo, "rev-list", "--objects", head).stdout.split("\n")
     oracle = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in listed if line}
     assert reach.objects == set(oracle) and sorted(reach.order) == sorted(oracle)
     changed = {f"d0/f{r % 3 * 4}.txt" for r in range(6)} | {"d0", ""}  # the files the rounds edited, their folders
-    commits = set(git(repo, "rev-list", head).stdout.split())
     assert reach.multi == {oid for oid, path in oracle.items() if path in changed and oid not in commits}
     assert all(reach.names[o] == oracle[o] for o in reach.multi)
-    if name_all_below > len(oracle):
+    if threshold > len(oracle):
         assert reach.names == {o: p for o, p in oracle.items() if o not in commits}
     else:
         assert set(reach.names) == reach.multi
