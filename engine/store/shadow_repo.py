@@ -793,6 +793,12 @@ class ShadowRepo:
         return len(small)
 
     def read_blob(self, oid: str) -> bytes:
+        # A blob held for the next flush is read from memory: asking libgit2 would flush first,
+        # a pack and loose blobs written in the middle of a restore (its merge reads the safety
+        # checkpoint's blob of each file it merges), and the ref's flush wrote another pack.
+        held = self._pending.get(bytes.fromhex(oid)) if self._pending and _HEX_ID.fullmatch(oid) else None
+        if held is not None and held[0] == _BLOB:
+            return held[1]
         data = self._read_loose(oid, b"blob")
         if data is not None:
             return data

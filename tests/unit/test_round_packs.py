@@ -284,6 +284,27 @@ def test_a_held_blob_no_ref_move_names_is_written_loose(repo: ShadowRepo, monkey
     _fsck(repo)
 
 
+def test_a_held_blob_is_read_from_memory_and_nothing_is_written(repo: ShadowRepo) -> None:
+    """A restore's merge reads the safety checkpoint's blobs while they are held: reading one
+    writes nothing (no pack, no loose file in the middle of the restore), and the ref's move
+    still puts them in its pack."""
+    base = build(repo, {"a.txt": blob(repo, "a")})
+    c1 = repo.commit(base, [], "round 1", "t")
+    repo.set_ref(task_ref("t"), c1)
+    loose_before, packs_before = _loose_ids(repo), _packs(repo)
+    with repo.blobs_for_ref():
+        held = blob(repo, "the person's version\n")
+        tree = repo.patch_tree(base, {RepoPath("a.txt"): held})
+        assert repo.read_blob(held.oid) == b"the person's version\n"
+        assert repo.read_blob(blob(repo, "a").oid) == b"a"  # one on disk: read from there
+        assert _loose_ids(repo) == loose_before and _packs(repo) == packs_before, "a read wrote something"
+        c2 = repo.commit(tree, [c1], "safety", "t")
+        repo.set_ref(task_ref("t"), c2)
+    (new,) = set(_packs(repo)) - set(packs_before)
+    assert held.oid in _packs(repo)[new] and _loose_ids(repo) == loose_before
+    _fsck(repo)
+
+
 def test_a_refused_pack_drops_its_blobs_with_its_trees(repo: ShadowRepo, monkeypatch: pytest.MonkeyPatch) -> None:
     write_file = loose.write_file
 
