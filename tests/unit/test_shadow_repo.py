@@ -84,31 +84,6 @@ def test_patch_adds_modifies_and_deletes_deep_paths(repo: ShadowRepo) -> None:
     assert repo.lookup(None, RepoPath("top.txt")) is None
 
 
-def test_a_lookup_down_recent_trees_answers_as_libgit2(repo: ShadowRepo, tmp_path: Path) -> None:
-    """`lookup` walks the trees a patch just wrote in memory, and the rest (a tree it did not
-    write, a trimmed memory) through libgit2: every answer is the one a fresh handle, which
-    knows no recent tree, gives."""
-    a, b, link = blob(repo, "a"), blob(repo, "b", MODE_EXEC), blob(repo, "t", MODE_LINK)
-    old = build(repo, {"x/y/z/deep.txt": a, "x/y/other.txt": b, "top.txt": a, "odd/\udcff.txt": b})
-    repo.flush()
-    fresh = ShadowRepo.open_existing(repo.git_dir)  # no recent tree: libgit2 alone
-    new = repo.patch_tree(old, {RepoPath("x/y/z/deep.txt"): b, RepoPath("x/link"): link})
-    repo.flush()
-    fresh.reopen()
-    paths = ["x/y/z/deep.txt", "x/y/other.txt", "x/y/z", "x", "x/link", "top.txt", "odd/\udcff.txt",
-             "missing", "x/missing/deeper", "top.txt/below", "x/link/below", ""]
-    for tree in (old, new):
-        for path in paths:
-            assert repo.lookup(tree, RepoPath(path)) == fresh.lookup(tree, RepoPath(path)), (tree, path)
-    assert repo.lookup(new, RepoPath("x/y/z/deep.txt")) == b
-    # only the root in memory: below it, libgit2
-    root = bytes.fromhex(new or "")
-    repo._recent_trees = {root: repo._recent_trees[root]}
-    for path in paths:
-        assert repo.lookup(new, RepoPath(path)) == fresh.lookup(new, RepoPath(path)), path
-    fresh.close()
-
-
 def test_patch_replaces_file_by_dir_and_dir_by_file_in_one_patch(repo: ShadowRepo) -> None:
     f, g, h = blob(repo, "f"), blob(repo, "g"), blob(repo, "h")
     link = blob(repo, "target", MODE_LINK)
