@@ -9,8 +9,8 @@ kernel's peak (VmHWM). `--verify N` then waits for N passes of the watcher's ver
 (SPEC §4; run every second, unthrottled, instead of every minute at 5% of a core), which a
 sidecar runs while it is idle, and reads the peak after them. `--timed-rounds 40 --collected`
 is the suite's sidecar_rss: the peak read once the sidecar's first upkeep collection (after its
-25th checkpoint) has ended. Linux only. The
-rounds append a comment line to the first text files the walk finds and leave it there.
+25th checkpoint) has ended. Linux only. The rounds append a comment line to the first text
+files the walk finds and leave it there.
 """
 
 from __future__ import annotations

@@ -1564,7 +1564,7 @@ class ShadowRepo:
                 plain = [o for o in reach.order if o not in packed and o not in reach.multi]
                 if len(plain) < GC_KEEP_PACK_OBJECTS:  # small: one pack
                     deltas, plain = sorted([*deltas, *plain], key=lambda o: reach.names.get(o, "")), []
-                reach.order = []
+                reach.order = []  # its ids are in the lists now: the walk's order goes (~0.8 MiB)
                 total, done = len(deltas) + len(plain), 0
                 with translated("collect garbage"):
                     for i in range(0, len(plain), GC_PACK_OBJECTS):
