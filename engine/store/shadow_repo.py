@@ -707,14 +707,19 @@ class ShadowRepo:
             StorageFailedError, RepoError: as `loose.write_object`; the blobs not yet written are
                 dropped (a stage that fails so resets its stat cache: `RootState._stage_or_reset`).
         """
-        blobs = [raw for raw, (kind, _) in self._pending.items() if kind == _BLOB]
-        self._held_blob_bytes = 0
+        self._write_loose([raw for raw, (kind, _) in self._pending.items() if kind == _BLOB])
+
+    def _write_loose(self, blobs: list[bytes]) -> None:
+        """Write these held blobs (raw ids in `_pending`) as loose objects; they are held no more."""
         try:
             for raw in blobs:
-                loose.write_object(self.git_dir, b"blob", self._pending.pop(raw)[1], self._pool, known_new=True)
+                data = self._pending.pop(raw)[1]
+                self._held_blob_bytes -= len(data)
+                loose.write_object(self.git_dir, b"blob", data, self._pool, known_new=True)
         finally:
             for raw in blobs:
-                self._pending.pop(raw, None)
+                if (held := self._pending.pop(raw, None)) is not None:
+                    self._held_blob_bytes -= len(held[1])
 
     def flush(self, *, naming: bool = False) -> None:
         """Write the objects held since the last flush (a round's trees, commit and blobs) as
@@ -835,8 +840,12 @@ class ShadowRepo:
     def merge_file(self, path: str, base: TreeEntry, ours: TreeEntry, theirs: TreeEntry) -> bytes | None:
         """libgit2's three-way merge of one file's contents; None when the changes overlap (or
         the merged text is not UTF-8, which pygit2 cannot hand back)."""
-        if self._pending:
-            self.flush()  # libgit2 reads the three blobs: a held one (the person's edit) first
+        # libgit2 reads the three blobs: one held (the person's edit, staged by the safety
+        # checkpoint) is written loose first. Only the blobs: the trees and commits stay held for
+        # the restore ref's pack, one pack per restore instead of two.
+        held = [raw for raw in {bytes.fromhex(e.oid) for e in (base, ours, theirs)} if self._pending.get(raw, (None,))[0] == _BLOB]
+        if held:
+            self._write_loose(held)
         with translated(f"merge {path}"):
             b, o, t = (pygit2.IndexEntry(path, pygit2.Oid(hex=e.oid), pygit2.enums.FileMode(e.mode))
                        for e in (base, ours, theirs))
@@ -1236,13 +1245,25 @@ class ShadowRepo:
         Raises:
             ObjectMissingError: the repository does not hold it (damage: a lost loose object or pack).
         """
-        if self._pending:
+        if self._pending and self._held(oid):
             self.flush()
         try:
             return self._repo[oid]
         except KeyError as exc:  # pygit2's NotFoundError is a KeyError too
             raise ObjectMissingError(
                 f"The shadow repository {self.git_dir} is missing object {oid} (lost or damaged).") from exc
+
+    def _held(self, oid: Any) -> bool:
+        """Whether `oid` may be an object held for the next flush (any name not an id: maybe).
+
+        Only the object asked for counts: what a written object names was written with it or
+        before (a flush writes everything held, and a tree or commit is only ever held), so a
+        lookup in an old tree, the restore's target, reads no held object and writes nothing."""
+        if isinstance(oid, pygit2.Oid):
+            return oid.raw in self._pending
+        if isinstance(oid, str) and _HEX_ID.fullmatch(oid):
+            return bytes.fromhex(oid) in self._pending
+        return True
 
     def _walk(self, tree: Any, prefix: str, out: dict[RepoPath, TreeEntry], folders: dict[str, str] | None) -> None:
         for entry in tree:
