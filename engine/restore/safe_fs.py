@@ -389,7 +389,8 @@ class SafeWriter:
                     # setting it, which would race with other threads creating files, so narrow
                     # the created mode instead: never wider than wanted, never setuid/setgid/sticky.
                     created_mode = stat.S_IMODE(os.fstat(fd).st_mode)
-                    os.fchmod(fd, created_mode & wanted_mode)
+                    if created_mode & ~wanted_mode:  # the usual file needs no chmod (nor its watcher event)
+                        os.fchmod(fd, created_mode & wanted_mode)
                     os.fsync(fd)
                 finally:
                     os.close(fd)
