@@ -843,7 +843,8 @@ class ShadowRepo:
         # libgit2 reads the three blobs: one held (the person's edit, staged by the safety
         # checkpoint) is written loose first. Only the blobs: the trees and commits stay held for
         # the restore ref's pack, one pack per restore instead of two.
-        held = [raw for raw in {bytes.fromhex(e.oid) for e in (base, ours, theirs)} if self._pending.get(raw, (None,))[0] == _BLOB]
+        ids = {bytes.fromhex(e.oid) for e in (base, ours, theirs)}
+        held = [raw for raw in ids if self._pending.get(raw, (None,))[0] == _BLOB]
         if held:
             self._write_loose(held)
         with translated(f"merge {path}"):

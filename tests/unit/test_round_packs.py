@@ -305,6 +305,36 @@ def test_a_held_blob_is_read_from_memory_and_nothing_is_written(repo: ShadowRepo
     _fsck(repo)
 
 
+def test_reading_an_old_tree_or_merging_writes_only_what_libgit2_reads(repo: ShadowRepo) -> None:
+    """A keep-mine restore looks up the target's entries in an old tree and merges with a held
+    blob: the lookup writes nothing held, the merge writes only its held blob (loose), and the
+    trees and commits wait for the ref's pack: one pack per restore."""
+    old = build(repo, {"a.txt": blob(repo, "one\ntwo\nthree\n")})
+    c1 = repo.commit(old, [], "round 1", "t")
+    repo.set_ref(task_ref("t"), c1)
+    loose_before, packs_before = _loose_ids(repo), _packs(repo)
+    with repo.blobs_for_ref():
+        mine = blob(repo, "one\ntwo\nthree\nmine\n")
+        tree = repo.patch_tree(old, {RepoPath("a.txt"): mine})
+        safety = repo.commit(tree, [c1], "safety", "t")
+        assert repo.lookup(old, RepoPath("a.txt")) == blob(repo, "one\ntwo\nthree\n")
+        assert repo.lookup(tree, RepoPath("a.txt")) == mine  # a held tree: written first
+        assert _packs(repo) != packs_before
+        loose_before, packs_before = _loose_ids(repo), _packs(repo)
+        other = repo.commit(repo.patch_tree(tree, {RepoPath("b.txt"): blob(repo, "b")}), [safety], "b", "t")
+        theirs = blob(repo, "zero\none\ntwo\nthree\n")
+        assert _packs(repo) == packs_before and _loose_ids(repo) == loose_before
+        assert repo.lookup(old, RepoPath("a.txt")) is not None
+        merged = repo.merge_file("a.txt", blob(repo, "one\ntwo\nthree\n"), mine, theirs)
+        assert merged == b"zero\none\ntwo\nthree\nmine\n"
+        assert _packs(repo) == packs_before, "the lookup or the merge wrote the held trees"
+        assert _loose_ids(repo) - loose_before == {theirs.oid}  # the held blob libgit2 read; not "b"
+        repo.set_ref(task_ref("t"), other)
+    (new,) = set(_packs(repo)) - set(packs_before)
+    assert other in _packs(repo)[new]
+    _fsck(repo)
+
+
 def test_a_refused_pack_drops_its_blobs_with_its_trees(repo: ShadowRepo, monkeypatch: pytest.MonkeyPatch) -> None:
     write_file = loose.write_file
 

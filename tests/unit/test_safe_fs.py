@@ -171,6 +171,31 @@ def test_never_setuid_setgid_or_sticky(env: Env) -> None:
         assert p.lstat().st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX) == 0
 
 
+def test_a_file_created_as_wanted_is_not_chmodded(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chmod is a syscall and a watcher event in the middle of a restore: only a file the
+    kernel created wider than wanted (here reported so) is narrowed."""
+    chmods: list[int] = []
+    real_fchmod, real_fstat = os.fchmod, os.fstat
+
+    def fchmod(fd: int, mode: int) -> None:
+        chmods.append(mode)
+        real_fchmod(fd, mode)
+
+    monkeypatch.setattr(os, "fchmod", fchmod)
+    env.writer.write_file(rp("plain.txt"), b"p", executable=False)
+    env.writer.write_file(rp("run.sh"), b"#!/bin/sh\n", executable=True)
+    assert chmods == []
+    assert (mode_of(env.ws / "plain.txt"), mode_of(env.ws / "run.sh")) == (0o644, 0o755)
+
+    def wide_fstat(fd: int) -> os.stat_result:
+        st = real_fstat(fd)
+        return os.stat_result((st.st_mode | stat.S_ISGID | 0o022, *tuple(st)[1:]))
+
+    monkeypatch.setattr(os, "fstat", wide_fstat)
+    env.writer.write_file(rp("wide.txt"), b"w", executable=False)
+    assert chmods == [0o644]
+
+
 def test_write_does_not_modify_a_hard_linked_outside_file(env: Env) -> None:
     os.link(env.outside / "secret.txt", env.ws / "f.txt")
 
