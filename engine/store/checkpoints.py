@@ -10,10 +10,10 @@ log grown past the size of task.json rewrite task.json with the next generation 
 then remove the log; a log line carries its generation, so one left by a kill between the
 two is never applied twice, and a torn last line (a kill mid-append) is ignored on load and
 cut off before the next append.
-The restore journal (`restore-journal.json`) is written in place and emptied, not removed,
-once its restore is recorded (`write_journal`).
+The restore journal (`restore-journal.json`) is written in place and removed once its
+restore is recorded (`write_journal`, `clear_journal`).
 Not synced to disk: a power cut may lose the last changes, like the loose objects libgit2
-writes without fsync (only the user's files that a restore writes are synced, in safe_fs).
+writes without fsync (and the files a restore writes: safe_fs).
 Used by the engine under the task's lock; knows nothing of git.
 """
 

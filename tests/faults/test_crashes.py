@@ -226,7 +226,7 @@ def _big_round(sc: SidecarProcess, root: Path, task: str, ts: int, kind: str, ta
 
 def test_kill_during_restore(tmp_path: Path, docs: Path) -> None:
     rng = random.Random(303)
-    paths = _paths(RESTORE_FILES)  # a restore fsyncs every file: fewer files, still a long window
+    paths = _paths(RESTORE_FILES)  # fewer files: each kill still lands between two of them (pause points)
     root = make_tree(tmp_path / "work" / "proj", _version("old", paths))
     git_dir = shadow_git_dir(docs, root)
     acked = Acked()
