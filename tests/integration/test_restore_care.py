@@ -24,6 +24,7 @@ from shadowpoint.errors import (
     RestoreConflictError,
     UnknownCheckpointError,
 )
+from shadowpoint.store import packing
 from shadowpoint.store.loose import object_id
 from tests.conftest import Exe, Link, make_tree, read_tree
 from tests.integration.test_engine import MakeEngine, command_round, edit_round, files_of, git_dir, start, wire
@@ -266,6 +267,35 @@ def test_the_persons_edit_a_merge_kept_stays_the_persons_in_the_next_restore(
     edit_round(eng, ws, 20, {"f.txt": lines(l1="task 1b", l9="mine 9")})
     eng.restore("t1", 0, "files")
     assert read_tree(ws)["f.txt"] == LINES.encode()
+
+def test_a_merge_back_to_the_checkpoint_takes_its_tree_as_the_base(make_engine: MakeEngine, ws: Path) -> None:
+    """The usual keep-mine restore goes back to a checkpoint the task's base differs from only
+    at the restored files: its base is the checkpoint's tree itself (no tree written), which is
+    what patching the old base with the restore's own entries gives."""
+    eng = make_engine(ws)
+    start(eng)
+    edit_round(eng, ws, 10, {"f.txt": lines(l1="task 1"), "deep/er/g.txt": "task"})
+    make_tree(ws, {"f.txt": lines(l1="task 1", l9="mine 9"), "notes.md": "the person's new file"})
+    packs = set((git_dir(eng) / "objects" / "pack").glob("*.idx"))
+    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
+    assert out["files"]["merged"] == ["f.txt"] and out["files"]["deleted"] == ["deep/er/g.txt"]
+    record = eng._task("t1").record
+    (entry,) = record.restores[-1]["roots"].values()
+    repo = pygit2.Repository(str(git_dir(eng)))
+    base_tree = repo[entry["base"]].peel(pygit2.Tree)
+    assert base_tree.id == repo[record.checkpoint(0).hashes[eng.first_root]].peel(pygit2.Tree).id
+    (new_pack,) = set((git_dir(eng) / "objects" / "pack").glob("*.idx")) - packs
+    assert str(base_tree.id) not in packing.pack_objects(new_pack), "the base's trees were written again"
+    assert "f.txt" in base_tree and "notes.md" not in base_tree and "deep" not in base_tree
+    assert repo[entry["after"]].peel(pygit2.Tree)["notes.md"], "the workspace's state keeps the person's file"
+    repo.free()
+    # and it works as a base: the person's line is still theirs in the next merge
+    edit_round(eng, ws, 20, {"f.txt": lines(l2="task 2", l9="mine 9")})
+    make_tree(ws, {"f.txt": lines(l2="task 2", l9="mine 9", l12="mine 12")})
+    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
+    assert out["files"]["merged"] == ["f.txt"]
+    assert read_tree(ws)["f.txt"] == lines(l12="mine 12").encode()  # line 9 was in the task's round 20
+
 
 def test_keep_outside_edits_on_a_compaction_checkpoint_is_no_file_snapshot(make_engine: MakeEngine, ws: Path) -> None:
     eng = make_engine(ws)
