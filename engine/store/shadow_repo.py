@@ -1054,6 +1054,8 @@ class ShadowRepo:
         if not entries:
             return None
         entries.sort()
+        if self._pending:
+            self.flush()  # as `_in_pack`
         return loose.write_object(self.git_dir, b"tree", b"".join(body for _, body in entries), self._pool)
 
     def write_trees_packed(self, groups: Iterable[Iterable[tuple[str, int, bytes]]]) -> list[bytes | None]:
@@ -1087,6 +1089,8 @@ class ShadowRepo:
     def _in_pack(self, make: Callable[[Callable[[bytes, int, bytes], None]], bool]) -> None:
         """Run `make(add)`, which hands each tree it makes to `add`, and install them as one
         pack; none when `make` says it made nothing (False)."""
+        if self._pending:
+            self.flush()  # what the trees name is on disk before they are (`_held` counts on it)
         staging = self.git_dir / "objects" / f"tmp_treepack_{os.getpid()}_{threading.get_ident()}"
         try:
             with written(self.git_dir, "write a tree"):
@@ -1257,9 +1261,12 @@ class ShadowRepo:
     def _held(self, oid: Any) -> bool:
         """Whether `oid` may be an object held for the next flush (any name not an id: maybe).
 
-        Only the object asked for counts: what a written object names was written with it or
-        before (a flush writes everything held, and a tree or commit is only ever held), so a
-        lookup in an old tree, the restore's target, reads no held object and writes nothing."""
+        Only the object asked for counts, since what a written tree or commit names was written
+        with it or before: a flush writes all that is held, and the trees written without one
+        (a tree built from nothing, in packs: `_in_pack`, `write_root_tree`) flush first. So a
+        lookup in an old tree, the restore's target, reads no held object and writes nothing.
+        libgit2 is never asked for a held blob either: `read_blob` serves it, `merge_file`
+        writes it first."""
         if isinstance(oid, pygit2.Oid):
             return oid.raw in self._pending
         if isinstance(oid, str) and _HEX_ID.fullmatch(oid):

@@ -335,6 +335,20 @@ def test_reading_an_old_tree_or_merging_writes_only_what_libgit2_reads(repo: Sha
     _fsck(repo)
 
 
+def test_trees_written_without_a_flush_name_no_held_blob(repo: ShadowRepo) -> None:
+    """A tree built from nothing goes straight into a pack: the blobs it names that are held
+    are written first, so a written tree never names a held object (what lets a lookup in a
+    written tree skip the flush)."""
+    with repo.blobs_for_ref():
+        held = blob(repo, "held while the trees are packed")
+        assert not _on_disk(repo, held.oid)
+        tree = repo.write_tree_packed([("a/b.txt", MODE_FILE, bytes.fromhex(held.oid))])
+        assert _on_disk(repo, held.oid), "a packed tree names a blob not yet written"
+        assert repo.lookup(tree, RepoPath("a/b.txt")) == held
+        repo.set_ref(task_ref("t"), repo.commit(tree, [], "rebuilt", "t"))
+    _fsck(repo)
+
+
 def test_a_refused_pack_drops_its_blobs_with_its_trees(repo: ShadowRepo, monkeypatch: pytest.MonkeyPatch) -> None:
     write_file = loose.write_file
 
