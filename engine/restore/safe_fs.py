@@ -423,11 +423,12 @@ class SafeWriter:
         # Nothing is synced, as git's checkout syncs no work-tree file. A kill at any point
         # leaves the old file or the new one, whole (the rename). A power cut is the file
         # system's: ext4 (auto_da_alloc) and btrfs write a file renamed over another before
-        # the rename counts, and what a restore writes is the checkpoint's content, which the
-        # shadow repo holds. The person's version it replaces is in the safety checkpoint,
-        # whose objects are not synced either (atomic.py's rule for the shadow repo's small
-        # writes). Syncing the file cost 0.3-1.7 ms of a ~3 ms restore, most when git had
-        # written just before (the sync waits for the journal's commit of all written then).
+        # the rename counts; a file new to its folder may come back empty. Either way what a
+        # restore writes is the checkpoint's content, which the shadow repo holds. The
+        # person's version it replaces is in the safety checkpoint, whose objects are not
+        # synced either (atomic.py's rule for the shadow repo's small writes). Syncing the
+        # file cost 0.3-1.7 ms of a ~3 ms restore, most when git had written just before (the
+        # sync waits for the journal's commit of all written then).
 
     def _clear_empty_dir(self, dir_fd: int, name: str, path: RepoPath) -> None:
         st = _lstat_or_none(name, dir_fd)
