@@ -56,6 +56,14 @@ def _fsck(repo: ShadowRepo) -> None:
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
 
 
+def _first_round(repo: ShadowRepo, files: dict[str, TreeEntry]) -> tuple[str | None, str]:
+    """A task's first round holding `files`, its ref moved: (its tree, its commit)."""
+    tree = build(repo, files)
+    commit = repo.commit(tree, [], "round 1", "t")
+    repo.set_ref(task_ref("t"), commit)
+    return tree, commit
+
+
 def test_a_round_is_one_pack_written_when_its_ref_moves(repo: ShadowRepo) -> None:
     one = blob(repo, "one")
     base = build(repo, {"a/b/c/file.txt": one, "a/side.txt": one, "top.txt": one})
@@ -104,9 +112,7 @@ def test_an_object_read_through_libgit2_is_written_first(repo: ShadowRepo) -> No
 def test_a_refused_pack_moves_no_ref_and_forgets_what_it_held(repo: ShadowRepo,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     one = blob(repo, "one")
-    base = build(repo, {"a/b/file.txt": one})
-    c1 = repo.commit(base, [], "round 1", "t")
-    repo.set_ref(task_ref("t"), c1)
+    base, c1 = _first_round(repo, {"a/b/file.txt": one})
     tree2 = repo.patch_tree(base, {RepoPath("a/b/file.txt"): blob(repo, "two")})
     c2 = repo.commit(tree2, [c1], "round 2", "t")
     write_file = loose.write_file
@@ -243,9 +249,7 @@ def _in_a_pack(repo: ShadowRepo, oid: str) -> bool:
 
 
 def test_a_rounds_blobs_go_into_the_pack_its_ref_move_writes(repo: ShadowRepo) -> None:
-    base = build(repo, {"a/file.txt": blob(repo, "one")})  # outside a round's block: loose
-    c1 = repo.commit(base, [], "round 1", "t")
-    repo.set_ref(task_ref("t"), c1)
+    base, c1 = _first_round(repo, {"a/file.txt": blob(repo, "one")})  # outside a round's block: loose
     loose_before, packs_before = _loose_ids(repo), _packs(repo)
     big = "".join(f"line {i} of a file larger than a block\n" for i in range(400))
     with repo.blobs_for_ref():
@@ -288,9 +292,7 @@ def test_a_held_blob_is_read_from_memory_and_nothing_is_written(repo: ShadowRepo
     """A restore's merge reads the safety checkpoint's blobs while they are held: reading one
     writes nothing (no pack, no loose file in the middle of the restore), and the ref's move
     still puts them in its pack."""
-    base = build(repo, {"a.txt": blob(repo, "a")})
-    c1 = repo.commit(base, [], "round 1", "t")
-    repo.set_ref(task_ref("t"), c1)
+    base, c1 = _first_round(repo, {"a.txt": blob(repo, "a")})
     loose_before, packs_before = _loose_ids(repo), _packs(repo)
     with repo.blobs_for_ref():
         held = blob(repo, "the person's version\n")
@@ -309,9 +311,7 @@ def test_reading_an_old_tree_or_merging_writes_only_what_libgit2_reads(repo: Sha
     """A keep-mine restore looks up the target's entries in an old tree and merges with a held
     blob: the lookup writes nothing held, the merge writes only its held blob (loose), and the
     trees and commits wait for the ref's pack: one pack per restore."""
-    old = build(repo, {"a.txt": blob(repo, "one\ntwo\nthree\n")})
-    c1 = repo.commit(old, [], "round 1", "t")
-    repo.set_ref(task_ref("t"), c1)
+    old, c1 = _first_round(repo, {"a.txt": blob(repo, "one\ntwo\nthree\n")})
     loose_before, packs_before = _loose_ids(repo), _packs(repo)
     with repo.blobs_for_ref():
         mine = blob(repo, "one\ntwo\nthree\nmine\n")
