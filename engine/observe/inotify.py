@@ -17,7 +17,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import os
+import struct
+import termios
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +39,9 @@ SUPPORTED_WATCHDOG: frozenset[tuple[int, int]] = frozenset({(7, 1)})
 # Events held back while a scan places the watches (`_HoldingInotifyFD`): past this many the rest
 # are dropped and handled as the kernel's queue overflow (the kernel's own queue holds 16,384).
 HOLD_MAX_EVENTS = 65_536
+# Reader batches a flush barrier waits for before it writes a marker file instead: each reads what
+# the kernel queued, up to 80 KB; a steady stream of events could keep the reader busy for good.
+BARRIER_BATCHES = 3
 
 
 def watchdog_version() -> tuple[int, int] | None:
@@ -136,6 +142,13 @@ except Exception:  # ImportError, or UnsupportedLibcError/OSError raised while l
 
 if AVAILABLE:
 
+    @dataclass(frozen=True)
+    class _Barrier:
+        """A flush barrier queued straight behind the events already read from the kernel (see
+        `ShadowObserver.barrier`): the emitter reports `marker` when it gets this far."""
+
+        marker: bytes
+
     class _PromptDelayedQueue(DelayedQueue[GroupedInotifyEvent]):
         """Watchdog's delay queue, but a head held for move pairing is released as soon as it is paired.
 
@@ -152,6 +165,15 @@ if AVAILABLE:
         def idle(self) -> bool:
             """Nothing queued and nothing taken still being handled. Hold `_lock`."""
             return not self._queue and not self.busy
+
+        def pass_or_enqueue(self, barrier: _Barrier) -> bool:
+            """True when idle; else `barrier` goes at the end of the queue (False)."""
+            with self._not_empty:
+                if self.idle():
+                    return True
+                self._queue.append((barrier, time.monotonic(), False))  # type: ignore[arg-type]
+                self._not_empty.notify()
+                return False
 
         def get(self) -> GroupedInotifyEvent | None:
             with self._not_empty:
@@ -381,6 +403,9 @@ if AVAILABLE:
                 self._hooks.dispatch(event)
 
         def build_and_queue_event(self, event: GroupedInotifyEvent, *, full_events: bool = False) -> None:
+            if isinstance(event, _Barrier):  # every event queued before it is recorded
+                self._hooks.dispatch(FileCreatedEvent(os.fsdecode(event.marker)))
+                return
             # The recorded folder path covers its content; the stock emitter would also walk the
             # moved tree on this thread and queue one synthetic event per entry inside it.
             if not isinstance(event, PathedInotifyEvent):
@@ -409,10 +434,59 @@ if AVAILABLE:
             self._hold_lock = threading.Lock()
             self._held: list[InotifyEvent] | None = [] if hold else None
             self._held_overflow = False
+            # Open from the moment the reader's poll returns until every event it then read is
+            # handled: while closed, no event is between the kernel's queue and the group's.
+            # `batch_closed` (on `batch_lock`) is notified as each closes; `batches` counts them.
+            self.batch_lock = threading.Lock()
+            self.batch_closed = threading.Condition(self.batch_lock)
+            self._batch_open = False
+            self.batches = 0
 
         @property
         def fileno(self) -> int:
             return self._inotify_fd
+
+        def _check_inotify_fd(self) -> bool:
+            ready = super()._check_inotify_fd()
+            with self.batch_lock:
+                self._batch_open = True
+            return ready
+
+        def run(self) -> None:
+            # watchdog's loop, with the batch closed once its events are handled
+            while self.should_keep_running():
+                try:
+                    for event in self.read_events():
+                        self.handle_event(event)
+                finally:
+                    with self.batch_closed:
+                        self._batch_open = False
+                        self.batches += 1
+                        self.batch_closed.notify_all()
+
+        def next_batch_closed(self, deadline: float) -> bool:
+            """Wait until the reader closes one more batch (False: `deadline`, a monotonic time,
+            came first). Hold `batch_lock`."""
+            closed = self.batches
+            return self.batch_closed.wait_for(lambda: self.batches != closed, deadline - time.monotonic())
+
+        @property
+        def holding(self) -> bool:
+            with self._hold_lock:
+                return self._held is not None
+
+        def all_handed_over(self) -> bool:
+            """True when every event the kernel queued so far has been handled (`handle_event`):
+            no batch read and not yet handled, nothing held, nothing left to read. Hold
+            `batch_lock`: the reader cannot start a batch meanwhile."""
+            if self._batch_open or self.holding:
+                return False
+            try:
+                pending = fcntl.ioctl(self._inotify_fd, termios.FIONREAD, b"\0" * 4)
+            except OSError:  # closed meanwhile
+                return False
+            count: int = struct.unpack("i", pending)[0]
+            return count == 0
 
         def handle_event(self, event: InotifyEvent) -> None:
             with self._hold_lock:
@@ -580,6 +654,36 @@ if AVAILABLE:
         @property
         def worker_threads(self) -> list[threading.Thread]:
             return [self, self._inotify_fd, *self.emitters]
+
+        def barrier(self, marker: bytes, timeout_s: float) -> bool | None:
+            """A flush barrier without a marker file: True if every event the kernel queued
+            before this call is recorded already (the usual case between an agent's steps: no
+            thread hop, no file); False if `marker` was queued behind the events the emitter has
+            still to record, and is reported as a marker event when it is reached. Events still
+            in the kernel's queue or being read are waited for, batch by batch (up to
+            `BARRIER_BATCHES` of them, within `timeout_s`). None when that did not do, or while a
+            scan holds the events back: the caller then writes a marker file, which the kernel
+            orders behind every event before it.
+
+            Sound because the kernel queues an event within the system call that made the change,
+            and only the reader, whose batch is closed while this holds `batch_lock`, moves events
+            from the kernel's queue into the group's (FIONREAD reads 0 when none is left)."""
+            fd, group = self._inotify_fd, self.group
+            if group is None or not isinstance(fd, _HoldingInotifyFD) or fd.holding:
+                return None
+            deadline = time.monotonic() + timeout_s
+            with fd.batch_closed:
+                for _ in range(BARRIER_BATCHES):
+                    if fd.all_handed_over():
+                        with group._lock:
+                            if not group.is_active:
+                                return None
+                            queue = group._move_event_grouper._queue
+                            assert isinstance(queue, _PromptDelayedQueue)
+                            return queue.pass_or_enqueue(_Barrier(marker))
+                    if not fd.next_batch_closed(deadline):
+                        return None
+            return None
 
         def folder_watches(self, hooks: InotifyHooks) -> FolderWatches | None:
             """The placer of a deferred start's watches (None: its group is gone)."""

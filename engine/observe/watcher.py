@@ -468,12 +468,15 @@ class WorkspaceWatcher:
     def flush(self, timeout_s: float = 2.0) -> bool:
         """Wait until every event for a change made before this call has been recorded.
 
-        Writes a marker file into a private folder watched on the same inotify instance and the same
-        watch group as the workspace, and waits for its event: the kernel queue and watchdog's
-        pipeline are FIFO, so every earlier workspace event has been recorded by then.
+        Once the reader has handed the emitter every event the kernel queued (waiting for its
+        batches if need be), passes at once, or waits for the emitter to reach a barrier queued
+        behind the events it has still to record (`ShadowObserver.barrier`). Else writes a marker
+        file into a private folder watched on the same inotify instance and the same watch group
+        as the workspace, and waits for its event: the kernel queue and watchdog's pipeline are
+        FIFO, so every earlier workspace event has been recorded by then.
 
         Args:
-            timeout_s: How long to wait for the marker.
+            timeout_s: How long to wait, in all.
 
         Returns:
             True once the barrier passed; False on timeout, overflow, when not running, or always
@@ -492,28 +495,35 @@ class WorkspaceWatcher:
             self._flush_requested += 1
             seq, overflows, generation = self._flush_requested, self._overflows, self._generation
         marker = f"{marker_prefix}{seq}"
-        pool = self._marker_pool
-        made_ahead = pool.take() if pool is not None else None
-        try:
+        deadline = time.monotonic() + timeout_s
+        queued = (observer.barrier(os.fsencode(marker), timeout_s)
+                  if inotify.AVAILABLE and isinstance(observer, inotify.ShadowObserver) else None)
+        if queued is True:
+            return True
+        if queued is None:
+            pool = self._marker_pool
+            made_ahead = pool.take() if pool is not None else None
             try:
-                if made_ahead is None:
-                    raise FileNotFoundError
-                os.rename(made_ahead, marker)  # one IN_MOVED_TO event naming the marker
-            except FileNotFoundError:
-                os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-        except OSError as exc:
-            self._journal.mark_unhealthy(f"flush failed: cannot write marker ({exc})")
-            log.warning("watcher.flush_failed", root=self._root, error=str(exc))
-            return False
+                try:
+                    if made_ahead is None:
+                        raise FileNotFoundError
+                    os.rename(made_ahead, marker)  # one IN_MOVED_TO event naming the marker
+                except FileNotFoundError:
+                    os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            except OSError as exc:
+                self._journal.mark_unhealthy(f"flush failed: cannot write marker ({exc})")
+                log.warning("watcher.flush_failed", root=self._root, error=str(exc))
+                return False
         with self._flush_cond:
             # An overflow or a restart loses the marker; the round is unhealthy anyway, so stop waiting.
             passed = self._flush_cond.wait_for(
                 lambda: self._flush_seen >= seq or self._overflows != overflows or self._generation != generation,
-                timeout_s,
+                max(0.0, deadline - time.monotonic()),
             )
             passed = self._flush_seen >= seq
-        with contextlib.suppress(OSError):
-            os.unlink(marker)
+        if queued is None:
+            with contextlib.suppress(OSError):
+                os.unlink(marker)
         if not passed:
             with self._flush_cond:
                 interrupted = self._overflows != overflows or self._generation != generation

@@ -59,6 +59,12 @@ def build(root: Path, tree: dict[str, str]) -> Path:
     return root
 
 
+def marker_files_only(watcher: WorkspaceWatcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every flush of `watcher` writes a marker file, as when the reader is busy: the barrier
+    without a file (`ShadowObserver.barrier`) is not tried (its own tests say when it is)."""
+    monkeypatch.setattr(watcher._observer, "barrier", lambda marker, timeout_s: None)
+
+
 @pytest.fixture
 def watchers(observer: ObserverKind) -> Iterator[MakeWatcher]:
     """Make watchers; all are stopped at teardown, which must leave no watcher thread behind."""
@@ -277,8 +283,11 @@ def test_a_write_before_flush_is_in_that_round_and_never_the_next(
 
 
 @inotify_only
-def test_flush_markers_are_files_made_ahead_and_renamed(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+def test_flush_markers_are_files_made_ahead_and_renamed(
+    ws: Path, started: Callable[..., WorkspaceWatcher], monkeypatch: pytest.MonkeyPatch
+) -> None:
     watcher = started({"src/": ""})
+    marker_files_only(watcher, monkeypatch)
     pool = watcher._marker_pool
     assert pool is not None
     for i in range(pool.size + 3):  # a marker is made afresh when no file is ready
@@ -296,11 +305,14 @@ def test_flush_markers_are_files_made_ahead_and_renamed(ws: Path, started: Calla
 
 
 @inotify_only
-def test_a_flush_makes_one_event_and_none_after_it(ws: Path, started: Callable[..., WorkspaceWatcher]) -> None:
+def test_a_flush_makes_one_event_and_none_after_it(
+    ws: Path, started: Callable[..., WorkspaceWatcher], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Only the marker's appearance reaches the emitter: the marker's removal after its flush and
     the files made ahead of it (refilled after each flush) make no event that would take the
     interpreter from the flush's caller while it goes on."""
     watcher = started({"src/": ""})
+    marker_files_only(watcher, monkeypatch)
     pool, marker_dir = watcher._marker_pool, watcher._marker_dir
     assert pool is not None and marker_dir is not None
     seen: list[str] = []
@@ -352,12 +364,13 @@ def test_events_are_recorded_on_the_emitter_thread_not_through_the_observers_que
 
 @pytest.mark.parametrize("observer", ["inotify"])
 def test_a_marker_with_nothing_ahead_passes_on_the_inotify_thread_and_waits_behind_an_event(
-    ws: Path, started: Callable[..., WorkspaceWatcher]
+    ws: Path, started: Callable[..., WorkspaceWatcher], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The barrier's marker is reported by the inotify thread itself when no event is queued or
     being handled (one thread hop less); behind an event the emitter is still handling, it
     waits its turn: the barrier never passes before an earlier event is recorded."""
     watcher = started({"src/": ""})
+    marker_files_only(watcher, monkeypatch)
     handler = watcher._handler
     plain = handler.dispatch
     seen: list[tuple[str, str]] = []  # (thread, what)
@@ -392,6 +405,161 @@ def test_a_marker_with_nothing_ahead_passes_on_the_inotify_thread_and_waits_behi
     assert passed == [True]
     assert [what for _, what in seen[-2:]] == [str(ws / "src/slow.txt"), "marker"], seen
     assert seen[-1][0] == "shadowpoint-watcher-emitter:ws"
+
+
+def _noting_dispatch(watcher: WorkspaceWatcher, hold_on: str, entered: threading.Event,
+                     release: threading.Event) -> list[tuple[str, str]]:
+    """Record (thread, "marker" or path) of every event the handler gets, holding the thread that
+    handles `hold_on`'s event until `release` is set."""
+    handler = watcher._handler
+    plain = handler.dispatch
+    seen: list[tuple[str, str]] = []
+
+    def noting(event: Any) -> None:
+        path = os.fsdecode(event.src_path)
+        what = "marker" if handler.marker_prefix and path.startswith(handler.marker_prefix) else path
+        if what.endswith(hold_on):
+            entered.set()
+            assert release.wait(WAIT_S)
+        plain(event)
+        seen.append((threading.current_thread().name, what))
+
+    handler.dispatch = noting  # type: ignore[method-assign]
+    return seen
+
+
+def _flushing(watcher: WorkspaceWatcher) -> tuple[threading.Thread, list[bool]]:
+    passed: list[bool] = []
+    flusher = threading.Thread(target=lambda: passed.append(watcher.flush(WAIT_S)))
+    flusher.start()
+    return flusher, passed
+
+
+def _handed_over(watcher: WorkspaceWatcher) -> bool:
+    """Every event the kernel queued is read and handed to the emitter's queue."""
+    observer = watcher._observer
+    assert isinstance(observer, watcher_inotify.ShadowObserver)
+    fd = observer._inotify_fd
+    assert isinstance(fd, watcher_inotify._HoldingInotifyFD)
+    with fd.batch_lock:
+        return fd.all_handed_over()
+
+
+def _marker_files(watcher: WorkspaceWatcher) -> list[str]:
+    assert watcher._marker_dir is not None
+    return [n for n in os.listdir(watcher._marker_dir) if n.startswith("flush-")]
+
+
+@inotify_only
+def test_a_barrier_with_every_event_read_passes_without_a_marker_or_waits_behind_one_being_recorded(
+    ws: Path, started: Callable[..., WorkspaceWatcher]
+) -> None:
+    """Every event the kernel queued is read and handled: the barrier passes at once, with no
+    marker file and no thread hop. Events the emitter has still to record: the barrier goes in
+    its queue behind them, with no file either, and passes only when they are recorded."""
+    watcher = started({"src/": ""})
+    assert watcher._marker_pool is not None
+    made_ahead = watcher._marker_pool.ready
+    entered, release = threading.Event(), threading.Event()
+    seen = _noting_dispatch(watcher, "slow.txt", entered, release)
+    assert watcher.flush(WAIT_S)
+    assert seen == [] and watcher._marker_pool.ready == made_ahead  # no marker made or reported
+
+    (ws / "src/slow.txt").write_text("s")
+    assert entered.wait(WAIT_S)  # the emitter is in the middle of handling it
+    wait_for(lambda: _handed_over(watcher), "the reader never handed the file's other events over")
+    flusher, passed = _flushing(watcher)
+    (emitter,) = watcher._observer.emitters  # type: ignore[union-attr]
+    queue = emitter.group._move_event_grouper._queue
+    wait_for(lambda: any(isinstance(item[0], watcher_inotify._Barrier) for item in list(queue._queue)),
+             "the barrier was never queued behind the event")
+    assert not passed and not seen, "the barrier passed an event still being recorded"
+    release.set()
+    flusher.join(WAIT_S)
+    assert passed == [True]
+    assert seen[-1] == ("shadowpoint-watcher-emitter:ws", "marker"), seen
+    assert set(seen[:-1]) == {("shadowpoint-watcher-emitter:ws", str(ws / "src/slow.txt"))}, seen
+    assert watcher._marker_pool.ready == made_ahead and not _marker_files(watcher)
+
+
+@inotify_only
+def test_a_barrier_while_the_reader_handles_a_batch_waits_for_the_batch_without_a_marker(
+    ws: Path, started: Callable[..., WorkspaceWatcher], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events read from the kernel but not yet handed to the emitter are in neither queue: the
+    barrier waits for the reader's batch to close, then passes behind its events."""
+    watcher = started({"src/": ""})
+    observer = watcher._observer
+    assert isinstance(observer, watcher_inotify.ShadowObserver) and observer.group is not None
+    fd = observer._inotify_fd
+    assert isinstance(fd, watcher_inotify._HoldingInotifyFD)
+    group = observer.group
+    plain = group.on_event
+    entered, release = threading.Event(), threading.Event()
+
+    def holding(event: Any) -> None:
+        if event.name == b"slow.txt":
+            entered.set()
+            assert release.wait(WAIT_S)
+        plain(event)
+
+    monkeypatch.setattr(group, "on_event", holding)
+    (ws / "src/slow.txt").write_text("s")
+    assert entered.wait(WAIT_S)  # the reader is in the middle of its batch
+    flusher, passed = _flushing(watcher)
+    wait_for(lambda: len(fd.batch_closed._waiters) == 1,  # type: ignore[attr-defined]
+             "the barrier never waited for the reader's batch")
+    assert not passed and "src/slow.txt" not in watcher.journal.current_paths()
+    release.set()
+    flusher.join(WAIT_S)
+    assert passed == [True]
+    assert "src/slow.txt" in watcher.swap().paths
+    assert not _marker_files(watcher)
+
+
+@inotify_only
+def test_a_barrier_while_a_scan_holds_the_events_writes_a_marker_behind_them(
+    ws: Path, started: Callable[..., WorkspaceWatcher], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events held back (a deferred start's scan placing the watches) are in no queue the barrier
+    can see: it writes its marker file, which is held behind them and passes once they are handled."""
+    watcher = started({"src/": ""})
+    observer = watcher._observer
+    assert isinstance(observer, watcher_inotify.ShadowObserver)
+    fd = observer._inotify_fd
+    assert isinstance(fd, watcher_inotify._HoldingInotifyFD)
+    with fd._hold_lock:
+        fd._held = []  # as a deferred start holds them until `release()`
+    (ws / "src/held.txt").write_text("h")
+    flusher, passed = _flushing(watcher)
+    wait_for(lambda: _marker_files(watcher), "no marker file was written")
+    wait_for(lambda: any(b"flush-" in event.name for event in list(fd._held or [])),
+             "the marker's event was never held")
+    assert not passed and "src/held.txt" not in watcher.journal.current_paths()
+    assert fd.release()
+    flusher.join(WAIT_S)
+    assert passed == [True]
+    assert "src/held.txt" in watcher.swap().paths
+
+
+@inotify_only
+def test_an_event_the_reader_has_not_read_yet_is_seen_by_the_barrier(
+    ws: Path, started: Callable[..., WorkspaceWatcher]
+) -> None:
+    """While the reader waits to open its batch, an event left in the kernel's queue (FIONREAD)
+    keeps the barrier from passing without a marker."""
+    watcher = started({"src/": ""})
+    observer = watcher._observer
+    assert isinstance(observer, watcher_inotify.ShadowObserver)
+    fd = observer._inotify_fd
+    assert isinstance(fd, watcher_inotify._HoldingInotifyFD)
+    wait_for(lambda: _handed_over(watcher), "the reader never finished the start's events")
+    with fd.batch_lock:
+        (ws / "src/a.txt").write_text("a")  # the reader wakes and waits for the lock, unread
+        assert not fd.all_handed_over()
+    wait_for(lambda: "src/a.txt" in watcher.journal.current_paths(), "the event was never recorded")
+    wait_for(lambda: _handed_over(watcher), "the reader never handed the file's events over")
+    assert watcher.flush(WAIT_S)
 
 
 @pytest.mark.parametrize("observer", ["portable"])

@@ -42,6 +42,12 @@ SIGNATURES = {
     "watchdog.observers.inotify_c:InotifyFD.add_callback":
         "(self, path: 'bytes', mask: 'Mask', callback: 'WatchCallback', id_: 'CallbackId') -> 'WatchDescriptor'",
     "watchdog.observers.inotify_c:InotifyFD.handle_event": "(self, event: 'InotifyEvent') -> 'None'",
+    # the reader's loop (`run`, replaced) polls (`_check_inotify_fd`, extended) right before its one read
+    "watchdog.observers.inotify_c:InotifyFD.run": "(self) -> 'None'",
+    "watchdog.observers.inotify_c:InotifyFD._check_inotify_fd": "(self) -> 'bool'",
+    "watchdog.observers.inotify_c:InotifyFD.read_events":
+        "(self, *, event_buffer_size: 'int' = 81920) -> 'list[InotifyEvent]'",
+    "watchdog.utils:BaseThread.should_keep_running": "(self) -> 'bool'",
     "watchdog.observers.inotify:InotifyEmitter.__init__":
         "(self, event_queue: 'EventQueue', watch: 'ObservedWatch', *, timeout: 'Seconds' = 1.0, "
         "event_filter: 'list[type[FileSystemEvent]] | None' = None, inotify_fd: 'InotifyFD | None' = None) "
@@ -118,6 +124,7 @@ def test_the_internal_state_the_overrides_touch_is_there(tmp_path: Path) -> None
 
     fd = InotifyFD()
     try:
+        assert isinstance(fd._inotify_fd, int)
         emitter = InotifyEmitter(EventQueue(), ObservedWatch(tmp_path, recursive=True), inotify_fd=fd)
         assert emitter._inotify_fd is fd and emitter._inotify is None  # set by on_thread_start
     finally:
