@@ -85,6 +85,10 @@ HELD_MAX = 4096  # objects held before a flush is due anyway (a rebuild, a huge 
 # bytes of blobs held at most; a blob beyond them is written loose at once. A pack this size
 # stays far under any file-size limit a blob alone passes (RLIMIT_FSIZE: tests/faults/test_storage.py).
 HELD_BLOB_BYTES = 1 << 20
+# bytes of the blobs of the last flush's pack kept to read from memory (`read_blob`): a restore
+# keeping an outside edit writes the merged blob there, then writes it to the workspace, and
+# libgit2 would rescan its pack folder and open the new pack to read it back
+FLUSHED_BLOB_BYTES = 256 << 10
 PACKED_IDS_MAX = 50_000  # ids this handle wrote into packs, answered without libgit2 (`has_object`)
 MERGE_PACKS_AT = 16  # small packs written by a handle before it asks for `merge_small_packs`
 SMALL_PACK_OBJECTS = 2_000  # packs with fewer objects are merged (`merge_small_packs`)
@@ -436,6 +440,7 @@ class ShadowRepo:
         self._recent_commits: dict[str, str | None] = {}  # id: tree (None: empty), of commits written here
         self._pending: dict[bytes, tuple[int, bytes]] = {}  # raw id: (pack kind, content), not yet written
         self._packed_ids: set[bytes] = set()  # raw ids this handle wrote into packs (cleared by `reopen`)
+        self._flushed_blobs: dict[bytes, bytes] = {}  # raw id: content, of the last flush's pack (`read_blob`)
         self._holding_blobs = False  # inside `blobs_for_ref`
         self._held_blob_bytes = 0  # the content bytes of the blobs in `_pending`
         self._packs_written = 0  # small packs `flush` wrote since the last merge
@@ -611,6 +616,7 @@ class ShadowRepo:
         self._recent_trees = {}
         self._recent_commits = {}
         self._packed_ids = set()
+        self._flushed_blobs = {}
 
     def _reload(self) -> None:
         """A fresh libgit2 handle, which sees the packs as they are now."""
@@ -746,7 +752,8 @@ class ShadowRepo:
         if not pending:
             return
         self._pending = {}
-        self._held_blob_bytes = 0
+        self._flushed_blobs = {}
+        held_blob_bytes, self._held_blob_bytes = self._held_blob_bytes, 0
         try:
             name, pack, idx = packing.small_pack((raw, kind, data) for raw, (kind, data) in pending.items())
             base = os.path.join(self._objects_dir, "pack", name)
@@ -762,6 +769,8 @@ class ShadowRepo:
             self._packed_ids = set()
         self._packed_ids.update(pending)
         self._packs_written += 1
+        if held_blob_bytes and held_blob_bytes <= FLUSHED_BLOB_BYTES:
+            self._flushed_blobs = {raw: data for raw, (kind, data) in pending.items() if kind == _BLOB}
 
     @property
     def merge_due(self) -> bool:
@@ -801,9 +810,15 @@ class ShadowRepo:
         # A blob held for the next flush is read from memory: asking libgit2 would flush first,
         # a pack and loose blobs written in the middle of a restore (its merge reads the safety
         # checkpoint's blob of each file it merges), and the ref's flush wrote another pack.
-        held = self._pending.get(bytes.fromhex(oid)) if self._pending and _HEX_ID.fullmatch(oid) else None
-        if held is not None and held[0] == _BLOB:
-            return held[1]
+        # So is a small blob of the last flush's pack (FLUSHED_BLOB_BYTES): the merged blob.
+        if (self._pending or self._flushed_blobs) and _HEX_ID.fullmatch(oid):
+            raw = bytes.fromhex(oid)
+            held = self._pending.get(raw)
+            if held is not None and held[0] == _BLOB:
+                return held[1]
+            flushed = self._flushed_blobs.get(raw)
+            if flushed is not None:
+                return flushed
         data = self._read_loose(oid, b"blob")
         if data is not None:
             return data
@@ -1128,9 +1143,11 @@ class ShadowRepo:
         `written_now` gets every tree written (raw id: entries).
 
         Without `expect_new` the repository is asked whether it holds a tree before it is
-        written, except for a tree holding one just written as new: a tree the repository held
-        would hold only trees it held (a restore keeping an outside edit writes a new chain of
-        trees: one question instead of one per folder, each ~15 us when the answer is no)."""
+        written, except for a tree holding one just written as new, or a blob held for the next
+        flush: a tree the repository held would hold only objects it held (a restore keeping an
+        outside edit writes a new chain of trees above its merged blob: no question, where each
+        was ~15 us and a rescan of libgit2's pack folder when the answer is no). A blob held
+        again that a pack holds already makes its trees be written again, harmlessly."""
         entries = self._entries(tree) if tree is not None else {}
         added = False
         above_new = False
@@ -1166,7 +1183,7 @@ class ShadowRepo:
     def _new_entry(self, existing: tuple[int, bytes] | None, change: Any, written_now: dict[bytes, TreeRecords],
                    expect_new: bool) -> tuple[tuple[str, int] | None, bool]:
         """What one name of a tree becomes: (id, mode), or None when it goes away; and whether
-        it is a tree just written as new."""
+        it is new: a tree just written as new, or a blob held for the next flush."""
         if isinstance(change, dict):
             direct = change.pop("", None)
             if direct is not None:  # a file or link replaces the folder: its changes do not matter
@@ -1180,7 +1197,7 @@ class ShadowRepo:
             return None, False
         if change is None:
             return None, False
-        return (change.oid, change.mode), False
+        return (change.oid, change.mode), self._held(change.oid)
 
     def empty_tree(self) -> str:
         return self._hold(b"tree", b"")

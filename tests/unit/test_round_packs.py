@@ -307,6 +307,71 @@ def test_a_held_blob_is_read_from_memory_and_nothing_is_written(repo: ShadowRepo
     _fsck(repo)
 
 
+def test_the_last_packs_small_blobs_are_read_from_memory(repo: ShadowRepo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A keep-mine restore writes its merged blob into the ref's pack, then into the workspace:
+    read back from memory, without libgit2 (which would rescan its pack folder and open the
+    new pack). Only the last flush's, and only up to FLUSHED_BLOB_BYTES of them."""
+    base, c1 = _first_round(repo, {"a.txt": blob(repo, "a")})
+    with repo.blobs_for_ref():
+        merged = blob(repo, "the merged version\n")
+        c2 = repo.commit(repo.patch_tree(base, {RepoPath("a.txt"): merged}), [c1], "restore", "t")
+        repo.set_ref(task_ref("t"), c2)
+    assert _in_a_pack(repo, merged.oid)
+
+    def no_libgit2(oid: object) -> None:
+        raise AssertionError(f"libgit2 was asked for {oid}")
+
+    with monkeypatch.context() as m:
+        m.setattr(repo, "_obj", no_libgit2)
+        assert repo.read_blob(merged.oid) == b"the merged version\n"
+    # the next flush lets them go; a pack's blobs beyond the budget are not kept
+    monkeypatch.setattr(shadow_repo, "FLUSHED_BLOB_BYTES", 10)
+    with repo.blobs_for_ref():
+        big = blob(repo, "more than ten bytes")
+        c3 = repo.commit(repo.patch_tree(base, {RepoPath("a.txt"): big}), [c2], "round", "t")
+        repo.set_ref(task_ref("t"), c3)
+    asked: list[object] = []
+    plain = repo._obj
+
+    def noting(oid: object) -> object:
+        asked.append(oid)
+        return plain(oid)
+
+    monkeypatch.setattr(repo, "_obj", noting)
+    assert repo.read_blob(big.oid) == b"more than ten bytes" and asked
+    asked.clear()
+    assert repo.read_blob(merged.oid) == b"the merged version\n" and asked
+    _fsck(repo)
+
+
+def test_trees_above_a_held_blob_are_written_without_asking_the_repository(
+    repo: ShadowRepo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree naming a blob held for the next flush is new (a tree on disk names only objects on
+    disk): a restore's patch (`expect_new=False`) asks the repository only about trees above old
+    blobs, each such miss a rescan of libgit2's pack folder."""
+    old, c1 = _first_round(repo, {"a/b/c.txt": blob(repo, "c"), "a/b/d.txt": blob(repo, "d")})
+    repo.reopen()  # the trees are not the handle's recent ones, as in a later task's restore
+    asked: list[str] = []
+    plain = repo.has_object
+
+    def noting(oid: str) -> bool:
+        asked.append(oid)
+        return plain(oid)
+
+    monkeypatch.setattr(repo, "has_object", noting)
+    with repo.blobs_for_ref():
+        merged = blob(repo, "merged")
+        assert not _on_disk(repo, merged.oid)
+        tree = repo.patch_tree(old, {RepoPath("a/b/c.txt"): merged}, expect_new=False)
+        assert asked == []
+        back = repo.patch_tree(tree, {RepoPath("a/b/c.txt"): blob(repo, "c")}, expect_new=False)
+        assert back == old and asked  # old blobs: the repository is asked, and holds the trees
+        repo.set_ref(task_ref("t"), repo.commit(tree, [c1], "restore", "t"))
+    assert git(repo, "cat-file", "-p", f"{task_ref('t')}:a/b/c.txt").stdout == "merged"
+    _fsck(repo)
+
+
 def test_reading_an_old_tree_or_merging_writes_only_what_libgit2_reads(repo: ShadowRepo) -> None:
     """A keep-mine restore looks up the target's entries in an old tree and merges with a held
     blob: the lookup writes nothing held, the merge writes only its held blob (loose), and the
