@@ -1,10 +1,11 @@
 """The inotify specifics of the watcher on Linux: watchdog's inotify observer with its internals overridden.
 
 `WorkspaceWatcher` (watcher.py) builds a `ShadowObserver` around an `InotifyHooks` of its own. The
-overrides keep watches off skipped folders, report kernel queue overflows and watch limits, carry the
-flush marker folder on the workspace's own watch group (so the flush barrier is ordered with workspace
-events) and release paired renames at once. They run on watchdog's set-up, inotify-reader and emitter
-threads.
+overrides keep watches off skipped folders, report kernel queue overflows and watch limits, tell when
+the reader has handed every event the kernel queued over (so the flush barrier can pass at once, or
+queue itself behind the events still to record), carry the flush marker folder on the workspace's own
+watch group (the barrier's fallback, ordered with workspace events by the kernel) and release paired
+renames at once. They run on watchdog's set-up, inotify-reader and emitter threads.
 
 They reach into private internals of watchdog, written for the versions in `SUPPORTED_WATCHDOG`.
 tests/unit/test_watcher_inotify.py checks the installed version and the signature of every internal
