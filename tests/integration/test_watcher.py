@@ -362,51 +362,6 @@ def test_events_are_recorded_on_the_emitter_thread_not_through_the_observers_que
     assert recorded_on and set(recorded_on) == {"shadowpoint-watcher-emitter:ws"}, recorded_on
 
 
-@pytest.mark.parametrize("observer", ["inotify"])
-def test_a_marker_with_nothing_ahead_passes_on_the_inotify_thread_and_waits_behind_an_event(
-    ws: Path, started: Callable[..., WorkspaceWatcher], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The barrier's marker is reported by the inotify thread itself when no event is queued or
-    being handled (one thread hop less); behind an event the emitter is still handling, it
-    waits its turn: the barrier never passes before an earlier event is recorded."""
-    watcher = started({"src/": ""})
-    marker_files_only(watcher, monkeypatch)
-    handler = watcher._handler
-    plain = handler.dispatch
-    seen: list[tuple[str, str]] = []  # (thread, what)
-    entered, release = threading.Event(), threading.Event()
-
-    def noting(event: Any) -> None:
-        path = os.fsdecode(event.src_path)
-        what = "marker" if handler.marker_prefix and path.startswith(handler.marker_prefix) else path
-        if what.endswith("slow.txt"):
-            entered.set()
-            assert release.wait(WAIT_S)
-        plain(event)
-        seen.append((threading.current_thread().name, what))
-
-    handler.dispatch = noting  # type: ignore[method-assign]
-    assert watcher.flush(WAIT_S)
-    assert seen[-1] == ("shadowpoint-watcher-inotify:ws", "marker"), seen
-
-    (ws / "src/slow.txt").write_text("s")
-    assert entered.wait(WAIT_S)  # the emitter is in the middle of handling it
-    passed: list[bool] = []
-    flusher = threading.Thread(target=lambda: passed.append(watcher.flush(WAIT_S)))
-    flusher.start()
-    (emitter,) = watcher._observer.emitters  # type: ignore[union-attr]
-    queue = emitter.group._move_event_grouper._queue
-    marker_dir = os.fsencode(os.path.dirname(handler.marker_prefix or "/"))
-    wait_for(lambda: any(getattr(item[0], "path", b"").startswith(marker_dir) for item in list(queue._queue)),
-             "the marker was never queued behind the event")
-    assert not passed and [what for _, what in seen].count("marker") == 1, "the barrier passed an event still handled"
-    release.set()
-    flusher.join(WAIT_S)
-    assert passed == [True]
-    assert [what for _, what in seen[-2:]] == [str(ws / "src/slow.txt"), "marker"], seen
-    assert seen[-1][0] == "shadowpoint-watcher-emitter:ws"
-
-
 def _noting_dispatch(watcher: WorkspaceWatcher, hold_on: str, entered: threading.Event,
                      release: threading.Event) -> list[tuple[str, str]]:
     """Record (thread, "marker" or path) of every event the handler gets, holding the thread that
@@ -433,6 +388,36 @@ def _flushing(watcher: WorkspaceWatcher) -> tuple[threading.Thread, list[bool]]:
     flusher = threading.Thread(target=lambda: passed.append(watcher.flush(WAIT_S)))
     flusher.start()
     return flusher, passed
+
+
+@pytest.mark.parametrize("observer", ["inotify"])
+def test_a_marker_with_nothing_ahead_passes_on_the_inotify_thread_and_waits_behind_an_event(
+    ws: Path, started: Callable[..., WorkspaceWatcher], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The barrier's marker is reported by the inotify thread itself when no event is queued or
+    being handled (one thread hop less); behind an event the emitter is still handling, it
+    waits its turn: the barrier never passes before an earlier event is recorded."""
+    watcher = started({"src/": ""})
+    marker_files_only(watcher, monkeypatch)
+    entered, release = threading.Event(), threading.Event()
+    seen = _noting_dispatch(watcher, "slow.txt", entered, release)
+    assert watcher.flush(WAIT_S)
+    assert seen[-1] == ("shadowpoint-watcher-inotify:ws", "marker"), seen
+
+    (ws / "src/slow.txt").write_text("s")
+    assert entered.wait(WAIT_S)  # the emitter is in the middle of handling it
+    flusher, passed = _flushing(watcher)
+    (emitter,) = watcher._observer.emitters  # type: ignore[union-attr]
+    queue = emitter.group._move_event_grouper._queue
+    marker_dir = os.fsencode(os.path.dirname(watcher._handler.marker_prefix or "/"))
+    wait_for(lambda: any(getattr(item[0], "path", b"").startswith(marker_dir) for item in list(queue._queue)),
+             "the marker was never queued behind the event")
+    assert not passed and [what for _, what in seen].count("marker") == 1, "the barrier passed an event still handled"
+    release.set()
+    flusher.join(WAIT_S)
+    assert passed == [True]
+    assert [what for _, what in seen[-2:]] == [str(ws / "src/slow.txt"), "marker"], seen
+    assert seen[-1][0] == "shadowpoint-watcher-emitter:ws"
 
 
 def _handed_over(watcher: WorkspaceWatcher) -> bool:
