@@ -307,6 +307,19 @@ def test_a_held_blob_is_read_from_memory_and_nothing_is_written(repo: ShadowRepo
     _fsck(repo)
 
 
+def _asked(repo: ShadowRepo, method: str, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The ids `repo.<method>` is asked for from now on (it still answers)."""
+    asked: list[object] = []
+    plain = getattr(repo, method)
+
+    def noting(oid: object) -> object:
+        asked.append(oid)
+        return plain(oid)
+
+    monkeypatch.setattr(repo, method, noting)
+    return asked
+
+
 def test_the_last_packs_small_blobs_are_read_from_memory(repo: ShadowRepo, monkeypatch: pytest.MonkeyPatch) -> None:
     """A keep-mine restore writes its merged blob into the ref's pack, then into the workspace:
     read back from memory, without libgit2 (which would rescan its pack folder and open the
@@ -330,14 +343,7 @@ def test_the_last_packs_small_blobs_are_read_from_memory(repo: ShadowRepo, monke
         big = blob(repo, "more than ten bytes")
         c3 = repo.commit(repo.patch_tree(base, {RepoPath("a.txt"): big}), [c2], "round", "t")
         repo.set_ref(task_ref("t"), c3)
-    asked: list[object] = []
-    plain = repo._obj
-
-    def noting(oid: object) -> object:
-        asked.append(oid)
-        return plain(oid)
-
-    monkeypatch.setattr(repo, "_obj", noting)
+    asked = _asked(repo, "_obj", monkeypatch)
     assert repo.read_blob(big.oid) == b"more than ten bytes" and asked
     asked.clear()
     assert repo.read_blob(merged.oid) == b"the merged version\n" and asked
@@ -352,14 +358,7 @@ def test_trees_above_a_held_blob_are_written_without_asking_the_repository(
     blobs, each such miss a rescan of libgit2's pack folder."""
     old, c1 = _first_round(repo, {"a/b/c.txt": blob(repo, "c"), "a/b/d.txt": blob(repo, "d")})
     repo.reopen()  # the trees are not the handle's recent ones, as in a later task's restore
-    asked: list[str] = []
-    plain = repo.has_object
-
-    def noting(oid: str) -> bool:
-        asked.append(oid)
-        return plain(oid)
-
-    monkeypatch.setattr(repo, "has_object", noting)
+    asked = _asked(repo, "has_object", monkeypatch)
     with repo.blobs_for_ref():
         merged = blob(repo, "merged")
         assert not _on_disk(repo, merged.oid)
