@@ -71,7 +71,7 @@ from shadowpoint.store.checkpoints import (
     fork_record,
 )
 from shadowpoint.store.recovery import rebuild_record
-from shadowpoint.store.shadow_repo import delete_task_refs
+from shadowpoint.store.shadow_repo import delete_task_refs, limit_mapped_memory
 from shadowpoint.store.values import task_ref
 from shadowpoint.verifier import VerifyStats, WatchVerifier, throttled
 from shadowpoint.workspace import PathResolver, RepoPath, Workspace, open_workspaces
@@ -128,6 +128,9 @@ def damaged_checkpoint(ts: object, root: RootState) -> Iterator[None]:
 COPY_QUIET_S = 0.3
 COPY_YIELD_MAX_S = 2.0
 COPY_YIELD_STEP_S = 0.05
+# Pack memory libgit2 keeps mapped in an engine's process (`limit_mapped_memory`): a long-lived
+# sidecar reads the trees of a collected shadow repository, spread through its biggest pack.
+ENGINE_MAPPED_BYTES = 32 << 20
 
 
 class Engine:
@@ -135,6 +138,7 @@ class Engine:
 
     def __init__(self, roots: Sequence[str | Path], options: EngineOptions, notify: Notify | None = None) -> None:
         self.options = options
+        limit_mapped_memory(ENGINE_MAPPED_BYTES)
         self.workspaces = open_workspaces(roots, options.docs_dir, protected_directories())
         self.resolver = PathResolver(self.workspaces)
         self.roots = {ws.name: RootState(ws, options) for ws in self.workspaces}

@@ -53,7 +53,8 @@ NAME_ALL_BELOW = 5_000
 
 @dataclass(slots=True)
 class Reachable:
-    """What the refs reach: every object id, in the order the walk met them (folder by folder).
+    """What the refs reach: every object id, in the order the walk met them (folder by
+    folder): commits and trees in `order`, blobs in `blobs`.
 
     `multi` holds trees and blobs whose path has several versions among the reachable
     commits (delta candidates); `names` their path, for the delta search's ordering (and
@@ -64,6 +65,7 @@ class Reachable:
     names: dict[str, str] = field(default_factory=dict)
     multi: set[str] = field(default_factory=set)
     order: list[str] = field(default_factory=list)
+    blobs: list[str] = field(default_factory=list)
     naming_all: bool = True  # `names` holds every object's path (until NAME_ALL_BELOW were met)
 
 
@@ -97,6 +99,7 @@ def reachable(repo: pygit2.Repository, tips: Iterable[str]) -> Reachable:
             if tid in seen:
                 continue
             seen.add(tid)
+            out.order.append(tid)
             _note(out, first, path, tid)
             prefix = f"{path}/" if path else ""
             for mode, name, eid in _tree_entries(odb.read(tid)[1]):
@@ -107,6 +110,7 @@ def reachable(repo: pygit2.Repository, tips: Iterable[str]) -> Reachable:
                         trees.append((eid, prefix + name))
                 elif eid not in seen:
                     seen.add(eid)
+                    out.blobs.append(eid)
                     _note(out, first, prefix + name, eid)
     return out
 
@@ -123,9 +127,9 @@ def _tree_entries(data: bytes) -> Iterator[tuple[int, str, str]]:
 
 
 def _note(out: Reachable, first: dict[int, str], path: str, oid: str) -> None:
-    out.order.append(oid)
     names = out.names
-    if out.naming_all and len(out.order) >= NAME_ALL_BELOW:  # many: from now on, the delta candidates' alone
+    # many: from now on, the delta candidates' alone
+    if out.naming_all and len(out.order) + len(out.blobs) >= NAME_ALL_BELOW:
         out.names = names = {o: names[o] for o in out.multi if o in names}
         out.naming_all = False
     if out.naming_all:

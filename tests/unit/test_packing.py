@@ -11,8 +11,10 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
+import pygit2
 import pytest
 
+from shadowpoint.engine import ENGINE_MAPPED_BYTES
 from shadowpoint.stage.early_capture import EarlyCapture
 from shadowpoint.stage.exclusions import WalkPart
 from shadowpoint.stage.scanner import (
@@ -88,6 +90,25 @@ def test_collection_packs_everything_git_can_verify(repo: ShadowRepo, small_pack
     listed = repo.list_tree(repo.commit_tree(head))
     for path, data in content.items():
         assert repo.read_blob(listed[RepoPath(path)].oid) == data
+
+
+def test_a_collection_writes_commits_and_trees_before_the_blobs(repo: ShadowRepo,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """As git orders a pack: a walk of the trees then reads one stretch of it, not pages spread
+    through every blob (a sidecar kept 250 MiB of a 100k-file pack mapped)."""
+    monkeypatch.setattr(shadow_repo, "GC_KEEP_PACK_OBJECTS", 30)  # the rounds' pack of trees is merged
+    _history(repo, "t1", files=40, rounds=3, seed=4)
+    before = _packs(repo)
+    repo.collect_garbage(grace_s=0)
+    (plain,) = [s for s in _packs(repo) - before
+                if len(packing.pack_objects(repo.git_dir / "objects" / "pack" / f"{s}.idx")) >= 30]
+    verify = git(repo, "verify-pack", "-v", str(repo.git_dir / "objects" / "pack" / f"{plain}.idx")).stdout
+    rows = [line.split() for line in verify.splitlines()]
+    kinds = [kind for _, kind in sorted((int(row[4]), row[1]) for row in rows
+                                        if len(row) >= 5 and row[1] in ("commit", "tree", "blob"))]
+    assert {"commit", "tree", "blob"} <= set(kinds)
+    assert kinds.index("blob") == len(kinds) - kinds.count("blob"), kinds
+    assert git(repo, "fsck", "--full", "--strict", "--no-dangling").returncode == 0
 
 
 def test_packs_without_garbage_are_kept_and_an_interrupted_collection_resumes(
@@ -214,6 +235,56 @@ def test_stored_zlib_is_one_whole_zlib_stream(size: int) -> None:
 
 def _sorted_files(entries: Mapping[str, shadow_repo.TreeEntry | None]) -> list[tuple[str, int, bytes]]:
     return sorted((p, e.mode, bytes.fromhex(e.oid)) for p, e in entries.items() if e is not None)
+
+
+@pytest.fixture
+def pack_windows() -> Iterator[None]:
+    """libgit2's pack window settings (process-wide) as a fresh process has them, and back."""
+    settings = pygit2.settings
+    before = settings.mwindow_size, settings.mwindow_mapped_limit
+    settings.mwindow_size, settings.mwindow_mapped_limit = 1 << 30, 8 << 30  # libgit2's defaults (64-bit)
+    yield
+    settings.mwindow_size, settings.mwindow_mapped_limit = before
+
+
+def _mapped_pack_bytes(pack_dir: Path) -> int:
+    """Bytes of `pack_dir`'s files resident in this process's mappings (/proc/self/smaps)."""
+    total, in_pack = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line: range, perms, ..., path
+            in_pack = len(head) >= 6 and head[5].startswith(str(pack_dir))
+        elif in_pack and head[:1] == ["Rss:"]:
+            total += int(head[1]) * 1024
+    return total
+
+
+def test_an_engine_keeps_at_most_its_limit_of_a_pack_mapped(repo: ShadowRepo, workspace: Path, make_engine: Any,
+                                                            pack_windows: None) -> None:
+    """Every object of a pack read: without a limit the pages stay mapped as long as the
+    handle lives (a sidecar opened on a collected 100k-file shadow repository: 321 MiB); an
+    engine lowers libgit2's limit for its process, and never raises a lower one."""
+    rng = random.Random(5)
+    oids = [repo.write_blob(rng.randbytes(1 << 20)) for _ in range(48)]  # incompressible: a 48 MiB pack
+    pack_dir = repo.git_dir / "objects" / "pack"
+    pack_dir.mkdir(parents=True, exist_ok=True)
+    packing.write_pack(repo._repo, oids, pack_dir, level=1)
+    for oid in oids:
+        (repo.git_dir / "objects" / oid[:2] / oid[2:]).unlink()
+
+    def read_all() -> int:
+        repo.reopen()
+        for oid in oids:
+            assert len(repo.read_blob(oid)) == 1 << 20
+        return _mapped_pack_bytes(pack_dir)
+
+    assert read_all() > ENGINE_MAPPED_BYTES, "libgit2's default keeps the whole pack mapped"
+    make_engine(workspace)
+    assert pygit2.settings.mwindow_mapped_limit == ENGINE_MAPPED_BYTES
+    assert 0 < read_all() <= ENGINE_MAPPED_BYTES
+    pygit2.settings.mwindow_mapped_limit = 8 << 20  # a program's own, lower limit stays
+    make_engine(workspace)
+    assert pygit2.settings.mwindow_mapped_limit == 8 << 20
 
 
 def test_a_handle_reopens_once_another_collection_removed_its_packs(repo: ShadowRepo, workspace: Path) -> None:
@@ -358,15 +429,18 @@ def test_the_walk_reaches_what_git_does_and_names_the_delta_candidates(
     head, _ = _history(repo, "t1", files=30, rounds=6, seed=3)
     repo.flush()
     commits = set(git(repo, "rev-list", head).stdout.split())
-    whole = packing.reachable(repo._repo, [head])
+    # the count the walk has when it appends its second commit: the tip and its whole tree
+    tip_tree = {line.split()[2] for line in git(repo, "ls-tree", "-r", "-t", head).stdout.splitlines()}
     threshold = {"small": 5_000, "big": 3,
-                 # the count the walk has when it appends its second commit
-                 "passed by a commit": next(i for i, o in enumerate(whole.order) if i and o in commits) + 1}[walk]
+                 "passed by a commit": 1 + len(tip_tree | {repo.commit_tree(head)}) + 1}[walk]
     monkeypatch.setattr(packing, "NAME_ALL_BELOW", threshold)
     reach = packing.reachable(repo._repo, [head])
     listed = git(repo, "rev-list", "--objects", head).stdout.split("\n")
     oracle = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in listed if line}
-    assert reach.objects == set(oracle) and sorted(reach.order) == sorted(oracle)
+    kinds = dict(line.split() for line in git(repo, "cat-file", "--batch-all-objects",
+                                                "--batch-check=%(objectname) %(objecttype)").stdout.splitlines())
+    assert reach.objects == set(oracle) and sorted(reach.order + reach.blobs) == sorted(oracle)
+    assert {kinds[o] for o in reach.order} == {"commit", "tree"} and {kinds[o] for o in reach.blobs} == {"blob"}
     changed = {f"d0/f{r % 3 * 4}.txt" for r in range(6)} | {"d0", ""}  # the files the rounds edited, their folders
     assert reach.multi == {oid for oid, path in oracle.items() if path in changed and oid not in commits}
     assert all(reach.names[o] == oracle[o] for o in reach.multi)
@@ -374,5 +448,5 @@ def test_the_walk_reaches_what_git_does_and_names_the_delta_candidates(
         assert reach.names == {o: p for o, p in oracle.items() if o not in commits}
     else:
         assert set(reach.names) == reach.multi
-    blobs_of_d1 = [i for i, o in enumerate(reach.order) if oracle[o].startswith("d1/")]
+    blobs_of_d1 = [i for i, o in enumerate(reach.blobs) if oracle[o].startswith("d1/")]
     assert blobs_of_d1 == list(range(blobs_of_d1[0], blobs_of_d1[0] + len(blobs_of_d1))), "d1's objects together"
