@@ -24,12 +24,12 @@ import itertools
 import os
 import struct
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import pygit2
 from pygit2.ffi import C, ffi
@@ -42,6 +42,7 @@ MODE_GITLINK = 0o160000
 _IDX_MAGIC = b"\xfftOc"
 _BATCH = 256  # objects compressed per round trip to the threads
 
+T = TypeVar("T")
 Progress = Callable[[int, int], None]
 """(objects written so far, objects to write)."""
 
@@ -53,93 +54,142 @@ NAME_ALL_BELOW = 5_000
 
 @dataclass(slots=True)
 class Reachable:
-    """What the refs reach: every object id, in the order the walk met them (folder by
-    folder): commits and trees in `order`, blobs in `blobs`.
+    """What the refs reach: every object's raw id (20 bytes), in the order the walk met them
+    (folder by folder): commits and trees in `order`, blobs in `blobs`.
 
     `multi` holds trees and blobs whose path has several versions among the reachable
     commits (delta candidates); `names` their path, for the delta search's ordering (and
     every object's, in a walk that met fewer than NAME_ALL_BELOW).
     """
 
-    objects: set[str] = field(default_factory=set)
-    names: dict[str, str] = field(default_factory=dict)
-    multi: set[str] = field(default_factory=set)
-    order: list[str] = field(default_factory=list)
-    blobs: list[str] = field(default_factory=list)
+    objects: set[bytes] = field(default_factory=set)
+    names: dict[bytes, str] = field(default_factory=dict)
+    multi: set[bytes] = field(default_factory=set)
+    order: list[bytes] = field(default_factory=list)
+    blobs: list[bytes] = field(default_factory=list)
     naming_all: bool = True  # `names` holds every object's path (until NAME_ALL_BELOW were met)
+
+    def hex_ids(self) -> HexIds:
+        """`objects`, asked with hex ids."""
+        return HexIds(self.objects)
+
+
+class HexIds:
+    """A set of raw ids asked with hex ones (what libgit2 and the object folders name)."""
+
+    def __init__(self, raw: set[bytes]) -> None:
+        self._raw = raw
+
+    def __contains__(self, oid: object) -> bool:
+        if not isinstance(oid, str) or len(oid) != 40:
+            return False
+        try:
+            return bytes.fromhex(oid) in self._raw
+        except ValueError:
+            return False
 
 
 def reachable(repo: pygit2.Repository, tips: Iterable[str]) -> Reachable:
     """Walk commits (parents included) and trees from `tips`, noting which objects share a path.
 
-    Kept small: at 100k files a collection's walk held a path string per object, and libgit2
-    cached every tree it read (~26 and ~10 MiB of a sidecar's peak). Trees are read raw from
-    the object database (no cache) and parsed here; a path is held only as long as the walk
-    is in its folder, its hash stands for it in `first` (a collision of two hashes only makes
-    two objects delta candidates)."""
+    Kept small: a collection's walk is a sidecar's peak memory (at 100k files it held a hex
+    id and a hash of a path per object, 23 MiB; libgit2 cached every tree it read, ~10 MiB).
+    Ids are held raw; trees are read raw from the object database (no cache) and parsed here;
+    a path is held only while the walk is in its folder.
+
+    The versions of a path are found beside the commit the walk came from: a commit's new
+    trees are walked beside the same folders of its child (for another tip, of the first tree
+    walked), and an entry whose id differs there is a second version of its path: both are
+    delta candidates. Every version of a path in one line of history meets the next one so. A
+    path deleted in a child and back in a later commit is missed: it costs only compression.
+    """
     out = Reachable()
-    first: dict[int, str] = {}  # hash of a path -> the first object id seen there
     seen = out.objects
-    stack = list(tips)
     odb = repo.odb
+    # (commit or tree id, the tree beside its own: its child's)
+    stack: list[tuple[str, bytes | None]] = [(tip, None) for tip in tips]
+    first: bytes | None = None
     while stack:
-        oid = stack.pop()
-        if oid in seen:
+        oid, beside = stack.pop()
+        raw = bytes.fromhex(oid)
+        if raw in seen:
             continue
         obj: Any = repo[oid]
         if isinstance(obj, pygit2.Commit):
-            seen.add(oid)
-            out.order.append(oid)
-            stack.extend(str(p) for p in obj.parent_ids)
-            trees: list[tuple[str, str]] = [(str(obj.tree_id), "")]
+            seen.add(raw)
+            out.order.append(raw)
+            root = obj.tree_id.raw
+            stack.extend((str(p), root) for p in obj.parent_ids)
         else:
-            trees = [(oid, "")]
-        while trees:
-            tid, path = trees.pop()
-            if tid in seen:
-                continue
-            seen.add(tid)
-            out.order.append(tid)
-            _note(out, first, path, tid)
-            prefix = f"{path}/" if path else ""
-            for mode, name, eid in _tree_entries(odb.read(tid)[1]):
-                if mode == MODE_GITLINK:
-                    continue
-                if mode == MODE_TREE:
-                    if eid not in seen:
-                        trees.append((eid, prefix + name))
-                elif eid not in seen:
-                    seen.add(eid)
-                    out.blobs.append(eid)
-                    _note(out, first, prefix + name, eid)
+            root = raw
+        if beside is None and first != root:
+            beside = first  # another tip: beside the first tree walked
+        if first is None:
+            first = root
+        _walk_tree(out, odb, root, beside)
     return out
 
 
-def _tree_entries(data: bytes) -> Iterator[tuple[int, str, str]]:
-    """(mode, name, object id) of each entry of a raw tree (`<octal mode> <name>\\0<20-byte id>`)."""
+def _walk_tree(out: Reachable, odb: Any, root: bytes, beside: bytes | None) -> None:
+    """Note every object of the tree `root` not seen yet; `beside`: the same folder in the
+    commit the walk came from (`reachable`)."""
+    seen = out.objects
+    trees: list[tuple[bytes, str, bytes | None]] = [(root, "", beside)]
+    while trees:
+        tid, path, other = trees.pop()
+        if tid in seen:
+            continue
+        seen.add(tid)
+        out.order.append(tid)
+        _named(out, tid, path)
+        there: dict[str, tuple[int, bytes]] | None = None
+        if other is not None:
+            _versions(out, path, tid, other)
+            there = {name: (mode, eid) for mode, name, eid in _tree_entries(odb.read(other.hex())[1])}
+        prefix = f"{path}/" if path else ""
+        for mode, name, eid in _tree_entries(odb.read(tid.hex())[1]):
+            if mode == MODE_GITLINK or eid in seen:
+                continue
+            old = there.get(name) if there is not None else None
+            if mode == MODE_TREE:
+                trees.append((eid, prefix + name, old[1] if old is not None and old[0] == MODE_TREE else None))
+                continue
+            seen.add(eid)
+            out.blobs.append(eid)
+            if out.naming_all:
+                _named(out, eid, prefix + name)
+            # every id of a tree walked before is seen: `old` is another version
+            if old is not None and old[0] not in (MODE_TREE, MODE_GITLINK):
+                _versions(out, prefix + name, eid, old[1])
+
+
+def _tree_entries(data: bytes) -> Iterator[tuple[int, str, bytes]]:
+    """(mode, name, raw id) of each entry of a raw tree (`<octal mode> <name>\0<20-byte id>`)."""
     pos, end = 0, len(data)
     while pos < end:
         space = data.index(b" ", pos)
         nul = data.index(b"\0", space)
-        yield int(data[pos:space], 8), data[space + 1:nul].decode("utf-8", "surrogateescape"), \
-            data[nul + 1:nul + 21].hex()
+        yield int(data[pos:space], 8), data[space + 1:nul].decode("utf-8", "surrogateescape"), data[nul + 1:nul + 21]
         pos = nul + 21
 
 
-def _note(out: Reachable, first: dict[int, str], path: str, oid: str) -> None:
-    names = out.names
-    # many: from now on, the delta candidates' alone
-    if out.naming_all and len(out.order) + len(out.blobs) >= NAME_ALL_BELOW:
-        out.names = names = {o: names[o] for o in out.multi if o in names}
+def _named(out: Reachable, oid: bytes, path: str) -> None:
+    """Name `oid` while the walk names every object (until NAME_ALL_BELOW were met)."""
+    if not out.naming_all:
+        return
+    if len(out.order) + len(out.blobs) >= NAME_ALL_BELOW:  # many: from now on, the delta candidates' alone
+        out.names = {o: out.names[o] for o in out.multi if o in out.names}
         out.naming_all = False
-    if out.naming_all:
-        names.setdefault(oid, path)
-    other = first.setdefault(hash(path), oid)
-    if other != oid:
-        out.multi.add(oid)
-        out.multi.add(other)
-        names.setdefault(oid, path)
-        names.setdefault(other, path)
+        return
+    out.names.setdefault(oid, path)
+
+
+def _versions(out: Reachable, path: str, oid: bytes, other: bytes) -> None:
+    """`oid` and `other` are two versions of `path`: delta candidates, named by it."""
+    out.multi.add(oid)
+    out.multi.add(other)
+    out.names.setdefault(oid, path)
+    out.names.setdefault(other, path)
 
 
 # ---------------------------------------------------------------- existing packs
@@ -151,10 +201,42 @@ def pack_objects(idx: Path) -> list[str]:
     Raises:
         RepoError: not a version-2 index.
     """
+    return [raw.hex() for raw in pack_ids(idx)]
+
+
+def pack_ids(idx: Path) -> list[bytes]:
+    """`pack_objects`, raw (20 bytes each)."""
     data = idx.read_bytes()
     count = _listed_count(data, idx)
     raw = data[_IDX_HEAD : _IDX_HEAD + 20 * count]
-    return [raw[i : i + 20].hex() for i in range(0, len(raw), 20)]
+    return [raw[i : i + 20] for i in range(0, len(raw), 20)]
+
+
+def pack_holds(idx: Path, wanted: Iterable[bytes]) -> set[bytes]:
+    """Which of `wanted` (raw ids) the version-2 index `idx` lists: a binary search of its
+    sorted ids from the fan-out table, not a set of them all (a collection asked about a few
+    objects of two 50k-object packs that way took 13 MiB, its sidecar's peak memory).
+
+    Raises:
+        RepoError: not a version-2 index.
+    """
+    data = idx.read_bytes()
+    _listed_count(data, idx)
+    found = set()
+    for raw in wanted:
+        lo = struct.unpack_from(">I", data, 8 + 4 * (raw[0] - 1))[0] if raw[0] else 0
+        hi = struct.unpack_from(">I", data, 8 + 4 * raw[0])[0]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            here = data[_IDX_HEAD + 20 * mid:_IDX_HEAD + 20 * mid + 20]
+            if here == raw:
+                found.add(raw)
+                break
+            if here < raw:
+                lo = mid + 1
+            else:
+                hi = mid
+    return found
 
 
 def pack_object_count(idx: Path) -> int:
@@ -205,14 +287,16 @@ def _stored_object(kind: int, data: bytes) -> bytes:
     return _object_header(kind, len(data)) + stored_zlib(data)
 
 
-def _compressed(item: tuple[str, int, bytes], level: int = 6) -> tuple[str, bytes]:
-    oid, kind, data = item
-    return oid, _object_header(kind, len(data)) + zlib.compress(data, level)
+def _compressed(item: tuple[bytes, int, bytes], level: int = 6) -> tuple[bytes, bytes]:
+    raw, kind, data = item
+    return raw, _object_header(kind, len(data)) + zlib.compress(data, level)
 
 
-def write_pack(repo: pygit2.Repository, oids: list[str], folder: Path, progress: Progress | None = None,
-               done: int = 0, total: int = 0, level: int = 6, pause: Callable[[], None] | None = None) -> Path:
-    """Write `oids` (all readable from `repo`) as one pack without deltas into `folder`.
+def write_pack(repo: pygit2.Repository, oids: Sequence[str | bytes], folder: Path,
+               progress: Progress | None = None, done: int = 0, total: int = 0, level: int = 6,
+               pause: Callable[[], None] | None = None) -> Path:
+    """Write `oids` (all readable from `repo`; hex, or raw as a collection's walk holds them)
+    as one pack without deltas into `folder`.
 
     The `.pack` is written first, then its `.idx`; both under temporary names, renamed to
     `pack-<checksum>.*` when complete. Returns the `.idx` path. `pause`: called before each
@@ -223,25 +307,26 @@ def write_pack(repo: pygit2.Repository, oids: list[str], folder: Path, progress:
     """
     odb = repo.odb
 
-    def read(batch: list[str]) -> list[tuple[str, int, bytes]]:
+    def read(batch: Sequence[str | bytes]) -> list[tuple[bytes, int, bytes]]:
         if pause is not None:
             pause()
         items = []
         for oid in batch:
+            hex_id = oid if isinstance(oid, str) else oid.hex()
             try:
-                kind, data = odb.read(oid)
+                kind, data = odb.read(hex_id)
             # not `shadow_repo.translated` (that module imports this one): one context manager
             # per object of a collection costs ~1 µs each, and this message names the object
             except (KeyError, pygit2.GitError, ValueError) as exc:
-                raise RepoError(f"Object {oid} cannot be read: {exc}") from exc
-            items.append((oid, int(kind), bytes(data)))
+                raise RepoError(f"Object {hex_id} cannot be read: {exc}") from exc
+            items.append((bytes.fromhex(oid) if isinstance(oid, str) else oid, int(kind), bytes(data)))
         return items
 
     return _write_pack_items(len(oids), (read(batch) for batch in _batches(oids, _BATCH)), folder, progress,
                              done, total, level)
 
 
-def _write_pack_items(count: int, batches: Iterable[list[tuple[str, int, bytes]]], folder: Path,
+def _write_pack_items(count: int, batches: Iterable[list[tuple[bytes, int, bytes]]], folder: Path,
                       progress: Progress | None = None, done: int = 0, total: int = 0, level: int = 6) -> Path:
     compress = partial(_compressed, level=level)
     tmp_pack = folder / "tmp_pack_sp"
@@ -252,13 +337,16 @@ def _write_pack_items(count: int, batches: Iterable[list[tuple[str, int, bytes]]
         fh.write(head)
         digest.update(head)
         offset = len(head)
-        for items in batches:
-            for oid, blob in pool.map(compress, items):
+        batch_iter = iter(batches)
+        while (items := next(batch_iter, None)) is not None:
+            done += len(items)
+            compressed = pool.map(compress, items)
+            del items  # each object's content goes once compressed, not after the next batch is read
+            for raw, blob in compressed:
                 fh.write(blob)
                 digest.update(blob)
-                entries.append(_index_record(bytes.fromhex(oid), blob, offset))
+                entries.append(_index_record(raw, blob, offset))
                 offset += len(blob)
-            done += len(items)
             if progress is not None:
                 progress(done, total or count)
         if len(entries) != count:
@@ -417,7 +505,7 @@ class PackStream:
         self.close()
 
 
-def _batches(items: list[str], size: int) -> Iterator[list[str]]:
+def _batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
 
@@ -453,15 +541,26 @@ def small_pack(objects: Iterable[tuple[bytes, int, bytes]]) -> tuple[str, bytes,
 
 
 def _write_index(path: Path, entries: list[bytes], pack_checksum: bytes) -> None:
-    body = _index_bytes(entries, pack_checksum)
+    """Write `_index_bytes` piece by piece (no copy of the whole index: a collection's peak
+    memory is at this moment)."""
+    digest = hashlib.sha1()
     with open(path, "wb") as fh:
-        fh.write(body)
+        for part in _index_parts(entries, pack_checksum):
+            fh.write(part)
+            digest.update(part)
+        fh.write(digest.digest())  # git's index checksum
         fh.flush()
         os.fsync(fh.fileno())
 
 
 def _index_bytes(entries: list[bytes], pack_checksum: bytes) -> bytes:
     """A version-2 pack index of `entries` (`_index_record`s; sorted here), its checksum included."""
+    body = b"".join(_index_parts(entries, pack_checksum))
+    return body + hashlib.sha1(body).digest()  # git's index checksum
+
+
+def _index_parts(entries: list[bytes], pack_checksum: bytes) -> list[bytes | bytearray]:
+    """The pieces of a version-2 pack index of `entries` (sorted here), but its checksum."""
     entries.sort()
     fanout = [0] * 256
     ids = bytearray()
@@ -480,24 +579,21 @@ def _index_bytes(entries: list[bytes], pack_checksum: bytes) -> bytes:
         else:
             small += (0x80000000 | len(big)).to_bytes(4, "big")
             big.append(off)
-    body = b"".join([
-        _IDX_MAGIC, struct.pack(">I", 2), struct.pack(">256I", *itertools.accumulate(fanout)), ids, crcs, small,
-        b"".join(struct.pack(">Q", o) for o in big), pack_checksum,
-    ])
-    return body + hashlib.sha1(body).digest()  # git's index checksum
+    return [_IDX_MAGIC, struct.pack(">I", 2), struct.pack(">256I", *itertools.accumulate(fanout)), ids, crcs, small,
+            b"".join(struct.pack(">Q", o) for o in big), pack_checksum]
 
 
-def write_delta_pack(repo: pygit2.Repository, oids: Iterable[str], names: dict[str, str], folder: Path) -> None:
-    """Write `oids` with libgit2's PackBuilder and its delta search, each named by its path
-    (PackBuilder orders delta candidates by name; pygit2's `add` passes none)."""
+def write_delta_pack(repo: pygit2.Repository, oids: Iterable[bytes], names: dict[bytes, str], folder: Path) -> None:
+    """Write `oids` (raw) with libgit2's PackBuilder and its delta search, each named by its
+    path (PackBuilder orders delta candidates by name; pygit2's `add` passes none)."""
     pb = pygit2.PackBuilder(repo)
     pb.set_threads(0)
     raw = ffi.new("git_oid *")
     for oid in oids:
-        ffi.buffer(raw)[:] = bytes.fromhex(oid)
+        ffi.buffer(raw)[:] = oid
         name = names.get(oid)
         err = C.git_packbuilder_insert(pb._packbuilder, raw, ffi.new("char[]", name.encode("utf-8", "surrogateescape"))
                                        if name else ffi.NULL)
         if err < 0:
-            raise RepoError(f"Object {oid} cannot be packed (libgit2 error {err}).")
+            raise RepoError(f"Object {oid.hex()} cannot be packed (libgit2 error {err}).")
     pb.write(str(folder))

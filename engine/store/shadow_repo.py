@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1514,7 +1514,7 @@ class ShadowRepo:
 
     # ------------------------------------------------------------------ storage
 
-    def reachable_objects(self, tips: Iterable[str], known: set[str] | None = None) -> set[str]:
+    def reachable_objects(self, tips: Iterable[str], known: Container[str] | None = None) -> set[str]:
         """Every object id reachable from `tips` (commits or trees): commits, trees, blobs.
 
         Commits and trees in `known` are not entered (an incremental walk).
@@ -1587,7 +1587,8 @@ class ShadowRepo:
         tips = self.list_refs()
         with translated("walk history"):
             reach = packing.reachable(self._repo, tips.values())
-        keep = reach.objects
+        keep = reach.objects  # raw ids
+        keep_hex = reach.hex_ids()
         objects = self.git_dir / "objects"
         pack_dir = objects / "pack"
         pack_dir.mkdir(parents=True, exist_ok=True)
@@ -1597,13 +1598,13 @@ class ShadowRepo:
         with flocked(staging / GC_BUSY_FILE):
             try:
                 kept_packs: set[str] = set()
-                packed: set[str] = set()
+                packed: set[bytes] = set()
                 # Only packs present now may go: one installed meanwhile (a baseline's trees, a
                 # borrowed copy) may hold objects only a stat cache reaches yet, and packs get no grace.
                 old_packs = {idx.stem for idx in pack_dir.glob("pack-*.idx")}
                 for idx in sorted(pack_dir.glob("pack-*.idx")):
                     try:
-                        listed = packing.pack_objects(idx)
+                        listed = packing.pack_ids(idx)
                     except OSError:  # merged meanwhile (`merge_small_packs`, under the lock): not kept
                         continue
                     if len(listed) >= GC_KEEP_PACK_OBJECTS and all(o in keep for o in listed):
@@ -1638,14 +1639,16 @@ class ShadowRepo:
                 with lock():
                     now_tips = self.list_refs()
                     moved = [t for name, t in now_tips.items() if tips.get(name) != t]
-                    extra = self.reachable_objects(moved, known=keep) - keep if moved else set()
+                    extra = {o for o in self.reachable_objects(moved, known=keep_hex)
+                             if o not in keep_hex} if moved else set()
                     # what the refs reach now must be loose or in a pack that stays: one written
                     # meanwhile (a round's, `flush`; a kept one holds no `extra` object)
                     staying: set[str] = set()
                     if extra:
+                        wanted = {bytes.fromhex(o) for o in extra}
                         for idx in pack_dir.glob("pack-*.idx"):
                             if idx.stem not in old_packs:
-                                staying.update(packing.pack_objects(idx))
+                                staying.update(raw.hex() for raw in packing.pack_holds(idx, wanted))
                     only_in_old_packs = [o for o in extra if o not in staying and not self._has_loose(o)]
                     if only_in_old_packs:
                         log.info("storage.collect_deferred", git_dir=str(self.git_dir), objects=len(only_in_old_packs))
@@ -1659,7 +1662,7 @@ class ShadowRepo:
                     self.reopen()
                     self._packs_written = 0
                 unreachable = self._remove_packed(keep, extra, pause)
-                self._prune_unreachable(unreachable, keep, now_tips, grace_s, lock, pause)
+                self._prune_unreachable(unreachable, keep_hex, now_tips, grace_s, lock, pause)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
         freed = max(0, before - disk_usage(self.git_dir))
@@ -1681,7 +1684,7 @@ class ShadowRepo:
             os.replace(p, pack_dir / p.name)
         return stem
 
-    def _remove_packed(self, packed: set[str], reached: set[str], pause: Callable[[], None] | None) -> list[str]:
+    def _remove_packed(self, packed: set[bytes], reached: set[str], pause: Callable[[], None] | None) -> list[str]:
         """Remove the loose copies of the objects in `packed`, which installed packs hold (git's
         prune-packed): without the lock, since any reader finds each of them in a pack. Returns
         the other loose objects `reached` (what refs moved meanwhile reach) does not hold."""
@@ -1697,17 +1700,23 @@ class ShadowRepo:
                 continue
             for name in names:
                 oid = sub + name
-                if oid in packed:
+                try:
+                    raw = bytes.fromhex(oid) if len(oid) == 40 else None
+                except ValueError:  # not an object's file
+                    raw = None
+                if raw is None:
+                    continue
+                if raw in packed:
                     with contextlib.suppress(OSError):
                         os.unlink(objects / sub / name)
                     removed += 1
                     if removed % _PRUNE_BATCH == 0 and pause is not None:
                         pause()
-                elif oid not in reached and len(name) == 38:
+                elif oid not in reached:
                     others.append(oid)
         return others
 
-    def _prune_unreachable(self, oids: list[str], reached: set[str], tips: dict[str, str], grace_s: float,
+    def _prune_unreachable(self, oids: list[str], reached: Container[str], tips: dict[str, str], grace_s: float,
                            lock: Callable[[], contextlib.AbstractContextManager[Any]],
                            pause: Callable[[], None] | None) -> None:
         """Remove the loose objects of `oids` older than `grace_s` (all with 0) that no ref

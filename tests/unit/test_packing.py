@@ -15,6 +15,7 @@ import pygit2
 import pytest
 
 from shadowpoint.engine import ENGINE_MAPPED_BYTES
+from shadowpoint.errors import RepoError
 from shadowpoint.stage.early_capture import EarlyCapture
 from shadowpoint.stage.exclusions import WalkPart
 from shadowpoint.stage.scanner import (
@@ -237,6 +238,24 @@ def _sorted_files(entries: Mapping[str, shadow_repo.TreeEntry | None]) -> list[t
     return sorted((p, e.mode, bytes.fromhex(e.oid)) for p, e in entries.items() if e is not None)
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_pack_holds_answers_as_the_set_of_the_indexs_ids(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    ids = {rng.randbytes(20) for _ in range(rng.randint(0, 300))}
+    ids |= {bytes(20), b"\xff" * 20, b"\x00" + b"\xff" * 19, b"\x7f" + bytes(19)}  # the fan-out's ends
+    listed = set(rng.sample(sorted(ids), len(ids) // 2)) | {bytes(20), b"\xff" * 20}
+    idx = tmp_path / "pack-test.idx"
+    idx.write_bytes(packing._index_bytes([packing._index_record(raw, b"x", 12 + i) for i, raw in enumerate(listed)],
+                                         bytes(20)))
+    assert set(packing.pack_ids(idx)) == listed
+    wanted = ids | {rng.randbytes(20) for _ in range(50)}
+    assert packing.pack_holds(idx, wanted) == listed & wanted
+    assert packing.pack_holds(idx, []) == set()
+    idx.write_bytes(b"not an index")
+    with pytest.raises(RepoError):
+        packing.pack_holds(idx, wanted)
+
+
 @pytest.fixture
 def pack_windows() -> Iterator[None]:
     """libgit2's pack window settings (process-wide) as a fresh process has them, and back."""
@@ -422,31 +441,38 @@ def test_trees_the_walkers_wrote_are_taken_only_where_they_still_hold() -> None:
 @pytest.mark.parametrize("walk", ["small", "big", "passed by a commit"])
 def test_the_walk_reaches_what_git_does_and_names_the_delta_candidates(
         repo: ShadowRepo, monkeypatch: pytest.MonkeyPatch, walk: str) -> None:
-    """`reachable` against `git rev-list --objects`: the same objects, each once in `order`,
-    a folder's objects together; `multi` is the paths with several versions, `names` their
-    paths (every object's, in a small walk), also past the point where a big walk stops
-    naming the others, whether an object of a tree or a commit passed it."""
+    """`reachable` against `git rev-list --objects`: the same objects, each once, commits and
+    trees in `order`, blobs in `blobs`, a folder's objects together; `multi` is the paths with
+    several versions (also between two tips: another task's version of a file), `names` their
+    paths (every object's, in a small walk), also past the point where a big walk stops naming
+    the others, whether an object of a tree or a commit passed it."""
     head, _ = _history(repo, "t1", files=30, rounds=6, seed=3)
+    other = repo.commit(repo.patch_tree(repo.commit_tree(head), {RepoPath("d2/f2.txt"): blob(repo, "t2's")}), [],
+                        "another task's", "t2")
     repo.flush()
-    commits = set(git(repo, "rev-list", head).stdout.split())
-    # the count the walk has when it appends its second commit: the tip and its whole tree
-    tip_tree = {line.split()[2] for line in git(repo, "ls-tree", "-r", "-t", head).stdout.splitlines()}
+    commits = set(git(repo, "rev-list", head, other).stdout.split())
+    # the count the walk has when it appends its second commit (head): the other tip and its whole tree
+    tip_tree = {line.split()[2] for line in git(repo, "ls-tree", "-r", "-t", other).stdout.splitlines()}
     threshold = {"small": 5_000, "big": 3,
-                 "passed by a commit": 1 + len(tip_tree | {repo.commit_tree(head)}) + 1}[walk]
+                 "passed by a commit": 1 + len(tip_tree | {repo.commit_tree(other)}) + 1}[walk]
     monkeypatch.setattr(packing, "NAME_ALL_BELOW", threshold)
-    reach = packing.reachable(repo._repo, [head])
-    listed = git(repo, "rev-list", "--objects", head).stdout.split("\n")
+    reach = packing.reachable(repo._repo, [head, other])
+    listed = git(repo, "rev-list", "--objects", other, head).stdout.split("\n")
     oracle = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in listed if line}
     kinds = dict(line.split() for line in git(repo, "cat-file", "--batch-all-objects",
                                                 "--batch-check=%(objectname) %(objecttype)").stdout.splitlines())
-    assert reach.objects == set(oracle) and sorted(reach.order + reach.blobs) == sorted(oracle)
-    assert {kinds[o] for o in reach.order} == {"commit", "tree"} and {kinds[o] for o in reach.blobs} == {"blob"}
-    changed = {f"d0/f{r % 3 * 4}.txt" for r in range(6)} | {"d0", ""}  # the files the rounds edited, their folders
-    assert reach.multi == {oid for oid, path in oracle.items() if path in changed and oid not in commits}
-    assert all(reach.names[o] == oracle[o] for o in reach.multi)
+    order, blobs = [o.hex() for o in reach.order], [o.hex() for o in reach.blobs]
+    assert {o.hex() for o in reach.objects} == set(oracle) and sorted(order + blobs) == sorted(oracle)
+    assert {kinds[o] for o in order} == {"commit", "tree"} and {kinds[o] for o in blobs} == {"blob"}
+    # the files the rounds edited, the other task's, their folders
+    changed = {f"d0/f{r % 3 * 4}.txt" for r in range(6)} | {"d2/f2.txt", "d0", "d2", ""}
+    multi = {o.hex() for o in reach.multi}
+    assert multi == {oid for oid, path in oracle.items() if path in changed and oid not in commits}
+    names = {o.hex(): path for o, path in reach.names.items()}
+    assert all(names[o] == oracle[o] for o in multi)
     if threshold > len(oracle):
-        assert reach.names == {o: p for o, p in oracle.items() if o not in commits}
+        assert names == {o: p for o, p in oracle.items() if o not in commits}
     else:
-        assert set(reach.names) == reach.multi
-    blobs_of_d1 = [i for i, o in enumerate(reach.blobs) if oracle[o].startswith("d1/")]
+        assert set(names) == multi
+    blobs_of_d1 = [i for i, o in enumerate(blobs) if oracle[o].startswith("d1/")]
     assert blobs_of_d1 == list(range(blobs_of_d1[0], blobs_of_d1[0] + len(blobs_of_d1))), "d1's objects together"

@@ -510,6 +510,30 @@ def test_gc_keeps_what_a_ref_missing_at_its_first_look_reaches(repo: ShadowRepo)
     assert git(repo, "fsck", "--full", "--no-dangling", check=False).returncode == 0
 
 
+def test_gc_goes_on_when_a_ref_moved_meanwhile_reaches_a_pack_written_meanwhile(repo: ShadowRepo) -> None:
+    # A round during the collection's walk: its tree and commit go into the small pack its ref
+    # move writes, which the collection keeps (`pack_holds` finds them there); it goes on.
+    c = repo.commit(build(repo, {"a": blob(repo, "task's")}), [], "m", "t")
+    repo.set_ref(task_ref("t"), c)
+    orphan = repo.write_blob(b"no ref names it")
+    late: list[str] = []
+
+    @contextlib.contextmanager
+    def locked() -> Iterator[None]:
+        if not late:
+            tree = repo.patch_tree(repo.commit_tree(c), {RepoPath("b"): blob(repo, "the round's")})
+            late.append(repo.commit(tree, [c], "a round meanwhile", "t"))
+            repo.set_ref(task_ref("t"), late[0])
+        yield
+
+    repo.collect_garbage(grace_s=0, locked=locked)
+    assert late and repo.read_ref(task_ref("t")) == late[0]
+    assert not _exists(repo, orphan), "the collection went on"
+    for oid in repo.reachable_objects([late[0]]):
+        assert _exists(repo, oid), oid
+    assert git(repo, "fsck", "--full", "--no-dangling", check=False).returncode == 0
+
+
 def test_gc_removes_loose_objects_in_batches_with_the_lock_free_between(repo: ShadowRepo,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     # A background collection yields to the agent's rounds between batches (`pause`): the
