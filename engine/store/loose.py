@@ -110,16 +110,21 @@ class FilePool:
         return len(self._ready)
 
     def take(self) -> str | None:
-        """A pool file's path, now the caller's (None: none ready); wakes the refill."""
+        """A pool file's path, now the caller's (None: none ready). Wakes the refill once half
+        the pool is taken, not at every take: the refill thread woken in every round wanted the
+        interpreter while the round still ran (~0.15 ms of a ~1.5 ms round after an idle
+        moment, measured on a 2-vCPU VM)."""
         if self._closed or os.getpid() != self._pid:
             return None
         self._last_take = time.monotonic()
+        ready = self._ready
         try:
-            path: str | None = self._ready.popleft()
+            path: str | None = ready.popleft()
         except IndexError:
             path = None
-        self._start()
-        self._wake.set()
+        if 2 * len(ready) <= self.size:
+            self._start()
+            self._wake.set()
         return path
 
     def fill(self, wait_for_quiet: bool = False) -> int:

@@ -18,6 +18,7 @@ from shadowpoint.store.loose import POOL_STALE_S, FilePool, object_id, write_obj
 from shadowpoint.store.shadow_repo import FILE_POOL_FOLDER, ShadowRepo
 from shadowpoint.store.values import MODE_FILE, MODE_TREE, TASK_TRAILER, TreeEntry, task_ref
 from shadowpoint.workspace import RepoPath
+from tests.conftest import wait_for
 
 
 @pytest.fixture
@@ -173,6 +174,20 @@ def test_close_removes_the_ready_files_and_sweep_only_old_foreign_ones(tmp_path:
     assert all(os.path.basename(p) not in os.listdir(folder) for p in mine._ready)
     assert len(os.listdir(folder)) == 1
     assert mine.take() is None  # closed
+
+
+def test_the_refill_is_woken_once_half_the_pool_is_taken(tmp_path: Path) -> None:
+    """Not at every take: a woken refill thread wants the interpreter while the round that took
+    the file still runs."""
+    pool = FilePool(tmp_path / "pool", size=8)
+    assert pool.fill() == 8
+    taken = [pool.take() for _ in range(3)]
+    assert all(taken) and pool.ready == 5
+    assert pool._thread is None and not pool._wake.is_set(), "woken with most of the pool ready"
+    assert pool.take() is not None  # half taken
+    assert pool._thread is not None
+    wait_for(lambda: pool.ready == 8, "the pool refilled")
+    pool.close()
 
 
 def test_a_forked_child_takes_nothing_from_its_parents_pool(tmp_path: Path) -> None:
