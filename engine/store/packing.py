@@ -164,7 +164,7 @@ def _walk_tree(out: Reachable, odb: Any, root: bytes, beside: bytes | None) -> N
 
 
 def _tree_entries(data: bytes) -> Iterator[tuple[int, str, bytes]]:
-    """(mode, name, raw id) of each entry of a raw tree (`<octal mode> <name>\0<20-byte id>`)."""
+    """(mode, name, raw id) of each entry of a raw tree (`<octal mode> <name>\\0<20-byte id>`)."""
     pos, end = 0, len(data)
     while pos < end:
         space = data.index(b" ", pos)
