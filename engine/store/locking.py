@@ -63,9 +63,15 @@ class WorkspaceLock:
             self._thread_lock.release()
 
     def _acquire_file(self, timeout_s: float, make_folder: bool) -> None:
-        if make_folder:
+        # the folder is made only when the open finds it missing: made every time (a mkdir
+        # refused, then a stat), it cost every round two system calls and an exception
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            if not make_folder:
+                raise
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         deadline = time.monotonic() + timeout_s
         delay = 0.005
         while True:
