@@ -156,7 +156,7 @@ def _walk_tree(out: Reachable, odb: Any, root: bytes, beside: bytes | None) -> N
                 continue
             seen.add(eid)
             out.blobs.append(eid)
-            if out.naming_all:
+            if out.naming_all:  # the path is made only while the walk names every object
                 _named(out, eid, prefix + name)
             # every id of a tree walked before is seen: `old` is another version
             if old is not None and old[0] not in (MODE_TREE, MODE_GITLINK):

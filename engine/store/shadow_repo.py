@@ -1700,11 +1700,11 @@ class ShadowRepo:
                 continue
             for name in names:
                 oid = sub + name
+                if len(name) != 38:
+                    continue
                 try:
-                    raw = bytes.fromhex(oid) if len(oid) == 40 else None
+                    raw = bytes.fromhex(oid)
                 except ValueError:  # not an object's file
-                    raw = None
-                if raw is None:
                     continue
                 if raw in packed:
                     with contextlib.suppress(OSError):
