@@ -691,6 +691,8 @@ def _logged(root: Path, found: IndexProof | str | None) -> IndexProof | None:
         log.info("git_index.doubted", root=str(root), reason=found, action="hashing every file")
         return None
     if found is not None:
-        log.info("git_index.loaded", root=str(root), version=found.version, entries=len(found.entries),
+        # the paths' count, not `entries`' map: made here for every path, it cost a split
+        # baseline ~14 ms before its walk, only to be replaced by its part's (`keep`)
+        log.info("git_index.loaded", root=str(root), version=found.version, entries=len(found.paths),
                  extensions=list(found.extensions))
     return found

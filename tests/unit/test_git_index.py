@@ -276,6 +276,7 @@ def test_a_proof_kept_to_runs_of_its_paths_proves_those_alone(tmp_path: Path) ->
     root = make_repo(tmp_path / "repo", files)
     proof = IndexProof.load(root)
     assert proof is not None and proof.paths == sorted(files)
+    assert proof._entries is None  # loading (its log line) made no map of every path: each side makes its own
     now = time.time_ns()
 
     def proven() -> set[str]:
@@ -283,6 +284,7 @@ def test_a_proof_kept_to_runs_of_its_paths_proves_those_alone(tmp_path: Path) ->
 
     assert proven() == set(files)
     proof.keep([(0, 3), (6, 9)])
+    assert len(proof.entries) == 6
     assert proven() == {path for path in files if not path.startswith("b/")}
     proof.keep([(0, len(proof.paths))])
     assert proven() == set(files)
