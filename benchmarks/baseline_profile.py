@@ -39,7 +39,7 @@ PHASES: tuple[tuple[Any, str], ...] = (
     (scanner.Scanner, "_fork_share"), (git_index.IndexProof, "read"), (git_index, "_parse"),
     (scanner.Scanner, "_first_scan"), (scanner.Scanner, "_scan_folders"), (scanner, "check_folders"),
     (scanner.Scanner, "_share_in_child"), (scanner.Scanner, "_unit_trees"), (scanner.Scanner, "_own_trees"),
-    (scanner, "_trees_of_folders"), (forked.Forked, "result"), (scanner.Scanner, "_take_share"),
+    (shadow_repo.ShadowRepo, "write_folder_trees"), (forked.Forked, "result"), (scanner.Scanner, "_take_share"),
     (scanner.Scanner, "_keep_proven"), (scanner.Scanner, "_trees_aside"), (scanner.Scanner, "_note_borrowed"),
     (scanner.Scanner, "_subtrees"), (scanner.Scanner, "_trees_beside"), (shadow_repo.ShadowRepo, "write_tree_packed"),
     (shadow_repo.ShadowRepo, "commit"),

@@ -69,6 +69,8 @@ _U32 = 0xFFFFFFFF
 _TYPE_BITS = 0o170000  # stat.S_IFMT's
 _S_IFREG, _S_IFLNK = stat.S_IFREG, stat.S_IFLNK
 _NO_LIMIT = 1 << 63  # `prove`'s size limit: none (its callers compare)
+# a proven file's mode in its tree entry, by its state's code (git's three modes of files)
+_ENTRY_MODES = {CODE_FILE: b"100644 ", CODE_EXEC: b"100755 ", CODE_LINK: b"120000 "}
 
 # words whose mention in an attributes file may mean a conversion on `git add`
 _ATTR_WORDS = re.compile(rb"text|eol|crlf|ident|filter|encoding", re.IGNORECASE)
@@ -608,13 +610,18 @@ class IndexProof:
         return states[0] if states else None
 
     def prove_folder(self, prefix: str, names: Sequence[str], stats: Sequence[os.stat_result | None],
-                     checked_ns: int, max_bytes: int, proven: list[str], states: list[FileState]) -> list[int]:
+                     checked_ns: int, max_bytes: int, proven: list[str], states: list[FileState],
+                     encoded: Sequence[bytes] | None = None, entries: list[bytes] | None = None) -> list[int]:
         """Which files `names` of one folder (`prefix`: "" or "a/b/"), each with its lstat (None:
         gone), the index proves unchanged: a stage-0 entry without assume-valid, skip-worktree or
         intent-to-add whose stat data equals the lstat as git compares it, not racy, and a file
         no larger than `max_bytes`. Each proven path and its state (`stat_cache`, with the
         index's blob id and mode; `checked_ns`: when the walk began, the state's racy-clean
         rule) are added to `proven` and `states`; returns where the others are in `names`.
+
+        `encoded` (the names as bytes) and `entries`: each proven file's tree entry is added to
+        `entries` too (`<mode> <name>\\0<raw id>`), for its folder's tree
+        (`ShadowRepo.write_folder_trees`) when every file of it is proven.
 
         A baseline's hot loop, one call a folder, not two or three a file: the times are
         compared whole (seconds and nanoseconds of the entry against the stat's nanoseconds; a
@@ -628,6 +635,8 @@ class IndexProof:
         trusted_before = checked_ns - RACY_MARGIN_NS
         pack = STATE_LAYOUT.pack
         add_path, add_state, add_other = proven.append, states.append, others.append
+        add_entry = entries.append if entries is not None and encoded is not None else None
+        encoded_names: Sequence[bytes] = encoded if encoded is not None else ()
         for i, st in enumerate(stats):
             if st is None:
                 add_other(i)
@@ -669,6 +678,8 @@ class IndexProof:
             # every field fits (32-bit size and inode, the times git holds): packed as is
             add_state(pack(size, mtime, ctime, mode, ino, (code | TRUSTED) if mtime < trusted_before else code,
                            raw_oid))
+            if add_entry is not None:
+                add_entry(_ENTRY_MODES[code] + encoded_names[i] + b"\0" + raw_oid)
         return others
 
 

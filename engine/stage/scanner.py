@@ -13,8 +13,6 @@ import bisect
 import contextlib
 import enum
 import errno
-import itertools
-import operator
 import os
 import pickle
 import stat
@@ -67,7 +65,7 @@ from shadowpoint.stage.stat_cache import (
 )
 from shadowpoint.stage.stat_pass import check_folders, default_split_min, lstat_names, split_pass
 from shadowpoint.store import borrowed, loose, shadow_repo
-from shadowpoint.store.shadow_repo import RootItems, ShadowRepo
+from shadowpoint.store.shadow_repo import FolderFiles, RootItems, ShadowRepo
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, MODE_TREE, TreeEntry
 from shadowpoint.workspace import RepoPath, at_or_under, is_git_component
 
@@ -78,8 +76,6 @@ _SILENCED = (sys.modules[__name__], exclusions, patterns, git_index, shadow_repo
 
 # a stage from an empty tree with at least this many paths writes its trees as one pack
 PACKED_TREES_MIN = 256
-# a split baseline's trees serve early captures every this many files (`_trees_of_folders`)
-_POLL_FILES = 1024
 # files of a folder `Scanner._prove_listed` proves between two looks for early captures
 _PROVE_SLICE = 256
 
@@ -171,58 +167,46 @@ def _files_around(cache: StatCache, ordered: Sequence[RepoPath],
     yield from _tree_files(cache, ordered[at:])
 
 
-def _own_folders(ordered: Sequence[str], theirs: WalkPart) -> list[tuple[str, int, int]]:
-    """The folders of `ordered` (sorted paths) that this side of a split walk holds whole
-    (`theirs`: the child's part): neither a unit nor above one, their parent above one or the
-    root. As (folder, lo, hi): where its paths lie in `ordered`."""
-    out: list[tuple[str, int, int]] = []
-    pending = [("", 0, len(ordered))]
-    while pending:
-        prefix, lo, hi = pending.pop()
-        at = lo
-        while at < hi:
-            name, sep, _ = ordered[at][len(prefix):].partition("/")
-            if not sep:
-                at += 1  # a file of the folder itself
-                continue
-            folder = prefix + name
-            end = bisect.bisect_left(ordered, folder + "0", at, hi)  # "0" follows "/"
-            if folder in theirs.above:
-                pending.append((folder + "/", at, end))
-            elif folder not in theirs.units:
-                out.append((folder, at, end))
-            at = end
-    return out
+def _top_below(folder: str, above: Collection[str]) -> str | None:
+    """The outermost of `folder` and the folders above it that is not in `above` (the folders
+    above a split walk's units): the unit, or the folder of this side, whose tree holds
+    `folder`'s files; None for the root and the folders in `above` (their files go into the
+    trees written around the others, `_files_around`)."""
+    if not folder or folder in above:
+        return None
+    at = folder.find("/")
+    while at >= 0 and folder[:at] in above:
+        at = folder.find("/", at + 1)
+    return folder if at < 0 else folder[:at]
 
 
-def _trees_of_folders(repo: ShadowRepo, paths: Sequence[str], states: Sequence[FileState],
-                      spans: Iterable[tuple[str, int, int]], poll: Callable[[], None] | None = None
-                      ) -> dict[str, tuple[int, bytes]]:
-    """The tree of each folder of `spans` ((folder, lo, hi): its files are `paths[lo:hi]`, sorted,
-    their states alike in `states`), written as one pack: {folder: (its files' count, raw id)}.
-    `poll`: run at each folder and every `_POLL_FILES` files in it (a baseline serves early
-    captures there: ~1 s of trees at 1M files is no edit's wait).
+def _encoded(joined: str) -> list[bytes]:
+    """A folder's names joined by NAME_SEP (a listing's), each as bytes: one encode and one
+    split in C, not one encode a name."""
+    return joined.encode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()).split(NAME_SEP.encode())
+
+
+def _listed_trees(repo: ShadowRepo, listed: Mapping[str, FolderFiles], unclean: Collection[str],
+                  above: Collection[str], poll: Callable[[], None] | None = None) -> dict[str, tuple[int, bytes]]:
+    """The trees of the whole folders one side of a split baseline walked (`_top_below`: the
+    child's units, this process's folders of no unit and above none), from the entries of the
+    files the index proved there (`listed`, by folder): {folder: (its files' count, raw id)}.
+    A folder holding one of `unclean` (a folder with a file the index could not prove: new,
+    changed, racy, gone) is left out: the trees around the others hold it.
 
     Raises:
-        ValueError: a path is both a file and a folder.
         StorageFailedError: the docs root refused the write.
     """
-    spans = [(folder, lo, hi) for folder, lo, hi in spans if lo < hi]
-
-    def files(folder: str, lo: int, hi: int) -> Iterator[tuple[str, int, bytes]]:
-        names = operator.itemgetter(slice(len(folder) + 1, None))  # the paths below the folder
-
-        def chunks() -> Iterator[Iterator[tuple[str, int, bytes]]]:
-            for at in range(lo, hi, _POLL_FILES):
-                if poll is not None:
-                    poll()
-                end = min(at + _POLL_FILES, hi)
-                yield tree_files(map(names, paths[at:end]), states[at:end])
-
-        return itertools.chain.from_iterable(chunks())  # no generator's turn a file
-
-    roots = repo.write_trees_packed(files(*span) for span in spans)
-    return {folder: (hi - lo, raw) for (folder, lo, hi), raw in zip(spans, roots, strict=True) if raw is not None}
+    tops: dict[str, list[str]] = {}
+    for folder in listed:
+        top = _top_below(folder, above)
+        if top is not None:
+            tops.setdefault(top, []).append(folder)
+    for folder in unclean:
+        top = _top_below(folder, above)
+        if top is not None:
+            tops.pop(top, None)
+    return repo.write_folder_trees(tops, listed, poll) if tops else {}
 
 
 Runs = tuple[tuple[int, int], ...]  # ranges [lo, hi) of a sorted list of paths, in order
@@ -365,6 +349,11 @@ class _Staging:
     # `_own_trees`), and the paths recorded since (`_taken_units`)
     unit_trees: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     touched: set[RepoPath] = field(default_factory=set)
+    # a split fresh baseline's own folders whose every file the index proved, with their tree
+    # entries (`_prove_listed`), and those with one it could not (hashed): (prefix, names
+    # joined), their entries made once the hashes are in (`_own_trees`)
+    listed: dict[str, FolderFiles] | None = None
+    unproven_folders: list[tuple[str, str]] = field(default_factory=list)
     # paths whose unchanged stat proves them unchanged even when racy (`StagePlan.vouched`)
     vouched: frozenset[RepoPath] = frozenset()
     # paths that exist but could not be read (a folder without read or search permission, an
@@ -753,6 +742,8 @@ class Scanner:
             mine = None if child is None or theirs is None else WalkPart(theirs.units, inside=False)
             if mine is not None and run.proof is not None:  # the child's entries are looked up there
                 run.proof.keep(_other_runs(_unit_runs(run.proof.paths, mine.units), len(run.proof.paths)))
+                if run.fresh:
+                    run.listed = {}  # this side's trees are made of its files' entries (`_own_trees`)
             reached, clean, files_done = self._scan_folders(
                 run, self.rules.walk_folders(part=mine, watch=run.watches, stats=True, unlisted=unlisted), walked, 0)
             if theirs is not None and run.fresh and run.proof is not None:
@@ -832,8 +823,10 @@ class Scanner:
             if run.fresh and run.proof is not None and (capture is None
                                                         or not capture.holds_within(files_done, len(names))):
                 files_done += len(names)
-                self._prove_listed(run, prefix, names, stats)
+                self._prove_listed(run, prefix, names, stats, joined)
                 continue
+            if run.listed is not None:
+                run.unproven_folders.append((prefix, joined))  # its files recorded one by one
             for name, st in zip(names, stats, strict=True):
                 path = RepoPath(prefix + name)
                 if capture is not None:
@@ -865,24 +858,31 @@ class Scanner:
         return reached, clean, files_done
 
     def _prove_listed(self, run: _Staging, prefix: str, names: Sequence[str],
-                      stats: Sequence[os.stat_result | None]) -> None:
+                      stats: Sequence[os.stat_result | None], joined: str) -> None:
         """`_scan_folders` over the files of one folder of a fresh baseline, the index proving
         them (`IndexProof.prove_folder`) `_PROVE_SLICE` at a time: early captures are served
         between two slices, not between two files (a folder of 10k files proven whole would
         keep an edit tool waiting ~20 ms), and a file captured early keeps its capture
         (`_keep_proven` leaves out one proven meanwhile; one the index cannot prove is not
-        staged)."""
+        staged). A split baseline keeps the folder's tree entries when it proves every file
+        (`_Staging.listed`; `joined`: the names as listed, joined by NAME_SEP)."""
         assert run.proof is not None
         capture = run.capture
         max_bytes = self.options.max_file_bytes
+        folder = FolderFiles(in_order=joined.isascii()) if run.listed is not None else None
+        encoded = _encoded(joined) if folder is not None else None
+        clean = True
         for lo in range(0, len(names), _PROVE_SLICE):
-            some_names, some_stats = (names, stats) if len(names) <= _PROVE_SLICE else (
-                names[lo:lo + _PROVE_SLICE], stats[lo:lo + _PROVE_SLICE])
+            some_names, some_stats, some_encoded = (names, stats, encoded) if len(names) <= _PROVE_SLICE else (
+                names[lo:lo + _PROVE_SLICE], stats[lo:lo + _PROVE_SLICE],
+                encoded[lo:lo + _PROVE_SLICE] if encoded is not None else None)
             if capture is not None and capture.has_pending:
                 self._capture_early(run)
             # the proven paths are walked ones: RepoPaths
             for i in run.proof.prove_folder(prefix, some_names, some_stats, run.now_ns, max_bytes,
-                                            cast(list[str], run.proven_paths), run.proven_states):
+                                            cast(list[str], run.proven_paths), run.proven_states, some_encoded,
+                                            folder.entries if folder is not None else None):
+                clean = False
                 path = RepoPath(prefix + some_names[i])
                 st = some_stats[i]
                 if capture is not None and path in capture.pinned:
@@ -891,6 +891,11 @@ class Scanner:
                     self._stage_listed(run, path)  # gone since its folder was listed, or unreadable
                 else:
                     self._stage_stat(run, path, st)
+        if folder is not None and run.listed is not None:
+            if clean:
+                run.listed[prefix[:-1]] = folder
+            else:
+                run.unproven_folders.append((prefix, joined))
 
     def _serve_pending(self, run: _Staging) -> None:
         if run.capture is not None and run.capture.has_pending:
@@ -929,7 +934,10 @@ class Scanner:
         proven: list[str] = []
         states: list[bytes] = []
         walked: list[tuple[str, str]] = []
-
+        # a fresh baseline's folders whose every file the index proved, with their tree entries
+        # (the units' trees are made of them), and the folders with a file it could not prove
+        proven_folders: dict[str, FolderFiles] = {}
+        unclean: set[str] = set()
         unlisted: dict[str, str] = {}
 
         def folders() -> Iterator[Listed]:
@@ -963,56 +971,61 @@ class Scanner:
             for prefix, joined, stats in folders():
                 names = joined.split(NAME_SEP)
                 listed = stats if stats is not None else lstat_names(root + prefix, names)
-                others += [prefix + names[i] for i in proof.prove_folder(prefix, names, listed, now_ns, max_bytes,
-                                                                           proven, states)]
+                files = FolderFiles(in_order=joined.isascii())
+                left = proof.prove_folder(prefix, names, listed, now_ns, max_bytes, proven, states, _encoded(joined),
+                                          files.entries)
+                if left:
+                    others += [prefix + names[i] for i in left]
+                    unclean.add(prefix[:-1])
+                else:
+                    proven_folders[prefix[:-1]] = files
         if doubt is not None:  # "any doubt: hash", the ids taken before it included
             others = proven + others
             proven, states = [], []
         placed = run.watches.placed() if run.watches is not None else None
         yield pickle.dumps((sorted(part.units), reached, clean, doubt, NAME_SEP.join(proven),
                             states, others, walked, placed, unlisted), protocol=pickle.HIGHEST_PROTOCOL)
-        trees = self._unit_trees(part.units, proven, states, others) if proven and not run.cache.entries else {}
+        trees = self._unit_trees(part, proven_folders, unclean) if proven and not run.cache.entries else {}
         yield pickle.dumps(trees, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def _unit_trees(self, units: Collection[str], proven: list[str], states: list[FileState],
-                    others: list[str]) -> dict[str, tuple[int, bytes]]:
+    def _unit_trees(self, part: WalkPart, proven: Mapping[str, FolderFiles],
+                    unclean: Collection[str]) -> dict[str, tuple[int, bytes]]:
         """In a split baseline's child: the tree of each of its units whose files it proved all
-        (none among `others`), written here while the parent still walks its own part: {unit:
-        (its files' count, raw tree id)}. The parent takes a tree whose files it then holds
-        unchanged (`_taken_units`); {} when they cannot be written (a path both a file and a
-        folder: the parent writes them)."""
-        unclean: set[str] = set()
-        for path in others:
-            folder = path
-            while "/" in folder:
-                folder = folder.rpartition("/")[0]
-                if folder in units:
-                    unclean.add(folder)
-                    break
-        order = sorted(range(len(proven)), key=proven.__getitem__)  # ~half the time of sorting pairs
-        paths = [proven[i] for i in order]
-        spans = [(unit, *_folder_span(paths, unit)) for unit in sorted(units) if unit not in unclean]
+        (none in an `unclean` folder), made of their entries (`proven`, by folder) while the
+        parent still walks its own part: {unit: (its files' count, raw tree id)}. The parent
+        takes a tree whose files it then holds unchanged (`_taken_units`); {} when they cannot
+        be written (the parent writes them)."""
         try:
-            return _trees_of_folders(self.repo, paths, [states[i] for i in order], spans)
-        except (ValueError, StorageFailedError):
+            return _listed_trees(self.repo, proven, unclean, part.above)
+        except StorageFailedError:
             return {}
 
     def _own_trees(self, run: _Staging, theirs: WalkPart) -> None:
         """In a split fresh baseline, once this process walked its part and while the child
         still walks or writes its own trees: the trees of this part's folders (those of no
-        unit and above none, `_own_folders`), for `_taken_units` with the child's. Files still
-        with the hashing workers are recorded first; early captures are served meanwhile (a
+        unit and above none, `_top_below`) whose every file the index proved, made of their
+        entries (`_Staging.listed`), for `_taken_units` with the child's. Files still with the
+        hashing workers are recorded first: the entries of a folder with a file the index could
+        not prove are then made from what is recorded. Early captures are served meanwhile (a
         path captured now is pinned: its folder's tree is not taken)."""
         if run.batch is not None:
             self._finish(run, run.batch.flush())
         self._keep_proven(run)
+        listed, run.listed = run.listed, None
+        if listed is None:
+            return
         entries = run.cache.entries
-        ordered = sorted(entries)
-        try:
-            run.unit_trees.update(_trees_of_folders(self.repo, ordered, [entries[path] for path in ordered],
-                                                    _own_folders(ordered, theirs), partial(self._serve_pending, run)))
-        except ValueError:
-            pass  # a path both a file and a folder: written with the rest
+        for prefix, joined in run.unproven_folders:
+            files = FolderFiles(in_order=joined.isascii())
+            for name, encoded in zip(joined.split(NAME_SEP), _encoded(joined), strict=True):
+                state = entries.get(RepoPath(prefix + name))
+                if state is not None:  # not one gone, left out or unreadable
+                    files.entries.append(b"%o %s\0%s" % (state_mode(state), encoded, state_oid(state)))
+            if files.entries:
+                listed[prefix[:-1]] = files
+        run.unproven_folders = []
+        if listed:
+            run.unit_trees.update(_listed_trees(self.repo, listed, (), theirs.above, partial(self._serve_pending, run)))
 
     def _take_share(self, run: _Staging, theirs: WalkPart, answer: bytes | None,
                     walked: list[tuple[str, str]] | None, unlisted: dict[str, str]) -> tuple[int, int] | None:
@@ -1115,6 +1128,7 @@ class Scanner:
                  rehashing=len(run.borrowed))
         run.proof = None
         run.unit_trees = {}  # written from the index's ids
+        run.listed, run.unproven_folders = None, []
         taken, run.borrowed = run.borrowed, []
         run.stats.borrowed -= len(taken)
         for path in taken:

@@ -34,7 +34,7 @@ from shadowpoint.stage.git_index import IndexProof
 from shadowpoint.stage.scanner import Scanner, StageOptions, StageResult
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import StatCache
-from shadowpoint.store import borrowed
+from shadowpoint.store import borrowed, shadow_repo
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.workspace import RepoPath
 from tests.gitrepo import backdate, git, git_dir_state, make_repo
@@ -863,24 +863,24 @@ def test_an_edit_asked_for_while_this_process_writes_its_trees_is_captured_then(
     edit tool's request is served from within the trees, not after them (at 1M files they take
     ~1 s). The captured path is pinned, so its folder's tree, written before, is not taken."""
     monkeypatch.setattr(scanner, "PACKED_TREES_MIN", 10)
-    monkeypatch.setattr(scanner, "_POLL_FILES", 4)
+    monkeypatch.setattr(shadow_repo, "_POLL_FOLDERS", 1)
     files = {**SPLIT_FILES, "node_modules/m/index.js": b"x\n"}
     root = make_repo(tmp_path / "repo", files)
     sh = shadow(root, split_min_files=10)
     capture, cache = EarlyCapture(), StatCache()
     asked: list[Any] = []
-    real = scanner._trees_of_folders
+    real = ShadowRepo.write_folder_trees
 
-    def trees(repo: Any, paths: Any, states: Any, spans: Any, poll: Any = None) -> Any:
+    def trees(self: ShadowRepo, tops: Any, listed: Any, poll: Any = None) -> Any:
         if poll is not None and not asked:  # this process's own trees
             (root / "b" / "z03.txt").write_bytes(b"the person's edit, before the tool's\n")
             asked.append(capture.request([RepoPath("b/z03.txt")]))
-        found = real(repo, paths, states, spans, poll)
+        found = real(self, tops, listed, poll)
         if asked:
             assert asked[0].done.is_set(), "the request waited for the trees"
         return found
 
-    monkeypatch.setattr(scanner, "_trees_of_folders", trees)
+    monkeypatch.setattr(ShadowRepo, "write_folder_trees", trees)
     result = sh.scanner.stage(StagePlan(rescan=True), cache, capture, borrow=True)
     assert forks == ["a"] and len(asked) == 1 and asked[0].done.is_set()
     assert "b" not in taken_units[0] and {"a", "c"} <= taken_units[0]

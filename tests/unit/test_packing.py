@@ -4,6 +4,7 @@ git itself (`fsck`, `verify-pack`) is the oracle for the files written."""
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import subprocess
 import zlib
@@ -21,14 +22,15 @@ from shadowpoint.stage.exclusions import WalkPart
 from shadowpoint.stage.scanner import (
     Scanner,
     StageStats,
+    _encoded,
     _in_runs,
+    _listed_trees,
     _other_runs,
-    _own_folders,
     _Staging,
-    _trees_of_folders,
+    _top_below,
     _trees_share,
 )
-from shadowpoint.stage.stat_cache import StatCache, pack_state
+from shadowpoint.stage.stat_cache import StatCache
 from shadowpoint.store import loose, packing, shadow_repo, values
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import task_ref
@@ -380,37 +382,61 @@ def test_oid_set_is_exactly_a_set(seed: int, small: int) -> None:
     assert all(not oids.add(raw) for raw in expected)
 
 
-def test_own_folders_are_those_neither_a_unit_nor_above_one() -> None:
-    """This process's folders of a split baseline (`_own_folders`): below the root and the
-    folders above the child's units, every folder that is no unit; files of the root and of
-    the folders above units are in none."""
-    paths = sorted(["r.txt", "a/x", "a/deep/u/1", "a/deep/u/2", "a/deep/v/1", "a/deep/w.txt", "a/y/1",
-                    "b/1", "b/c/2", "c.d/1", "c/1", "c0/1"])
+def test_a_folders_tree_is_that_of_the_outermost_folder_above_none_of_the_units() -> None:
+    """Which tree of a split baseline holds a folder's files (`_top_below`): the unit the
+    child walked, or this side's outermost folder that is above no unit; none for the root
+    and the folders above units (their files are written around the others)."""
     theirs = WalkPart(frozenset({"a/deep/u", "c"}), inside=True)
-    found = {folder: paths[lo:hi] for folder, lo, hi in _own_folders(paths, theirs)}
-    assert found == {"a/deep/v": ["a/deep/v/1"], "a/y": ["a/y/1"], "b": ["b/1", "b/c/2"], "c.d": ["c.d/1"],
-                     "c0": ["c0/1"]}
-    assert _own_folders([], theirs) == []
+    above = theirs.above
+    assert above == {"a", "a/deep"}
+    found = {folder: _top_below(folder, above) for folder in
+             ("", "a", "a/deep", "a/deep/u", "a/deep/u/k/l", "a/deep/v", "a/deep/v/w", "a/y", "b", "b/c", "c", "c/d",
+              "c.d", "c0/e")}
+    assert found == {"": None, "a": None, "a/deep": None, "a/deep/u": "a/deep/u", "a/deep/u/k/l": "a/deep/u",
+                     "a/deep/v": "a/deep/v", "a/deep/v/w": "a/deep/v", "a/y": "a/y", "b": "b", "b/c": "b", "c": "c",
+                     "c/d": "c", "c.d": "c.d", "c0/e": "c0"}
 
 
-def test_trees_of_folders_equal_the_subtrees_of_the_whole_tree(repo: ShadowRepo) -> None:
-    """The trees a split baseline's processes write for folders (`_trees_of_folders`, one
-    pack) are the subtrees git's tree of all the files holds; empty spans write nothing."""
-    one, two = blob(repo, "one"), blob(repo, "two")
+def _folder_files(entries: dict[str, values.TreeEntry | None]) -> dict[str, shadow_repo.FolderFiles]:
+    """The files of each folder of `entries`, as a walk lists them (by name) and proves them."""
+    out: dict[str, shadow_repo.FolderFiles] = {}
+    for path in sorted(entries, key=lambda p: p.rpartition("/")[2]):
+        entry = entries[path]
+        assert entry is not None
+        folder, _, name = path.rpartition("/")
+        files = out.setdefault(folder, shadow_repo.FolderFiles(in_order=name.isascii()))
+        files.in_order = files.in_order and name.isascii()
+        files.entries.append(b"%o %s\0%s" % (entry.mode, os.fsencode(name), bytes.fromhex(entry.oid)))
+    return out
+
+
+def test_trees_of_listed_folders_equal_the_subtrees_of_the_whole_tree(repo: ShadowRepo) -> None:
+    """The trees a split baseline's processes make of the entries of the folders they walked
+    (`_listed_trees`, one pack) are the subtrees git's tree of all the files holds, in git's
+    order (a folder sorts as if its name ended with "/", names by their bytes) and counting
+    the files below them; a folder with an unproven file (`unclean`) leaves its own out."""
+    one, two, link = blob(repo, "one"), blob(repo, "two"), values.TreeEntry(blob(repo, "x").oid, values.MODE_LINK)
+    run = values.TreeEntry(two.oid, values.MODE_EXEC)
     entries: dict[str, values.TreeEntry | None] = {
-        "a.txt": one, "a/x": one, "a/y/z": two, "a/y.txt": two, "b/c": one, "b/d/e": two}
-    files = _sorted_files(entries)
-    paths = [path for path, _, _ in files]
-    states = [pack_state(1, 1, 1, 0o100644, 1, 10**18, mode, raw) for _, mode, raw in files]
-    whole = repo.write_tree_packed(files)
-    spans = [("a", 1, 4), ("b", 4, 6), ("c", 6, 6)]
+        "r.txt": one, "a/x": one, "a/y/z": two, "a/y.txt": two, "a/y-z": run, "a/y0": link, "a/b/deep/er/f": one,
+        "b/c": one, "b/d/e": two, "b/\u00e9t\u00e9": one, "b/zz": two, "b/\udcff.bin": one, "c/u/1": one, "c/v/2": two}
+    whole = repo.write_tree_packed(_sorted_files(entries))
+    listed = _folder_files(entries)
+    assert not listed["b"].in_order and listed["a"].in_order
     polled: list[int] = []
-    trees = _trees_of_folders(repo, paths, states, spans, lambda: polled.append(1))
-    assert set(trees) == {"a", "b"} and polled  # a baseline serves early captures meanwhile
+    trees = _listed_trees(repo, listed, set(), {"c"}, lambda: polled.append(1))
+    assert set(trees) == {"a", "b", "c/u", "c/v"} and polled  # a baseline serves early captures meanwhile
     for folder, (count, raw) in trees.items():
         sub = git(repo, "rev-parse", f"{whole}:{folder}").stdout.strip()
-        assert (count, raw.hex()) == (len([p for p in paths if p.startswith(folder + "/")]), sub)
+        assert (count, raw.hex()) == (len([p for p in entries if p.startswith(folder + "/")]), sub), folder
+    assert set(_listed_trees(repo, listed, {"a/y", "c/v"}, {"c"})) == {"b", "c/u"}
+    assert _listed_trees(repo, {}, set(), set()) == {}
     assert git(repo, "fsck", "--no-dangling", "--strict").returncode == 0
+
+
+def test_a_listings_names_are_encoded_as_the_file_system_names_them() -> None:
+    names = ["a.txt", "\u00e9t\u00e9", "\udcff.bin"]
+    assert _encoded("\0".join(names)) == [os.fsencode(name) for name in names]
 
 
 def test_trees_the_walkers_wrote_are_taken_only_where_they_still_hold() -> None:
