@@ -869,8 +869,8 @@ class Scanner:
         assert run.proof is not None
         capture = run.capture
         max_bytes = self.options.max_file_bytes
-        folder = FolderFiles(in_order=joined.isascii()) if run.listed is not None else None
-        encoded = _encoded(joined) if folder is not None else None
+        entries: list[bytes] | None = [] if run.listed is not None else None
+        encoded = _encoded(joined) if entries is not None else None
         clean = True
         for lo in range(0, len(names), _PROVE_SLICE):
             some_names, some_stats, some_encoded = (names, stats, encoded) if len(names) <= _PROVE_SLICE else (
@@ -881,7 +881,7 @@ class Scanner:
             # the proven paths are walked ones: RepoPaths
             for i in run.proof.prove_folder(prefix, some_names, some_stats, run.now_ns, max_bytes,
                                             cast(list[str], run.proven_paths), run.proven_states, some_encoded,
-                                            folder.entries if folder is not None else None):
+                                            entries):
                 clean = False
                 path = RepoPath(prefix + some_names[i])
                 st = some_stats[i]
@@ -891,9 +891,9 @@ class Scanner:
                     self._stage_listed(run, path)  # gone since its folder was listed, or unreadable
                 else:
                     self._stage_stat(run, path, st)
-        if folder is not None and run.listed is not None:
+        if entries is not None and run.listed is not None:
             if clean:
-                run.listed[prefix[:-1]] = folder
+                run.listed[prefix[:-1]] = FolderFiles.of(entries, joined.isascii())
             else:
                 run.unproven_folders.append((prefix, joined))
 
@@ -971,14 +971,14 @@ class Scanner:
             for prefix, joined, stats in folders():
                 names = joined.split(NAME_SEP)
                 listed = stats if stats is not None else lstat_names(root + prefix, names)
-                files = FolderFiles(in_order=joined.isascii())
+                entries: list[bytes] = []
                 left = proof.prove_folder(prefix, names, listed, now_ns, max_bytes, proven, states, _encoded(joined),
-                                          files.entries)
+                                          entries)
                 if left:
                     others += [prefix + names[i] for i in left]
                     unclean.add(prefix[:-1])
                 else:
-                    proven_folders[prefix[:-1]] = files
+                    proven_folders[prefix[:-1]] = FolderFiles.of(entries, joined.isascii())
         if doubt is not None:  # "any doubt: hash", the ids taken before it included
             others = proven + others
             proven, states = [], []
@@ -1016,13 +1016,13 @@ class Scanner:
             return
         entries = run.cache.entries
         for prefix, joined in run.unproven_folders:
-            files = FolderFiles(in_order=joined.isascii())
+            made: list[bytes] = []
             for name, encoded in zip(joined.split(NAME_SEP), _encoded(joined), strict=True):
                 state = entries.get(RepoPath(prefix + name))
                 if state is not None:  # not one gone, left out or unreadable
-                    files.entries.append(b"%o %s\0%s" % (state_mode(state), encoded, state_oid(state)))
-            if files.entries:
-                listed[prefix[:-1]] = files
+                    made.append(b"%o %s\0%s" % (state_mode(state), encoded, state_oid(state)))
+            if made:
+                listed[prefix[:-1]] = FolderFiles.of(made, joined.isascii())
         run.unproven_folders = []
         if listed:
             run.unit_trees.update(_listed_trees(self.repo, listed, (), theirs.above, partial(self._serve_pending, run)))

@@ -293,15 +293,33 @@ class _NotATree(Exception):
     """Paths that no tree can hold (unsorted, or a path both a file and a folder)."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class FolderFiles:
     """The tree entries of one folder's files (`<octal mode> <name>\\0<raw id>` each, as its
-    tree holds them), in the order the folder was listed; `in_order`: that order is git's (the
-    names sorted as bytes: all ASCII). Made as a baseline proves a folder's files with the
-    user's index (`IndexProof.prove_folder`), for `ShadowRepo.write_folder_trees`."""
+    tree holds them), joined in the order the folder was listed: one bytes a folder, not one
+    a file (at 1M files, ~25 MiB less of each baseline process's peak); `in_order`: that
+    order is git's (the names sorted as bytes: all ASCII). Made as a baseline proves a
+    folder's files with the user's index (`IndexProof.prove_folder`), for
+    `ShadowRepo.write_folder_trees`."""
 
-    entries: list[bytes] = field(default_factory=list)
-    in_order: bool = True
+    data: bytes
+    count: int
+    in_order: bool
+
+    @classmethod
+    def of(cls, entries: list[bytes], in_order: bool) -> FolderFiles:
+        return cls(b"".join(entries), len(entries), in_order)
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        """(name, entry) of each file, to be sorted with a folder's sub-folders."""
+        data = self.data
+        out = []
+        pos, end = 0, len(data)
+        while pos < end:
+            nul = data.index(b"\0", pos + _FILE_MODE_LEN)
+            out.append((data[pos + _FILE_MODE_LEN:nul], data[pos:nul + 21]))
+            pos = nul + 21
+        return out
 
 
 # `_tree_of_listed` polls every this many folders (a baseline serves early captures there: a
@@ -340,11 +358,11 @@ def _tree_of_listed(top: str, below: Iterable[str], files: Mapping[str, FolderFi
             subs = subtrees.pop(folder, None)
             count = counts.pop(folder, 0)
             if own is not None:
-                count += len(own.entries)
+                count += own.count
             if subs is None and own is not None and own.in_order:
-                data = b"".join(own.entries)
+                data = own.data
             else:
-                items = [(entry[_FILE_MODE_LEN:-21], entry) for entry in own.entries] if own is not None else []
+                items = own.items() if own is not None else []
                 items += subs or ()
                 items.sort()
                 data = b"".join([entry for _, entry in items])

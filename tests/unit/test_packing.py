@@ -399,15 +399,14 @@ def test_a_folders_tree_is_that_of_the_outermost_folder_above_none_of_the_units(
 
 def _folder_files(entries: dict[str, values.TreeEntry | None]) -> dict[str, shadow_repo.FolderFiles]:
     """The files of each folder of `entries`, as a walk lists them (by name) and proves them."""
-    out: dict[str, shadow_repo.FolderFiles] = {}
-    for path in sorted(entries, key=lambda p: p.rpartition("/")[2]):
-        entry = entries[path]
+    folders: dict[str, list[tuple[str, values.TreeEntry]]] = {}
+    for path, entry in entries.items():
         assert entry is not None
         folder, _, name = path.rpartition("/")
-        files = out.setdefault(folder, shadow_repo.FolderFiles(in_order=name.isascii()))
-        files.in_order = files.in_order and name.isascii()
-        files.entries.append(b"%o %s\0%s" % (entry.mode, os.fsencode(name), bytes.fromhex(entry.oid)))
-    return out
+        folders.setdefault(folder, []).append((name, entry))
+    return {folder: shadow_repo.FolderFiles.of(
+        [b"%o %s\0%s" % (entry.mode, os.fsencode(name), bytes.fromhex(entry.oid)) for name, entry in sorted(files)],
+        all(name.isascii() for name, _ in files)) for folder, files in folders.items()}
 
 
 def test_trees_of_listed_folders_equal_the_subtrees_of_the_whole_tree(repo: ShadowRepo) -> None:
