@@ -913,8 +913,7 @@ class ShadowRepo:
         if data is not None:
             return data
         with translated(f"read blob {oid}"):
-            obj = self._obj(oid)
-            return bytes(obj.read_raw())
+            return self._raw(pygit2.Oid(hex=oid))
 
     def _read_loose(self, oid: str, kind: bytes) -> bytes | None:
         """The content of `oid` when it is a loose object of `kind` whose bytes check out (its
@@ -1229,7 +1228,7 @@ class ShadowRepo:
         known = self._recent_trees.get(raw)
         if known is not None:
             return dict(known)
-        data = bytes(self._obj(pygit2.Oid(raw=raw)).read_raw())
+        data = self._raw(pygit2.Oid(raw=raw))
         return {m[2]: m[0] for m in _TREE_ENTRY.finditer(data)}
 
     def _patch(self, tree: bytes | None, changes: dict[str, Any], written_now: dict[bytes, TreeRecords],
@@ -1369,6 +1368,23 @@ class ShadowRepo:
             self.flush()
         try:
             return self._repo[oid]
+        except KeyError as exc:  # pygit2's NotFoundError is a KeyError too
+            raise ObjectMissingError(
+                f"The shadow repository {self.git_dir} is missing object {oid} (lost or damaged).") from exc
+
+    def _raw(self, oid: pygit2.Oid) -> bytes:
+        """An object's content, read once from the object database: its packs first, then its
+        loose objects. `_obj(oid).read_raw()` read it twice, the second time asking the loose
+        objects first: a lookup of a missing file in a folder of hundreds (~0.1-0.2 ms when its
+        blocks are not cached, a round's tree or a restore's blob in a pack).
+
+        Raises:
+            ObjectMissingError: the repository does not hold it (damage: a lost loose object or pack).
+        """
+        if self._pending and self._held(oid):
+            self.flush()
+        try:
+            return bytes(self._repo.odb.read(oid)[1])
         except KeyError as exc:  # pygit2's NotFoundError is a KeyError too
             raise ObjectMissingError(
                 f"The shadow repository {self.git_dir} is missing object {oid} (lost or damaged).") from exc
