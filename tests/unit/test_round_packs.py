@@ -335,7 +335,7 @@ def test_the_last_packs_small_blobs_are_read_from_memory(repo: ShadowRepo, monke
         raise AssertionError(f"libgit2 was asked for {oid}")
 
     with monkeypatch.context() as m:
-        m.setattr(repo, "_obj", no_libgit2)
+        m.setattr(repo, "_raw", no_libgit2)
         assert repo.read_blob(merged.oid) == b"the merged version\n"
     # the next flush lets them go; a pack's blobs beyond the budget are not kept
     monkeypatch.setattr(shadow_repo, "FLUSHED_BLOB_BYTES", 10)
@@ -343,7 +343,7 @@ def test_the_last_packs_small_blobs_are_read_from_memory(repo: ShadowRepo, monke
         big = blob(repo, "more than ten bytes")
         c3 = repo.commit(repo.patch_tree(base, {RepoPath("a.txt"): big}), [c2], "round", "t")
         repo.set_ref(task_ref("t"), c3)
-    asked = _asked(repo, "_obj", monkeypatch)
+    asked = _asked(repo, "_raw", monkeypatch)
     assert repo.read_blob(big.oid) == b"more than ten bytes" and asked
     asked.clear()
     assert repo.read_blob(merged.oid) == b"the merged version\n" and asked
