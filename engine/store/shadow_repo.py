@@ -96,8 +96,6 @@ SMALL_PACK_OBJECTS = 2_000  # packs with fewer objects are merged (`merge_small_
 ORPHAN_PACK_S = 3600.0  # a `.pack` without its `.idx` this old is a killed writer's: removed
 _HEX_ID = re.compile(r"[0-9a-f]{40}")
 _EMPTY_TREE = loose.object_id(b"tree", b"")
-# One entry of a raw tree object: octal mode, space, name, NUL, 20-byte id
-_TREE_ENTRY = re.compile(rb"([0-7]+) ([^\0]*)\0(.{20})", re.S)
 _TREE_MODE = b"%o " % MODE_TREE
 # A tree's entries as patched: name -> the entry's bytes in the tree (mode, space, name, NUL,
 # raw id), in the tree's order. Kept in memory for the trees a patch wrote, a round neither
@@ -1228,8 +1226,10 @@ class ShadowRepo:
         known = self._recent_trees.get(raw)
         if known is not None:
             return dict(known)
-        data = self._raw(pygit2.Oid(raw=raw))
-        return {m[2]: m[0] for m in _TREE_ENTRY.finditer(data)}
+        # parsed by libgit2 (read from the packs first), not read raw: a raw read asks the loose
+        # objects first, a lookup of a missing file in a folder of hundreds (`_raw`)
+        tree = self._obj(pygit2.Oid(raw=raw))
+        return {e.raw_name: b"%o %s\0%s" % (e.filemode, e.raw_name, e.id.raw) for e in tree}
 
     def _patch(self, tree: bytes | None, changes: dict[str, Any], written_now: dict[bytes, TreeRecords],
                expect_new: bool) -> tuple[str | None, bool]:
