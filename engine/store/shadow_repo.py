@@ -97,6 +97,7 @@ ORPHAN_PACK_S = 3600.0  # a `.pack` without its `.idx` this old is a killed writ
 _HEX_ID = re.compile(r"[0-9a-f]{40}")
 _EMPTY_TREE = loose.object_id(b"tree", b"")
 _TREE_MODE = b"%o " % MODE_TREE
+_TREE_TYPE = int(pygit2.enums.ObjectType.TREE)
 # A tree's entries as patched: name -> the entry's bytes in the tree (mode, space, name, NUL,
 # raw id), in the tree's order. Kept in memory for the trees a patch wrote, a round neither
 # parses its base trees nor formats their unchanged entries again (~8 + 4 us a folder).
@@ -320,6 +321,23 @@ class FolderFiles:
         return out
 
 
+def _tree_made(items: list[tuple[bytes, bytes]], add: Callable[[bytes, int, bytes], None]) -> bytes:
+    """The tree of `items` ((git sort key, entry bytes), sorted here), handed to `add`; its raw id."""
+    items.sort()
+    return _tree_of_data(b"".join([entry for _, entry in items]), add)
+
+
+def _tree_of_data(data: bytes, add: Callable[[bytes, int, bytes], None]) -> bytes:
+    raw = hashlib.sha1(b"tree %d\0" % len(data) + data).digest()
+    add(raw, _TREE_TYPE, data)
+    return raw
+
+
+def _folder_item(name: bytes, raw: bytes) -> tuple[bytes, bytes]:
+    """A sub-folder as an item of its parent's tree: git sorts its name as if it ended with "/"."""
+    return name + b"/", b"40000 %s\0%s" % (name, raw)
+
+
 # `_tree_of_listed` polls every this many folders (a baseline serves early captures there: a
 # top-level folder of 50k files is ~40 ms of trees)
 _POLL_FOLDERS = 64
@@ -337,7 +355,6 @@ def _tree_of_listed(top: str, below: Iterable[str], files: Mapping[str, FolderFi
     of files listed in git's order is its entries joined; any other has its items sorted as
     git sorts them (a folder's name as if it ended with "/"). `poll`: run every
     `_POLL_FOLDERS` folders."""
-    tree_type = int(pygit2.enums.ObjectType.TREE)
     encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
     levels: dict[int, dict[str, None]] = {}  # folders to make, by depth (a dict as an ordered set)
     for folder in below:
@@ -358,19 +375,13 @@ def _tree_of_listed(top: str, below: Iterable[str], files: Mapping[str, FolderFi
             if own is not None:
                 count += own.count
             if subs is None and own is not None and own.in_order:
-                data = own.data
+                raw = _tree_of_data(own.data, add)
             else:
-                items = own.items() if own is not None else []
-                items += subs or ()
-                items.sort()
-                data = b"".join([entry for _, entry in items])
-            raw = hashlib.sha1(b"tree %d\0" % len(data) + data).digest()
-            add(raw, tree_type, data)
+                raw = _tree_made([*(own.items() if own is not None else ()), *(subs or ())], add)
             if level == top_level:
                 return count, raw
             parent, _, name = folder.rpartition("/")
-            encoded = name.encode(encoding, errors)
-            subtrees.setdefault(parent, []).append((encoded + b"/", b"40000 %s\0%s" % (encoded, raw)))
+            subtrees.setdefault(parent, []).append(_folder_item(name.encode(encoding, errors), raw))
             counts[parent] = counts.get(parent, 0) + count
             levels.setdefault(level - 1, {})[parent] = None
     raise AssertionError("the top folder is always made")  # pragma: no cover
@@ -390,18 +401,10 @@ def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[byt
     runs once per file of a baseline (100k): the open folder's lists are kept in locals, names
     are encoded without `os.fsencode`'s call and modes formatted once (156 -> ~100 ms at 97k files).
     """
-    tree_type = int(pygit2.enums.ObjectType.TREE)
     encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
     # the open folders, root first: (folder path, its items as (git sort key, entry bytes), names)
     stack: list[tuple[str, list[tuple[bytes, bytes]], set[bytes]]] = [("", [], set())]
     modes: dict[int, bytes] = {}
-
-    def tree_of(items: list[tuple[bytes, bytes]]) -> bytes:
-        items.sort()
-        data = b"".join(body for _, body in items)
-        raw = hashlib.sha1(b"tree %d\0" % len(data) + data).digest()
-        add(raw, tree_type, data)
-        return raw
 
     def close() -> None:
         folder, items, _ = stack.pop()
@@ -410,8 +413,7 @@ def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[byt
         if name in parent_names:
             raise _NotATree(f"{name!r}: both a file and a folder")
         parent_names.add(name)
-        # git sorts a folder's name as if it ended with "/"
-        parent_items.append((name + b"/", b"40000 %s\0%s" % (name, tree_of(items))))
+        parent_items.append(_folder_item(name, _tree_made(items, add)))
 
     previous: str | None = None
     current = ""  # the innermost open folder
@@ -449,7 +451,7 @@ def _trees_of_sorted(files: Iterable[tuple[str, int, bytes]], add: Callable[[byt
         root_items.entries.extend(stack[0][1])
         root_items.names.update(stack[0][2])
         return None
-    return tree_of(stack[0][1]) if stack[0][1] else None
+    return _tree_made(stack[0][1], add) if stack[0][1] else None
 
 
 @dataclass(slots=True)
