@@ -377,6 +377,9 @@ class Scanner:
 
     def __init__(self, root: Path, repo: ShadowRepo, rules: ExclusionRules, options: StageOptions) -> None:
         self.root = root
+        # the root as a str, for the paths of one round's files: a `Path` joined there cost
+        # ~3 us a time, ~10 times a round
+        self._root = os.fspath(root)
         self.repo = repo
         self.rules = rules
         self.options = options
@@ -1189,7 +1192,7 @@ class Scanner:
             self._stage_path(run, link_parent, forced=forced, expand_dirs=False)
             return
         try:
-            st = os.lstat(self.root / path)
+            st = os.lstat(f"{self._root}/{path}" if path else self._root)
         except OSError as exc:
             if not is_gone(exc):
                 self._unreadable(run, path, exc)
@@ -1261,9 +1264,9 @@ class Scanner:
 
     def _symlink_ancestor(self, path: RepoPath) -> RepoPath | None:
         parts = path.split("/")
-        current = self.root
+        current = self._root
         for i, part in enumerate(parts[:-1]):
-            current = current / part
+            current = f"{current}/{part}"
             try:
                 st = os.lstat(current)
             except OSError:
@@ -1339,7 +1342,7 @@ class Scanner:
         self._record(run, path, entry, state_of(st, entry, run.now_ns))
 
     def _read_file(self, path: RepoPath) -> tuple[bytes, os.stat_result]:
-        return read_file(self.root / path, self.options.max_file_bytes)
+        return read_file(f"{self._root}/{path}", self.options.max_file_bytes)
 
     def _skip(self, run: _Staging, path: RepoPath, reason: SkipReason, detail: str) -> None:
         run.stats.skipped.append(Skipped(path, reason, detail))
