@@ -434,10 +434,19 @@ def test_a_refused_append_changes_nothing_on_disk_and_keeps_the_changes(tmp_path
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
         return builtins.open(file, mode, *args, **kwargs)  # type: ignore[call-overload]
 
+    real_os_open = os.open
+
+    def refusing_os_open(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        # the log's append opens a descriptor (`append_line`)
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_os_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
     before = rec.timeline_mark()
     c = _round(rec, 20, "b.py")
     monkeypatch.setattr(module, "open", refusing_open, raising=False)
     monkeypatch.setattr(atomic_module, "open", refusing_open, raising=False)
+    monkeypatch.setattr(os, "open", refusing_os_open)
     with pytest.raises(StorageFailedError, match=r"task\.json"):
         store.append(rec)
     rec.take_back_checkpoint(c, before)  # what the engine does with the round
