@@ -189,7 +189,9 @@ class RootState:
     def _open(self) -> _Handles:
         """Open (or create) the shadow repo and bring the stat cache in line with it (LockedRoot)."""
         handles = self._handles
-        if handles is None or not self.ws.git_dir.is_dir():
+        # a head read from the git dir shows the git dir is still there: a stat of it a round less
+        head = handles.repo.read_ref(HEAD_REF) if handles is not None else None
+        if handles is None or (head is None and not self.ws.git_dir.is_dir()):
             if handles is not None:
                 handles.repo.close()
             repo = ShadowRepo.open_or_init(self.ws.git_dir, self.ws.root)
@@ -207,7 +209,6 @@ class RootState:
                 self.start_copy()  # a copy a crash (or a close) interrupted: resume it
         else:
             handles.repo.reopen_after_collection()  # another process's gc removed packs we hold
-            head = handles.repo.read_ref(HEAD_REF)
             if head != self.cache.base_commit:
                 # another process (or a crash) moved the head: mirror its tree
                 self._reset_or_forget(handles.repo, head)
