@@ -396,6 +396,22 @@ if AVAILABLE:
             )
             self._inotify = self.group
 
+        def queue_events(self, timeout: float, *, full_events: bool = False) -> None:
+            # watchdog's read, without its error log when the thread is stopping: its stop
+            # closes the group (`on_thread_stop`) while this thread may still be in or before a
+            # read, which watchdog logged as "queue_events() called when the thread is
+            # inactive" at nearly every watcher's stop
+            with self._lock:
+                group = self._inotify
+            if group is None:
+                return
+            event = group.read_event()
+            if event is None:
+                return
+            with self._lock:
+                if self._inotify is not None:
+                    self.build_and_queue_event(event, full_events=full_events)
+
         def queue_event(self, event: FileSystemEvent) -> None:
             # Recorded here, not through the observer's queue and thread: one thread wake-up less
             # for every event and for the flush barrier's marker (~0.1 ms of its ~0.5 ms, more on a

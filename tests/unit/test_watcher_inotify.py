@@ -37,6 +37,7 @@ SIGNATURES = {
     "watchdog.observers.inotify:InotifyWatchGroup._remove_callbacks":
         "(self, wds: 'list[WatchDescriptor]') -> 'None'",
     "watchdog.observers.inotify:InotifyWatchGroup.on_event": "(self, event: 'InotifyEvent') -> 'None'",
+    "watchdog.observers.inotify:InotifyWatchGroup.read_event": "(self) -> 'GroupedInotifyEvent | None'",
     "watchdog.observers.inotify:InotifyWatchGroup.on_watch_deleted": "(self, wd: 'WatchDescriptor') -> 'None'",
     "watchdog.observers.inotify:InotifyWatchGroup.on_queue_overflow": "(self) -> 'None'",
     "watchdog.observers.inotify_c:InotifyFD.add_callback":
@@ -53,6 +54,8 @@ SIGNATURES = {
         "event_filter: 'list[type[FileSystemEvent]] | None' = None, inotify_fd: 'InotifyFD | None' = None) "
         "-> 'None'",
     "watchdog.observers.inotify:InotifyEmitter.on_thread_start": "(self) -> 'None'",
+    "watchdog.observers.inotify:InotifyEmitter.queue_events":
+        "(self, timeout: 'Seconds', *, full_events: 'bool' = False) -> 'None'",
     "watchdog.observers.inotify:InotifyEmitter.build_and_queue_event":
         "(self, event: 'GroupedInotifyEvent', *, full_events: 'bool' = False) -> 'None'",
     "watchdog.observers.inotify:InotifyEmitter._decode_path": "(self, path: 'bytes') -> 'bytes | str'",
@@ -127,6 +130,7 @@ def test_the_internal_state_the_overrides_touch_is_there(tmp_path: Path) -> None
         assert isinstance(fd._inotify_fd, int)
         emitter = InotifyEmitter(EventQueue(), ObservedWatch(tmp_path, recursive=True), inotify_fd=fd)
         assert emitter._inotify_fd is fd and emitter._inotify is None  # set by on_thread_start
+        assert hasattr(emitter._lock, "acquire")  # what `queue_events` holds to read `_inotify`
     finally:
         fd.close()
 
