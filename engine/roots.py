@@ -205,6 +205,11 @@ class RootState:
             self.verified = False
             if loaded is None:
                 self._reset_or_forget(repo, head)
+            if head is None:
+                # a shadow repo with no snapshot yet tracks nothing: one made again here after its
+                # git dir was removed under this process (which had scanned the root) rescans,
+                # or its next round had committed only that round's paths
+                self.scanned = False
             if borrowed.ledger_path(self.ws.git_dir).exists():
                 self.start_copy()  # a copy a crash (or a close) interrupted: resume it
         else:
