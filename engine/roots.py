@@ -205,11 +205,6 @@ class RootState:
             self.verified = False
             if loaded is None:
                 self._reset_or_forget(repo, head)
-            if head is None:
-                # a shadow repo with no snapshot yet tracks nothing: one made again here after its
-                # git dir was removed under this process (which had scanned the root) rescans,
-                # or its next round had committed only that round's paths
-                self.scanned = False
             if borrowed.ledger_path(self.ws.git_dir).exists():
                 self.start_copy()  # a copy a crash (or a close) interrupted: resume it
         else:
@@ -217,6 +212,11 @@ class RootState:
             if head != self.cache.base_commit:
                 # another process (or a crash) moved the head: mirror its tree
                 self._reset_or_forget(handles.repo, head)
+        if head is None:
+            # No snapshot: the tracked set is empty, whatever this process scanned before. A shadow
+            # repo made again after its git dir was removed under a running engine, or a head ref
+            # removed, rescans: their next round had committed only that round's paths.
+            self.scanned = False
         return handles
 
     def _reset_cache(self, repo: ShadowRepo, head: str | None) -> None:

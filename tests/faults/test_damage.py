@@ -289,21 +289,25 @@ def test_task_folder_deleted_under_a_running_engine(make_engine: MakeEngine, wor
     assert [c.ts for c in record.checkpoints] == [1, 2, 3]
 
 
-def test_shadow_repository_deleted_under_a_running_engine_is_made_again(make_engine: MakeEngine, workspace: Path,
-                                                                        docs: Path) -> None:
-    """Its git dir removed between two rounds (a person's `rm -rf`): the next round makes a
-    new one and commits a whole snapshot of the disk (the head it reads back is what shows
-    the git dir is there, `RootState._open`; without one, the folder is looked for)."""
+@pytest.mark.parametrize("removed", ["git_dir", "head_ref"])
+def test_a_shadow_repository_without_its_head_under_a_running_engine_rescans(
+        make_engine: MakeEngine, workspace: Path, docs: Path, removed: str) -> None:
+    """The shadow git dir, or only its head ref, removed between two rounds (a person's
+    `rm -rf`): the next round finds no snapshot, rescans and commits a whole snapshot of the
+    disk. Both had committed only that round's path, every other file missing from it."""
     make_tree(workspace, BASE)
     eng = make_engine(workspace)
     start(eng)
     engine_edit(eng, workspace, 2, {"a.txt": "a1\n"})
     git_dir = shadow_git_dir(docs, workspace)
-    for _ in range(1000):  # as a person repeats `rm -rf`: the pool's thread may be making a file in there
-        shutil.rmtree(git_dir, ignore_errors=True)
-        if not git_dir.exists():
-            break
-    assert not git_dir.exists()
+    if removed == "head_ref":
+        (git_dir / "refs" / "shadowpoint" / "head").unlink()
+    else:
+        for _ in range(1000):  # as a person repeats `rm -rf`: the pool's thread may be making a file in there
+            shutil.rmtree(git_dir, ignore_errors=True)
+            if not git_dir.exists():
+                break
+        assert not git_dir.exists()
     commit = _checkpoints_go_on(eng, workspace, docs, 3)
     assert git_dir.is_dir() and fsck_problems(git_dir) == []
     assert git(git_dir, "rev-parse", f"{task_ref('t')}").stdout.decode().strip() == commit
