@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pygit2
 import structlog
@@ -98,6 +98,7 @@ _HEX_ID = re.compile(r"[0-9a-f]{40}")
 _EMPTY_TREE = loose.object_id(b"tree", b"")
 _TREE_MODE = b"%o " % MODE_TREE
 _TREE_TYPE = int(pygit2.enums.ObjectType.TREE)
+_T = TypeVar("_T")
 # A tree's entries as patched: name -> the entry's bytes in the tree (mode, space, name, NUL,
 # raw id), in the tree's order. Kept in memory for the trees a patch wrote, a round neither
 # parses its base trees nor formats their unchanged entries again (~8 + 4 us a folder).
@@ -1366,27 +1367,27 @@ class ShadowRepo:
         Raises:
             ObjectMissingError: the repository does not hold it (damage: a lost loose object or pack).
         """
-        if self._pending and self._held(oid):
-            self.flush()
-        try:
-            return self._repo[oid]
-        except KeyError as exc:  # pygit2's NotFoundError is a KeyError too
-            raise ObjectMissingError(
-                f"The shadow repository {self.git_dir} is missing object {oid} (lost or damaged).") from exc
+        return self._read(oid, self._repo.__getitem__)
 
     def _raw(self, oid: pygit2.Oid) -> bytes:
-        """An object's content, read once from the object database: its packs first, then its
-        loose objects. `_obj(oid).read_raw()` read it twice, the second time asking the loose
-        objects first: a lookup of a missing file in a folder of hundreds (~0.1-0.2 ms when its
-        blocks are not cached, a round's tree or a restore's blob in a pack).
+        """An object's content, read once from the object database. `_obj(oid).read_raw()` read
+        it twice. This one read is still libgit2's prefix read, which asks the loose objects
+        first: a lookup of a missing file in a folder of hundreds (~0.1-0.2 ms when its blocks
+        are not cached) for an object in a pack. A tree a patch reads back avoids even that
+        (`_entries`).
 
         Raises:
             ObjectMissingError: the repository does not hold it (damage: a lost loose object or pack).
         """
+        return self._read(oid, lambda found: bytes(self._repo.odb.read(found)[1]))
+
+    def _read(self, oid: Any, read: Callable[[Any], _T]) -> _T:
+        """`read(oid)`, once a copy of `oid` held for the next flush is written; a missing
+        object raises ObjectMissingError."""
         if self._pending and self._held(oid):
             self.flush()
         try:
-            return bytes(self._repo.odb.read(oid)[1])
+            return read(oid)
         except KeyError as exc:  # pygit2's NotFoundError is a KeyError too
             raise ObjectMissingError(
                 f"The shadow repository {self.git_dir} is missing object {oid} (lost or damaged).") from exc
