@@ -536,7 +536,7 @@ class ShadowRepo:
         self._held_blob_bytes = 0  # the content bytes of the blobs in `_pending`
         self._packs_written = 0  # small packs `flush` wrote since the last merge
         self._objects_dir = os.fspath(git_dir / "objects")
-        self._pool = FilePool(git_dir / FILE_POOL_FOLDER, anchor=git_dir,
+        self._pool = FilePool(git_dir / FILE_POOL_FOLDER, anchor=git_dir, open_ahead=loose.OPEN_AHEAD,
                               folders=[os.path.join(git_dir, "objects", f"{i:02x}") for i in range(256)])
         self._borrowed: dict[str, _ReadOnlyObjects] = {}
         self._open_refs: dict[str, int] = {}  # refs moved in place (`loose.rewrite_ref`): path -> fd
@@ -783,11 +783,12 @@ class ShadowRepo:
             if self._held_blob_bytes:
                 self._write_blobs_loose()
 
-    def _hold(self, kind: bytes, data: bytes, oid: str | None = None) -> str:
-        """Keep an object (`oid`: its id, if known) to be written by the next `flush`; its id."""
+    def _hold(self, kind: bytes, data: bytes, oid: str | None = None, raw: bytes | None = None) -> str:
+        """Keep an object (`oid`, `raw`: its id, if known) to be written by the next `flush`; its id."""
         if oid is None:
             oid = loose.object_id(kind, data)
-        raw = bytes.fromhex(oid)
+        if raw is None:
+            raw = bytes.fromhex(oid)
         if raw not in self._pending and raw not in self._packed_ids:
             packed_kind = _PACKED_KINDS[kind]
             self._pending[raw] = (packed_kind, data)
@@ -1275,7 +1276,7 @@ class ShadowRepo:
         fresh = False
         if raw not in written_now and raw not in self._recent_trees \
                 and (expect_new or above_new or not self.has_object(oid)):
-            self._hold(b"tree", data)
+            self._hold(b"tree", data, oid, raw)  # hashed above, not again
             fresh = True
         written_now[raw] = entries
         return oid, fresh
