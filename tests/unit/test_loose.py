@@ -3,6 +3,7 @@ time, read back by the git CLI as the independent witness (`cat-file`, `fsck --s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -58,12 +59,26 @@ def test_blob_ids_and_bytes_are_gits(repo: ShadowRepo, tmp_path: Path, size: int
     assert object_id(b"blob", data) == oid
 
 
-def test_a_pooled_write_takes_a_file_made_ahead(repo: ShadowRepo) -> None:
+def _descriptors_to(folder: Path) -> list[str]:
+    """What this process's open descriptors name inside `folder` (Linux's /proc)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(f"{folder}/"):
+                found.append(target)
+    return found
+
+
+def test_a_pooled_object_write_takes_a_file_made_ahead_read_only_and_open(repo: ShadowRepo) -> None:
+    """No open and no chmod in the round: the file was made read-only, and its descriptor from
+    then writes it."""
     pool = pool_of(repo)
     assert pool.fill() == pool.size
     before = pool.ready
-    ahead = pool._ready[0]
+    ahead, _ = pool._opened[0]
     inode = os.stat(ahead).st_ino
+    assert os.stat(ahead).st_mode & 0o777 == 0o444
     oid = repo.write_blob(b"made ahead\n")
     final = repo.git_dir / "objects" / oid[:2] / oid[2:]
     assert os.stat(final).st_ino == inode  # the very file the pool made, renamed into place
@@ -71,6 +86,53 @@ def test_a_pooled_write_takes_a_file_made_ahead(repo: ShadowRepo) -> None:
     assert pool.ready == before - 1
     assert final.stat().st_mode & 0o777 == 0o444  # as git and libgit2 leave a loose object
     assert cat(repo.git_dir, oid) == b"made ahead\n"
+    assert str(final) not in _descriptors_to(repo.git_dir)  # its descriptor was closed
+
+
+def test_a_pooled_ref_write_takes_a_closed_file_made_ahead(repo: ShadowRepo) -> None:
+    pool = pool_of(repo)
+    pool.fill()
+    opened = len(pool._opened)
+    ahead = pool._ready[0]
+    inode = os.stat(ahead).st_ino
+    oid = repo.write_blob(b"for a ref\n")
+    write_ref(repo.git_dir, "refs/heads/made-ahead", oid, pool)
+    final = repo.git_dir / "refs" / "heads" / "made-ahead"
+    assert os.stat(final).st_ino == inode
+    assert final.stat().st_mode & 0o777 == 0o644
+    assert len(pool._opened) == opened - 1  # the blob's
+    assert git(repo.git_dir, "rev-parse", "refs/heads/made-ahead").stdout.strip() == oid
+
+
+def test_a_pool_holds_open_only_its_open_ahead_files_and_close_lets_them_go(tmp_path: Path) -> None:
+    folder = tmp_path / "pool"
+    pool = FilePool(folder, size=8, open_ahead=3)
+    assert pool.fill() == 8
+    assert len(_descriptors_to(folder)) == 3 and pool.ready == 8
+    assert sorted(_descriptors_to(folder)) == sorted(path for path, _ in pool._opened)
+    taken = pool.take_open()
+    assert taken is not None
+    path, fd = taken
+    os.write(fd, b"written by the descriptor that made it")
+    os.close(fd)
+    assert Path(path).read_bytes() == b"written by the descriptor that made it"
+    assert pool._thread is None and not pool._wake.is_set(), "woken with most of them open"
+    second = pool.take_open()  # half taken: the refill is woken
+    assert second is not None and pool._thread is not None
+    os.close(second[1])
+    os.unlink(second[0])
+    wait_for(lambda: len(pool._opened) == 3, "the open files made again")
+    pool.close()
+    assert _descriptors_to(folder) == []
+    assert sorted(os.listdir(folder)) == [os.path.basename(path)]  # only the one taken
+
+
+def test_an_open_file_swept_away_meanwhile_is_noticed(repo: ShadowRepo) -> None:
+    pool = pool_of(repo)
+    pool.fill()
+    os.unlink(pool._opened[0][0])  # another process's sweep: its descriptor writes nowhere
+    oid = repo.write_blob(b"swept while open\n")
+    assert cat(repo.git_dir, oid) == b"swept while open\n"
 
 
 def test_without_a_pool_file_the_write_makes_its_own(repo: ShadowRepo) -> None:
