@@ -71,6 +71,33 @@ from shadowpoint.workspace import RepoPath, at_or_under, is_git_component
 
 log = structlog.get_logger(__name__)
 
+# a path with at least this many folders above it has them checked at once (`is_real_folder`)
+_FOLDERS_AT_ONCE = 4
+# where Linux names what each descriptor of this process opened (None: not Linux)
+_FD_LINKS = "/proc/self/fd/" if sys.platform.startswith("linux") else None
+_FOLDER_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def is_real_folder(folder: str) -> bool:
+    """Whether `folder` (an absolute path under a canonical root) is a folder that no symlink
+    leads to, at once: its real path is itself. A real path never goes through a symlink, so
+    no folder of it is one. Three system calls (an open, a readlink of /proc/self/fd, a
+    close), where an lstat of each folder of a path 8 deep was 8. False when that cannot be
+    told (not Linux, no /proc, a folder missing): the caller looks at each folder."""
+    if _FD_LINKS is None:
+        return False
+    try:
+        fd = os.open(folder, _FOLDER_FLAGS)
+    except OSError:
+        return False
+    try:
+        return os.readlink(f"{_FD_LINKS}{fd}") == folder
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 # what a forked child of a baseline runs, made silent there (forked.py)
 _SILENCED = (sys.modules[__name__], exclusions, patterns, git_index, shadow_repo, loose)
 
@@ -1263,7 +1290,10 @@ class Scanner:
                     yield child, dirent
 
     def _symlink_ancestor(self, path: RepoPath) -> RepoPath | None:
+        """The folder above `path` that is a symlink now, if one is (the nearest the root)."""
         parts = path.split("/")
+        if len(parts) > _FOLDERS_AT_ONCE and is_real_folder(f"{self._root}/{path.rpartition('/')[0]}"):
+            return None
         current = self._root
         for i, part in enumerate(parts[:-1]):
             current = f"{current}/{part}"

@@ -19,7 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from shadowpoint.stage.exclusions import ExclusionRules
-from shadowpoint.stage.scanner import Scanner, SkipReason, StageOptions, StageResult
+from shadowpoint.stage.scanner import Scanner, SkipReason, StageOptions, StageResult, is_real_folder
 from shadowpoint.stage.stager import StagePlan
 from shadowpoint.stage.stat_cache import StatCache, state_entry, state_of
 from shadowpoint.store.shadow_repo import ShadowRepo
@@ -504,6 +504,35 @@ def test_path_through_symlinked_dir_is_staged_as_the_link(env: Env, tmp_path: Pa
     env.stage(cache, watched=["real/inner.txt"])
     assert env.snapshot(cache.tree) == {"lnk": Link("real"), "out": Link(str(outside)), "real": Link(str(outside))}
     assert_consistent(env, cache)
+
+
+@pytest.mark.parametrize("link_at", ["a", "a/b", "a/b/c/d"])
+def test_a_deep_path_through_a_symlinked_folder_is_staged_as_the_link(env: Env, tmp_path: Path,
+                                                                       link_at: str) -> None:
+    """Paths 4 folders deep or more have their folders checked at once (`is_real_folder`):
+    a symlink at any depth of them is found all the same."""
+    path = "a/b/c/d/e/f.txt"
+    target = tmp_path / "outside" / link_at.replace("/", "_")
+    make_tree(target, {path[len(link_at) + 1:]: "outside data"})
+    make_tree(env.root, {path: "inside", "keep.txt": "k"})
+    cache = StatCache()
+    env.stage(cache, rescan=True)
+    shutil.rmtree(env.root / link_at)
+    os.symlink(target, env.root / link_at)
+    res = env.stage(cache, forced=[path])
+    assert env.snapshot(res.tree) == {link_at: Link(str(target)), "keep.txt": b"k"}
+    assert_consistent(env, cache)
+
+
+def test_a_real_folder_is_told_at_once_and_a_linked_one_is_not(tmp_path: Path) -> None:
+    real = tmp_path.resolve() / "a" / "b" / "c"
+    real.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    assert is_real_folder(str(real))
+    assert not is_real_folder(str(tmp_path.resolve() / "link" / "b" / "c"))  # the same folder, through a link
+    assert not is_real_folder(str(real / "missing"))
+    (real / "file").write_text("x")
+    assert not is_real_folder(str(real / "file"))
 
 
 def test_file_swapped_for_symlink_is_never_read_through(env: Env, tmp_path: Path) -> None:
