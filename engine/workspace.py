@@ -53,6 +53,8 @@ def is_git_lookalike(name: str) -> bool:
     rules): any case, HFS+-ignorable code points anywhere, NTFS trailing dots and spaces or an
     alternate data stream, and the 8.3 short name `git~1`. Request paths naming one are
     refused, as git refuses them in trees, whatever the OS we run on."""
+    if name.isascii() and "git" not in name.lower():  # most names: every look-alike holds "git"
+        return False
     folded = name.translate(_HFS_IGNORABLE).casefold()
     if folded.rstrip(". ") == ".git" or folded == "git~1":
         return True

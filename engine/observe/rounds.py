@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from shadowpoint.kinds import ToolKind
 
 COMMAND_HINTS = ("command", "exec", "shell", "bash")
-_TOOL_KINDS = frozenset(ToolKind)
+_TOOL_KINDS = {kind.value: kind for kind in ToolKind}  # a ToolKind is the str of its value
 
 
 def tool_kind(tool: str, kind: ToolKind | None, read_only: frozenset[str]) -> ToolKind:
     """The kind of a tool: given, else from its name (PROTOCOL.md): read, command or edit."""
-    if kind in _TOOL_KINDS:  # a library caller may pass any string: others go by the name
-        return ToolKind(kind)
+    given = _TOOL_KINDS.get(kind) if kind is not None else None
+    if given is not None:  # a library caller may pass any string: others go by the name
+        return given
     if tool in read_only:
         return ToolKind.READ
     lowered = tool.lower()
