@@ -29,11 +29,21 @@ def repo(tmp_path: Path, workspace: Path) -> Iterator[ShadowRepo]:
     r.close()
 
 
-def git(git_dir: Path, *args: str, text: bool = True) -> subprocess.CompletedProcess[str]:
+def _git_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env["GIT_CONFIG_NOSYSTEM"] = "1"
-    return subprocess.run(["git", f"--git-dir={git_dir}", *args], capture_output=True, text=text, env=env,
+    return env
+
+
+def git(git_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", f"--git-dir={git_dir}", *args], capture_output=True, text=True, env=_git_env(),
                           check=True)
+
+
+def git_bytes(git_dir: Path, *args: str) -> bytes:
+    """git's output as bytes (names that are not UTF-8)."""
+    return subprocess.run(["git", f"--git-dir={git_dir}", *args], capture_output=True, env=_git_env(),
+                          check=True).stdout
 
 
 def cat(git_dir: Path, oid: str) -> bytes:
@@ -186,7 +196,7 @@ def test_trees_and_commits_pass_gits_strict_check(repo: ShadowRepo) -> None:
     c2 = repo.commit(tree2, [c1], "second\n\nwith a body", "task-1")
     repo.set_ref(task_ref("task-1"), c2)
     git(repo.git_dir, "fsck", "--strict", "--no-dangling")
-    listed = git(repo.git_dir, "ls-tree", "-r", "--name-only", "-z", c2, text=False).stdout.split(b"\0")
+    listed = git_bytes(repo.git_dir, "ls-tree", "-r", "--name-only", "-z", c2).split(b"\0")
     assert listed[:-1] == [b"a-b", b"a/x", b"a/y", b"a0", b"\xff-not-utf8"]
     assert git(repo.git_dir, "ls-tree", c2, "a").stdout.split()[:2] == [f"{MODE_TREE:06o}", "tree"]
     assert git(repo.git_dir, "rev-list", task_ref("task-1")).stdout.split() == [c2, c1]
@@ -349,7 +359,7 @@ def test_refs_moved_in_place_keep_the_last_moved_open_and_write_a_missing_one_du
 
 
 def test_a_repository_closes_the_refs_it_keeps_open(repo: ShadowRepo) -> None:
-    tree = repo.patch_tree(None, {"a.txt": TreeEntry(repo.write_blob(b"1"), MODE_FILE)})
+    tree = repo.patch_tree(None, {RepoPath("a.txt"): TreeEntry(repo.write_blob(b"1"), MODE_FILE)})
     assert tree is not None
     repo.set_ref("refs/shadowpoint/head", tree, durable=False)
     repo.set_ref("refs/shadowpoint/head", tree, durable=False)
