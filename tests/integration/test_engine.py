@@ -11,7 +11,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pygit2
 import pytest
@@ -27,10 +27,11 @@ from shadowpoint.errors import (
     UnknownMessageError,
     UnknownTaskError,
 )
+from shadowpoint.kinds import EditRestore, RestoreMode, ToolKind
 from shadowpoint.restore.plan import RestoreOp, RestorePlan
 from shadowpoint.restore.safe_fs import TEMP_PREFIX
+from shadowpoint.results import Checkpoint, Restore, Wire
 from shadowpoint.store import shadow_repo
-from shadowpoint.store.checkpoints import CheckpointRecord
 from shadowpoint.store.storage import remove_all_checkpoints
 from shadowpoint.store.values import MODE_FILE, TreeEntry, task_ref
 from shadowpoint.workspace import RepoPath
@@ -42,6 +43,11 @@ COMMAND = "execute_command"
 
 
 # ---- helpers ----------------------------------------------------------------------------------
+
+
+def as_json(wire: Wire) -> dict[str, Any]:
+    """A result's wire form (`to_wire()`) to index into: a JSON object, its values JSON values."""
+    return cast(dict[str, Any], wire)
 
 
 def wait_ready(eng: Engine, task_id: str) -> str:
@@ -72,17 +78,17 @@ def held_copy_engine(make_engine: Any, root: Path, **changes: Any) -> tuple[Engi
 
 
 def edit_round(eng: Engine, root: Path, ts: int, files: dict[str, Any], task_id: str = "t1",
-               report: Iterable[str] | None = None) -> CheckpointRecord | None:
+               report: Iterable[str] | None = None) -> Checkpoint | None:
     """A round with one edit tool writing `files` and reporting their paths (or `report`)."""
     paths = list(files) if report is None else list(report)
     eng.begin_round(task_id)
-    eng.tool_began(task_id, EDIT, "edit", paths)
+    eng.tool_began(task_id, EDIT, ToolKind.EDIT, paths)
     make_tree(root, files)
     eng.tool_ended(task_id, EDIT, paths)
     return eng.end_round(task_id, ts)
 
 
-def command_round(eng: Engine, root: Path, ts: int, files: dict[str, Any], task_id: str = "t1") -> CheckpointRecord:
+def command_round(eng: Engine, root: Path, ts: int, files: dict[str, Any], task_id: str = "t1") -> Checkpoint:
     eng.begin_round(task_id)
     eng.tool_began(task_id, COMMAND, None, None)
     make_tree(root, files)
@@ -108,11 +114,11 @@ def files_of(eng: Engine, commit: str | None, index: int = 0) -> dict[str, Any]:
             if e.filemode == 0o040000:
                 walk(obj, prefix + e.name + "/")
             elif e.filemode == 0o120000:
-                out[prefix + e.name] = Link(os.fsdecode(obj.data))
+                out[prefix + e.name] = Link(os.fsdecode(cast(pygit2.Blob, obj).data))
             elif e.filemode == 0o100755:
-                out[prefix + e.name] = Exe(obj.data)
+                out[prefix + e.name] = Exe(cast(pygit2.Blob, obj).data)
             else:
-                out[prefix + e.name] = obj.data
+                out[prefix + e.name] = cast(pygit2.Blob, obj).data
 
     walk(repo[commit].peel(pygit2.Tree), "")
     repo.free()
@@ -120,7 +126,7 @@ def files_of(eng: Engine, commit: str | None, index: int = 0) -> dict[str, Any]:
 
 
 def wire(eng: Engine, task_id: str = "t1") -> dict[int, dict[str, Any]]:
-    return {c["ts"]: c for c in eng.list_checkpoints(task_id).to_wire()["checkpoints"]}
+    return {c["ts"]: c for c in as_json(eng.list_checkpoints(task_id).to_wire())["checkpoints"]}
 
 
 def git(eng: Engine, *args: str) -> str:
@@ -146,7 +152,7 @@ def test_baseline_is_the_first_checkpoint(make_engine: MakeEngine, ws: Path) -> 
     state = eng.start_task("t1", 5).to_wire()
     assert state["state"] in ("initializing", "ready")
     assert wait_ready(eng, "t1") == "ready"
-    cps = eng.list_checkpoints("t1").to_wire()["checkpoints"]
+    cps = as_json(eng.list_checkpoints("t1").to_wire())["checkpoints"]
     assert len(cps) == 1
     base = cps[0]
     assert (base["ts"], base["kind"], base["reused"], base["restored"]) == (5, "baseline", False, False)
@@ -239,7 +245,7 @@ def test_paths_outside_workspace_are_refused(make_engine: MakeEngine, ws: Path, 
     make_tree(ws, {"nested/.git/HEAD": "ref", "nested/x": "x"})
     for bad in ("../escape", "/etc/passwd", ".git/config", str(tmp_path / "x"), "nested/x", ".GIT/HEAD"):
         with pytest.raises(PathOutsideWorkspaceError):
-            eng.tool_began("t1", EDIT, "edit", [bad])
+            eng.tool_began("t1", EDIT, ToolKind.EDIT, [bad])
 
 
 def test_an_edit_tools_end_takes_the_paths_its_begin_resolved(make_engine: MakeEngine, ws: Path,
@@ -252,18 +258,18 @@ def test_an_edit_tools_end_takes_the_paths_its_begin_resolved(make_engine: MakeE
     eng = make_engine(ws)
     start(eng)
     eng.begin_round("t1")
-    eng.tool_began("t1", EDIT, "edit", ["d/f.txt"])
+    eng.tool_began("t1", EDIT, ToolKind.EDIT, ["d/f.txt"])
     (ws / "d" / "f.txt").unlink()
     (ws / "d").rmdir()
     (ws / "d").symlink_to(outside)
     eng.tool_ended("t1", EDIT, ["d/f.txt"])  # begin resolved it: no error now
     cp = eng.end_round("t1", 10)
     assert cp is not None
-    snap = files_of(eng, cp.to_wire()["hashes"]["proj"])
+    snap = files_of(eng, as_json(cp.to_wire())["hashes"]["proj"])
     assert snap["d"] == Link(str(outside)) and "d/f.txt" not in snap
     # a path its begin did not name is resolved, and refused as before
     eng.begin_round("t1")
-    eng.tool_began("t1", EDIT, "edit", ["a.txt"])
+    eng.tool_began("t1", EDIT, ToolKind.EDIT, ["a.txt"])
     with pytest.raises(PathOutsideWorkspaceError):
         eng.tool_ended("t1", EDIT, ["d/f.txt"])
     with pytest.raises(PathOutsideWorkspaceError):
@@ -310,10 +316,10 @@ def test_view_changes_since_previous_completion(make_engine: MakeEngine, ws: Pat
     eng.complete("t1", 20)
     edit_round(eng, ws, 30, {"b.txt": "b1"})
     eng.complete("t1", 40)
-    first = eng.view_changes("t1", 20).to_wire()
+    first = as_json(eng.view_changes("t1", 20).to_wire())
     assert first["title"] == "New changes"
     assert [(f["path"], f["before"], f["after"]) for f in first["files"]] == [("a.txt", "a0", "a1")]
-    second = eng.view_changes("t1", 40).to_wire()
+    second = as_json(eng.view_changes("t1", 40).to_wire())
     assert [(f["path"], f["status"]) for f in second["files"]] == [("b.txt", "modified")]
 
 
@@ -322,13 +328,13 @@ def test_diff_against_workspace_and_between_checkpoints(make_engine: MakeEngine,
     start(eng)
     edit_round(eng, ws, 10, {"a.txt": "a1"})
     make_tree(ws, {"b.txt": "outside rounds", "bin.dat": b"\0\1\2"})
-    d = eng.diff("t1", 0).to_wire()
+    d = as_json(eng.diff("t1", 0).to_wire())
     assert d["title"] == "Changes since snapshot"
     files = {f["path"]: f for f in d["files"]}
     assert set(files) == {"a.txt", "b.txt", "bin.dat"}
     assert files["bin.dat"]["binary"] and files["bin.dat"]["after"] is None
     assert files["b.txt"]["after"] == "outside rounds"
-    between = eng.diff("t1", 0, 10).to_wire()
+    between = as_json(eng.diff("t1", 0, 10).to_wire())
     assert between["title"] == "New changes"
     assert [f["path"] for f in between["files"]] == ["a.txt"]
 
@@ -342,10 +348,10 @@ def test_compaction_checkpoint_offers_task_restore_only(make_engine: MakeEngine,
     w = wire(eng)[20]
     assert (w["kind"], w["hash"], w["hashes"]) == ("compaction", None, {})
     with pytest.raises(NoFileSnapshotError):
-        eng.restore("t1", 20, "files")
+        eng.restore("t1", 20, RestoreMode.FILES)
     with pytest.raises(NoFileSnapshotError):
         eng.diff("t1", 20)
-    out = eng.restore("t1", 20, "both").to_wire()
+    out = as_json(eng.restore("t1", 20, RestoreMode.BOTH).to_wire())
     assert out["files"] is None and out["error"]["kind"] == "no_file_snapshot"
     assert out["task"] == {"keepThrough": 20}
     assert (ws / "a.txt").read_text() == "a3", "files untouched"
@@ -366,7 +372,7 @@ def test_restore_files_only_the_edited_paths(make_engine: MakeEngine, ws: Path) 
     eng = make_engine(ws)
     _three_rounds(eng, ws)
     make_tree(ws, {"b.txt": "user's own change", "untracked.txt": "user's file"})
-    out = eng.restore("t1", 10, "files").to_wire()
+    out = as_json(eng.restore("t1", 10, RestoreMode.FILES).to_wire())
     assert out["task"] is None
     assert sorted(out["files"]["restored"]) == ["a.txt", "src/lib.py"]
     assert out["files"]["deleted"] == ["created.txt"]
@@ -380,11 +386,11 @@ def test_restore_files_only_the_edited_paths(make_engine: MakeEngine, ws: Path) 
     assert safety["a.txt"] == b"a2" and safety["b.txt"] == b"user's own change"
     assert out["files"]["safety"] not in {c["hash"] for c in w.values()}
     with pytest.raises(AlreadyRestoredError):
-        eng.restore("t1", 10, "files")
+        eng.restore("t1", 10, RestoreMode.FILES)
     # a new checkpoint clears the mark
     edit_round(eng, ws, 30, {"a.txt": "a3"})
     assert not any(c["restored"] for c in wire(eng).values())
-    eng.restore("t1", 10, "files")
+    eng.restore("t1", 10, RestoreMode.FILES)
     assert (ws / "a.txt").read_text() == "a1"
 
 
@@ -393,7 +399,7 @@ def test_restore_after_commands_only_resets_what_they_changed(make_engine: MakeE
     start(eng)
     command_round(eng, ws, 10, {"a.txt": "a1", "b.txt": None, "made.txt": "m", "x.log": "ignored log"})
     make_tree(ws, {"src/lib.py": "after the checkpoint"})
-    out = eng.restore("t1", 0, "files").to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES).to_wire())
     assert sorted(out["files"]["deleted"]) == ["made.txt"]
     assert sorted(out["files"]["restored"]) == ["a.txt", "b.txt"], "PROTOCOL 1.1 Scope: the rounds' changes"
     tree = read_tree(ws)
@@ -409,7 +415,7 @@ def test_restore_of_a_task_with_no_record_resets_every_tracked_file(make_engine:
     make_tree(ws, {"src/lib.py": "after the checkpoint"})
     rt = eng._task("t1")
     rt.record.scope, rt.record.edited = {}, {}  # what it changed is lost (SPEC §6: git reset --hard)
-    out = eng.restore("t1", 0, "files").to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES).to_wire())
     assert sorted(out["files"]["deleted"]) == ["made.txt"]
     assert sorted(out["files"]["restored"]) == ["a.txt", "b.txt", "src/lib.py"]
     assert {k: v for k, v in read_tree(ws).items() if k in BASE} == BASE
@@ -420,13 +426,13 @@ def test_restore_task_and_both(make_engine: MakeEngine, ws: Path) -> None:
     _three_rounds(eng, ws)
     for ts in (11, 12):
         eng.add_message("t1", ts, "user", f"m{ts}")
-    out = eng.restore("t1", 10, "task").to_wire()
+    out = as_json(eng.restore("t1", 10, RestoreMode.TASK).to_wire())
     assert out == {"files": None, "task": {"keepThrough": 10}}
     assert list(wire(eng)) == [0, 10]
     assert (ws / "a.txt").read_text() == "a2", "task-only restore leaves files"
     with pytest.raises(UnknownCheckpointError):
-        eng.restore("t1", 20, "files")
-    out = eng.restore("t1", 0, "both").to_wire()
+        eng.restore("t1", 20, RestoreMode.FILES)
+    out = as_json(eng.restore("t1", 0, RestoreMode.BOTH).to_wire())
     assert out["task"] == {"keepThrough": 0}
     assert sorted(out["files"]["restored"]) == ["a.txt", "src/lib.py"]
     assert (ws / "a.txt").read_text() == "a0" and not (ws / "created.txt").exists()
@@ -443,10 +449,10 @@ def test_undo_restore_puts_back_exactly_the_restored_paths(make_engine: MakeEngi
     with pytest.raises(NothingToUndoError):
         eng.undo_restore("t1")
     before = read_tree(ws)
-    eng.restore("t1", 0, "files")
+    eng.restore("t1", 0, RestoreMode.FILES)
     assert (ws / "a.txt").read_text() == "a0"
     make_tree(ws, {"b.txt": "edited after the restore"})
-    out = eng.undo_restore("t1").to_wire()
+    out = as_json(eng.undo_restore("t1").to_wire())
     assert out["task"] is None
     assert sorted(out["files"]["restored"]) == ["a.txt", "created.txt", "src/lib.py"]
     assert read_tree(ws) == {**before, "b.txt": b"edited after the restore"}
@@ -464,8 +470,9 @@ def test_restore_undo_redo_are_log_lines_that_a_reload_replays(make_engine: Make
     folder = eng.store.task_dir("t1")
     task_json = (folder / TASK_FILE).read_bytes()
     lines = (folder / LOG_FILE).read_bytes().count(b"\n")
-    for step in (lambda: eng.restore("t1", 0, "files"), lambda: eng.undo_restore("t1"),
-                 lambda: eng.redo_restore("t1")):
+    steps: tuple[Callable[[], Restore], ...] = (lambda: eng.restore("t1", 0, RestoreMode.FILES),
+                                                lambda: eng.undo_restore("t1"), lambda: eng.redo_restore("t1"))
+    for step in steps:
         step()
         assert (folder / TASK_FILE).read_bytes() == task_json
         assert (folder / LOG_FILE).read_bytes().count(b"\n") == lines + 1
@@ -484,11 +491,11 @@ def test_restore_of_unknown_checkpoint_or_task(make_engine: MakeEngine, ws: Path
     eng = make_engine(ws)
     start(eng)
     with pytest.raises(UnknownCheckpointError):
-        eng.restore("t1", 999, "files")
+        eng.restore("t1", 999, RestoreMode.FILES)
     with pytest.raises(UnknownCheckpointError):
-        eng.restore("t1", "0", "files")
+        eng.restore("t1", "0", RestoreMode.FILES)  # type: ignore[arg-type]  # a ts of the wrong type, on purpose
     with pytest.raises(UnknownTaskError):
-        eng.restore("nope", 0, "files")
+        eng.restore("nope", 0, RestoreMode.FILES)
     with pytest.raises(UnknownTaskError):
         eng.list_checkpoints("nope")
 
@@ -506,19 +513,19 @@ def test_message_edit_chat_and_all(make_engine: MakeEngine, ws: Path) -> None:
     eng.add_message("t1", 25, "user", "third ask")
     edit_round(eng, ws, 30, {"a.txt": "a3"})
 
-    same = eng.edit_message("t1", 25, "third ask", "all").to_wire()
+    same = eng.edit_message("t1", 25, "third ask", EditRestore.ALL).to_wire()
     assert same == {"files": None, "task": None, "text": "third ask"}
     assert (ws / "a.txt").read_text() == "a3" and list(wire(eng)) == [0, 10, 20, 30]
     with pytest.raises(UnknownMessageError):
-        eng.edit_message("t1", 26, "x", "chat")
+        eng.edit_message("t1", 26, "x", EditRestore.CHAT)
 
-    chat = eng.edit_message("t1", 25, "third, edited", "chat").to_wire()
+    chat = eng.edit_message("t1", 25, "third, edited", EditRestore.CHAT).to_wire()
     assert chat["files"] is None and chat["task"] == {"keepThrough": 20}
     assert (ws / "a.txt").read_text() == "a3"
     assert list(wire(eng)) == [0, 10, 20]
 
     edit_round(eng, ws, 40, {"a.txt": "a4"})
-    everything = eng.edit_message("t1", 15, "second, edited", "all").to_wire()
+    everything = as_json(eng.edit_message("t1", 15, "second, edited", EditRestore.ALL).to_wire())
     assert everything["task"] == {"keepThrough": 10}
     assert everything["files"]["restored"] == ["a.txt"]
     assert (ws / "a.txt").read_text() == "a1"
@@ -542,7 +549,7 @@ def test_two_tasks_share_one_shadow_repo(make_engine: MakeEngine, ws: Path) -> N
         trailers = git(eng, "log", "--format=%(trailers:key=Shadowpoint-Task,valueonly)", task_ref(tid)).split()
         assert trailers and set(trailers) == {tid}
     # restoring t1 touches only what t1 edited
-    out = eng.restore("t1", 0, "files").to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES).to_wire())
     assert out["files"]["restored"] == ["a.txt"]
     assert (ws / "a.txt").read_text() == "a0" and (ws / "b.txt").read_text() == "from t2"
     eng.delete_task("t1")
@@ -621,7 +628,7 @@ def test_gc_after_delete_keeps_other_tasks_whole(make_engine: MakeEngine, ws: Pa
     assert files_of(eng, keep_base) == BASE
     c = edit_round(eng, ws, 30, {"a.txt": "after gc"}, task_id="keep")
     assert c is not None and files_of(eng, c.hashes["proj"])["a.txt"] == b"after gc"
-    eng.restore("keep", 0, "files")
+    eng.restore("keep", 0, RestoreMode.FILES)
     assert (ws / "a.txt").read_text() == "a0"
 
 
@@ -727,7 +734,7 @@ def test_restart_resumes_task_and_keeps_working(make_engine: MakeEngine, ws: Pat
     assert cp is not None
     snap = files_of(eng2, cp.hashes["proj"])
     assert snap["a.txt"] == b"a4" and snap["b.txt"] == b"changed while no engine ran"
-    eng2.restore("t1", 10, "files")
+    eng2.restore("t1", 10, RestoreMode.FILES)
     assert (ws / "a.txt").read_text() == "a1" and not (ws / "created.txt").exists()
 
 
@@ -779,7 +786,7 @@ def test_second_engine_sees_restored_content(make_engine: MakeEngine, ws: Path) 
     two = make_engine(ws)
     _three_rounds(one, ws)
     start(two, "t2", 100)
-    one.restore("t1", 0, "files")
+    one.restore("t1", 0, RestoreMode.FILES)
     assert (ws / "a.txt").read_text() == "a0"
     cp = edit_round(two, ws, 110, {"b.txt": "b from t2"}, task_id="t2")
     assert cp is not None
@@ -789,7 +796,7 @@ def test_second_engine_sees_restored_content(make_engine: MakeEngine, ws: Path) 
 def test_crash_after_restore_keeps_restored_content(options: Any, ws: Path) -> None:
     eng = Engine([ws], options)
     _three_rounds(eng, ws)
-    eng.restore("t1", 0, "files")
+    eng.restore("t1", 0, RestoreMode.FILES)
     for root in eng.roots.values():  # crash: nothing is flushed, locks die with the process
         with root.locked() as locked:
             locked.repo.close()
@@ -818,13 +825,13 @@ def test_two_roots_one_checkpoint(make_engine: MakeEngine, tmp_path: Path) -> No
     assert cp.hashes["app-2"] == wire(eng)[0]["hashes"]["app-2"], "an unchanged root keeps its commit"
     make_tree(r2, {"y.txt": "y1"})
     with pytest.raises(PathOutsideWorkspaceError):
-        eng.tool_began("t1", EDIT, "edit", ["y.txt"])
+        eng.tool_began("t1", EDIT, ToolKind.EDIT, ["y.txt"])
     c2 = edit_round(eng, r2, 20, {"y.txt": "y1"}, report=["app-2/y.txt"])
     assert c2 is not None and files_of(eng, c2.hashes["app-2"], 1) == {"y.txt": b"y1"}
-    out = eng.restore("t1", 0, "files").to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES).to_wire())
     assert sorted(out["files"]["restored"]) == ["app-2/y.txt", "app/x.txt"]
     assert (r1 / "x.txt").read_text() == "x0" and (r2 / "y.txt").read_text() == "y0"
-    d = eng.diff("t1", 0, 20).to_wire()
+    d = as_json(eng.diff("t1", 0, 20).to_wire())
     assert sorted(f["path"] for f in d["files"]) == ["app-2/y.txt", "app/x.txt"]
 
 
@@ -838,7 +845,7 @@ def test_awkward_task_ids_work_end_to_end(make_engine: MakeEngine, ws: Path, tas
     cp = edit_round(eng, ws, 10, {"a.txt": "a1"}, task_id=task_id)
     assert cp is not None and not cp.reused
     assert git(eng, "rev-parse", task_ref(task_id)).strip() == cp.hashes["proj"]
-    eng.restore(task_id, 0, "files")
+    eng.restore(task_id, 0, RestoreMode.FILES)
     assert (ws / "a.txt").read_text() == "a0"
     assert eng.store.task_dir(task_id).parent == eng.options.docs_dir / "tasks"
     assert eng.store.task_ids() == [task_id]
@@ -859,7 +866,7 @@ def test_damaged_shadow_config_is_repaired_on_restart(make_engine: MakeEngine, w
     cp = edit_round(eng2, ws, 30, {"a.txt": "a3"})
     assert cp is not None
     assert git(eng2, "config", "core.worktree").strip() == str(ws)
-    eng2.restore("t1", 10, "files")
+    eng2.restore("t1", 10, RestoreMode.FILES)
     assert (ws / "a.txt").read_text() == "a1"
 
 
@@ -871,7 +878,7 @@ def test_root_given_through_a_symlink(make_engine: MakeEngine, ws: Path, tmp_pat
     start(eng)
     cp = edit_round(eng, ws, 10, {"a.txt": "via alias"}, report=[str(alias / "a.txt")])
     assert cp is not None and files_of(eng, cp.hashes["proj"])["a.txt"] == b"via alias"
-    assert eng.restore("t1", 0, "files").to_wire()["files"]["restored"] == ["a.txt"]
+    assert as_json(eng.restore("t1", 0, RestoreMode.FILES).to_wire())["files"]["restored"] == ["a.txt"]
     assert (ws / "a.txt").read_text() == "a0"
 
 
@@ -881,7 +888,7 @@ def test_nested_repository_reported_by_an_edit_tool_is_never_touched(make_engine
     start(eng)
     eng.begin_round("t1")
     try:
-        eng.tool_began("t1", EDIT, "edit", ["vendored"])
+        eng.tool_began("t1", EDIT, ToolKind.EDIT, ["vendored"])
     except PathOutsideWorkspaceError:
         pass  # refusing the nested repository itself is fine too
     make_tree(ws, {"vendored/new.c": "their new file", "a.txt": "a1"})
@@ -889,7 +896,7 @@ def test_nested_repository_reported_by_an_edit_tool_is_never_touched(make_engine
     cp = eng.end_round("t1", 10)
     assert cp is not None
     assert not any(p.startswith("vendored") for p in files_of(eng, cp.hashes["proj"]))
-    eng.restore("t1", 0, "files")
+    eng.restore("t1", 0, RestoreMode.FILES)
     assert read_tree(ws)["vendored/new.c"] == b"their new file"
     assert read_tree(ws)["vendored/lib.c"] == b"theirs"
     assert (ws / "a.txt").read_text() == "a0"

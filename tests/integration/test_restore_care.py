@@ -10,7 +10,7 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pygit2
 import pytest
@@ -24,10 +24,20 @@ from shadowpoint.errors import (
     RestoreConflictError,
     UnknownCheckpointError,
 )
+from shadowpoint.kinds import RestoreMode
 from shadowpoint.store import packing
 from shadowpoint.store.loose import object_id
 from tests.conftest import Exe, Link, make_tree, read_tree
-from tests.integration.test_engine import MakeEngine, command_round, edit_round, files_of, git_dir, start, wire
+from tests.integration.test_engine import (
+    MakeEngine,
+    as_json,
+    command_round,
+    edit_round,
+    files_of,
+    git_dir,
+    start,
+    wire,
+)
 
 LINES = "".join(f"line {i:02d}\n" for i in range(1, 13))
 
@@ -77,7 +87,7 @@ def test_scope_with_a_watcher_takes_the_round_changes_not_those_between_rounds(
     # the next round's stage picks these up too: they are still not the task's
     command_round(eng, ws, 20, {"made.txt": "by the shell", "f.txt": None})
     assert eng._task("t1").record.scope_paths(eng.first_root) == ["f.txt", "g.txt", "made.txt"]
-    out = eng.restore("t1", 0, "files").to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES).to_wire())
     assert sorted(out["files"]["restored"]) == ["f.txt", "g.txt"] and out["files"]["deleted"] == ["made.txt"]
     tree = read_tree(ws)
     assert tree["keep.txt"] == b"the person's, between rounds" and tree["notes.md"] == b"mine"
@@ -94,7 +104,7 @@ def test_with_a_watcher_the_safety_checkpoint_holds_the_persons_edits_of_the_tas
     edit_round(eng, ws, 10, {"g.txt": "g1", "f.txt": lines(l01="task"), ".env": "TOKEN=task",
                              "build/gen.txt": "task"})
     make_tree(ws, {"g.txt": "the person's g", ".env": "TOKEN=the person's", "build/gen.txt": "the person's"})
-    out = eng.restore("t1", 0, "files").to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES).to_wire())
     assert sorted(out["files"]["restored"]) == ["f.txt", "g.txt"]
     assert sorted(out["files"]["deleted"]) == [".env", "build/gen.txt"]
     safety = files_of(eng, out["files"]["safety"])
@@ -116,7 +126,7 @@ def test_a_round_of_reported_edits_does_not_take_what_changed_meanwhile(
     cp = edit_round(eng, ws, 10, {"g.txt": "g1", "keep.txt": "another task's, meanwhile"}, report=["g.txt"])
     assert cp is not None and files_of(eng, cp.hashes[eng.first_root])["keep.txt"] == b"another task's, meanwhile"
     assert eng._task("t1").record.scope_paths(eng.first_root) == ["g.txt"]
-    out = eng.restore("t1", 0, "files").to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES).to_wire())
     assert out["files"]["restored"] == ["g.txt"] and out["files"]["deleted"] == []
     tree = read_tree(ws)
     assert tree["g.txt"] == b"g0" and tree["keep.txt"] == b"another task's, meanwhile"
@@ -140,7 +150,7 @@ def test_clean_merge_reverts_the_task_and_keeps_the_person(make_engine: MakeEngi
     edit_round(eng, ws, 10, {"f.txt": lines(l2="task 2"), "g.txt": "g1", "new.txt": "n"})
     make_tree(ws, {"f.txt": lines(l2="task 2", l11="mine 11")})
     loose_before = loose_objects(eng)
-    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES, keep_outside_edits=True).to_wire())
     # the blobs the restore wrote went into the pack its ref's move wrote, not one loose file
     # each, but the person's f.txt that libgit2's merge had to read first
     mine = lines(l2="task 2", l11="mine 11").encode()
@@ -163,9 +173,9 @@ def test_a_file_the_task_left_alone_since_the_checkpoint_keeps_the_workspace(
     edit_round(eng, ws, 10, {"g.txt": "g1"})
     edit_round(eng, ws, 20, {"f.txt": lines(l1="task")})
     make_tree(ws, {"g.txt": "the person's g"})
-    dry = eng.restore("t1", 10, "files", dry_run=True, keep_outside_edits=True).to_wire()
+    dry = as_json(eng.restore("t1", 10, RestoreMode.FILES, dry_run=True, keep_outside_edits=True).to_wire())
     assert dry["files"]["restored"] == ["f.txt"] and dry["files"]["merged"] == [] and dry["files"]["conflicts"] == []
-    eng.restore("t1", 10, "files", keep_outside_edits=True)
+    eng.restore("t1", 10, RestoreMode.FILES, keep_outside_edits=True)
     assert read_tree(ws)["g.txt"] == b"the person's g", "base = checkpoint: the outside edit stays"
     assert read_tree(ws)["f.txt"] == LINES.encode()
 
@@ -194,14 +204,14 @@ def test_conflicts_refuse_the_whole_restore_and_write_nothing(make_engine: MakeE
             make_tree(ws, {"f.txt": Link("g.txt")})
     conflicting = "new.txt" if case == "created_by_task" else "f.txt"
     before = untouched(eng, ws)
-    dry = eng.restore("t1", target, "files", dry_run=True, keep_outside_edits=True).to_wire()
+    dry = as_json(eng.restore("t1", target, RestoreMode.FILES, dry_run=True, keep_outside_edits=True).to_wire())
     assert dry["files"]["conflicts"] == [conflicting] and dry["files"]["safety"] is None
     assert untouched(eng, ws) == before, "a dry run writes nothing"
     with pytest.raises(RestoreConflictError) as info:
-        eng.restore("t1", target, "files", keep_outside_edits=True)
+        eng.restore("t1", target, RestoreMode.FILES, keep_outside_edits=True)
     assert info.value.conflicts == [conflicting] and info.value.kind == "restore_conflict"
     assert untouched(eng, ws) == before, "a refused restore writes nothing (g.txt stays g1)"
-    both = eng.restore("t1", target, "both", keep_outside_edits=True).to_wire()
+    both = as_json(eng.restore("t1", target, RestoreMode.BOTH, keep_outside_edits=True).to_wire())
     assert both["files"] is None and both["error"]["kind"] == "restore_conflict"
     assert both["error"]["conflicts"] == [conflicting] and both["task"] == {"keepThrough": target}
     assert read_tree(ws) == before[0]
@@ -212,7 +222,7 @@ def test_mode_change_on_one_side_merges_with_the_content_of_the_other(make_engin
     start(eng)
     edit_round(eng, ws, 10, {"f.txt": lines(l3="task")})
     os.chmod(ws / "f.txt", 0o755)  # the person makes it executable
-    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES, keep_outside_edits=True).to_wire())
     assert out["files"]["merged"] == ["f.txt"]
     assert read_tree(ws)["f.txt"] == Exe(LINES), "the task's content change reverted, the person's mode kept"
 
@@ -222,9 +232,9 @@ def test_keep_outside_edits_base_after_a_restore_is_the_workspace_it_left(make_e
     start(eng)
     edit_round(eng, ws, 10, {"f.txt": lines(l2="task 2")})
     edit_round(eng, ws, 20, {"f.txt": lines(l2="task 2", l6="task 6")})
-    eng.restore("t1", 10, "files")  # the task's own write: never an outside edit
+    eng.restore("t1", 10, RestoreMode.FILES)  # the task's own write: never an outside edit
     make_tree(ws, {"f.txt": lines(l2="task 2", l12="mine")})
-    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES, keep_outside_edits=True).to_wire())
     assert out["files"]["merged"] == ["f.txt"]
     assert read_tree(ws)["f.txt"] == lines(l12="mine").encode()
 
@@ -239,10 +249,10 @@ def test_an_outside_edit_a_restore_left_alone_stays_the_persons_in_the_next_one(
     start(eng)
     edit_round(eng, ws, 10, {"f.txt": lines(l2="task 2"), "g.txt": "g1"})
     make_tree(ws, {"f.txt": lines(l2="task 2", l11="mine 11")})
-    out = eng.restore("t1", 0, "files", paths=["g.txt"], keep_outside_edits=True).to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES, paths=["g.txt"], keep_outside_edits=True).to_wire())
     assert out["files"]["restored"] == ["g.txt"] and out["files"]["merged"] == []
     assert read_tree(ws)["f.txt"] == lines(l2="task 2", l11="mine 11").encode()
-    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES, keep_outside_edits=True).to_wire())
     assert out["files"]["merged"] == ["f.txt"]
     assert read_tree(ws)["f.txt"] == lines(l11="mine 11").encode(), "the person's line went with the task's"
 
@@ -256,16 +266,16 @@ def test_the_persons_edit_a_merge_kept_stays_the_persons_in_the_next_restore(
     start(eng)
     edit_round(eng, ws, 10, {"f.txt": lines(l1="task 1")})
     make_tree(ws, {"f.txt": lines(l1="task 1", l9="mine 9")})
-    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES, keep_outside_edits=True).to_wire())
     assert out["files"]["merged"] == ["f.txt"] and read_tree(ws)["f.txt"] == lines(l9="mine 9").encode()
-    out = eng.restore("t1", 10, "files", keep_outside_edits=True).to_wire()
+    out = as_json(eng.restore("t1", 10, RestoreMode.FILES, keep_outside_edits=True).to_wire())
     assert out["files"]["merged"] == ["f.txt"] and out["files"]["restored"] == []
     assert read_tree(ws)["f.txt"] == lines(l1="task 1", l9="mine 9").encode(), "the person's line was lost"
     # undo walks it back exactly; a restore without keepOutsideEdits is as in 1.0
     eng.undo_restore("t1")
     assert read_tree(ws)["f.txt"] == lines(l9="mine 9").encode()
     edit_round(eng, ws, 20, {"f.txt": lines(l1="task 1b", l9="mine 9")})
-    eng.restore("t1", 0, "files")
+    eng.restore("t1", 0, RestoreMode.FILES)
     assert read_tree(ws)["f.txt"] == LINES.encode()
 
 def test_a_merge_back_to_the_checkpoint_takes_its_tree_as_the_base(make_engine: MakeEngine, ws: Path) -> None:
@@ -277,7 +287,7 @@ def test_a_merge_back_to_the_checkpoint_takes_its_tree_as_the_base(make_engine: 
     edit_round(eng, ws, 10, {"f.txt": lines(l1="task 1"), "deep/er/g.txt": "task"})
     make_tree(ws, {"f.txt": lines(l1="task 1", l9="mine 9"), "notes.md": "the person's new file"})
     packs = set((git_dir(eng) / "objects" / "pack").glob("*.idx"))
-    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES, keep_outside_edits=True).to_wire())
     assert out["files"]["merged"] == ["f.txt"] and out["files"]["deleted"] == ["deep/er/g.txt"]
     record = eng._task("t1").record
     (entry,) = record.restores[-1]["roots"].values()
@@ -292,7 +302,7 @@ def test_a_merge_back_to_the_checkpoint_takes_its_tree_as_the_base(make_engine: 
     # and it works as a base: the person's line is still theirs in the next merge
     edit_round(eng, ws, 20, {"f.txt": lines(l2="task 2", l9="mine 9")})
     make_tree(ws, {"f.txt": lines(l2="task 2", l9="mine 9", l12="mine 12")})
-    out = eng.restore("t1", 0, "files", keep_outside_edits=True).to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES, keep_outside_edits=True).to_wire())
     assert out["files"]["merged"] == ["f.txt"]
     assert read_tree(ws)["f.txt"] == lines(l12="mine 12").encode()  # line 9 was in the task's round 20
 
@@ -304,9 +314,9 @@ def test_keep_outside_edits_on_a_compaction_checkpoint_is_no_file_snapshot(make_
     eng.compacted("t1", 20)
     before = untouched(eng, ws)
     with pytest.raises(NoFileSnapshotError):
-        eng.restore("t1", 20, "files", keep_outside_edits=True)
+        eng.restore("t1", 20, RestoreMode.FILES, keep_outside_edits=True)
     with pytest.raises(NoFileSnapshotError):
-        eng.restore("t1", 20, "files", dry_run=True, keep_outside_edits=True)
+        eng.restore("t1", 20, RestoreMode.FILES, dry_run=True, keep_outside_edits=True)
     assert untouched(eng, ws) == before
 
 
@@ -318,7 +328,7 @@ def test_paths_take_folders_and_leave_unknown_files_alone(make_engine: MakeEngin
     start(eng)
     edit_round(eng, ws, 10, {"src/a.py": "a1", "src/b.py": "b1", "g.txt": "g1"})
     make_tree(ws, {"src/untracked.py": "the person's new file"})
-    out = eng.restore("t1", 0, "files", paths=["src"]).to_wire()
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES, paths=["src"]).to_wire())
     assert sorted(out["files"]["deleted"]) == ["src/a.py", "src/b.py"] and out["files"]["restored"] == []
     tree = read_tree(ws)
     assert tree["src/untracked.py"] == b"the person's new file", "neither snapshot holds it: left alone"
@@ -336,9 +346,9 @@ def test_paths_naming_the_root_take_every_file_either_snapshot_holds(make_engine
     edit_round(eng, ws, 10, {"src/a.py": "a1", "g.txt": "g1"})
     make_tree(ws, {"keep.txt": "the person's", "untracked.txt": "new, in no snapshot"})
     named = [root.replace("ABS", str(ws))]
-    plan = eng.restore("t1", 0, "files", paths=named, dry_run=True).to_wire()["files"]
+    plan = as_json(eng.restore("t1", 0, RestoreMode.FILES, paths=named, dry_run=True).to_wire())["files"]
     assert sorted(plan["restored"]) == ["g.txt", "keep.txt"] and plan["deleted"] == ["src/a.py"]
-    out = eng.restore("t1", 0, "files", paths=named).to_wire()["files"]
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES, paths=named).to_wire())["files"]
     assert (sorted(out["restored"]), out["deleted"]) == (sorted(plan["restored"]), plan["deleted"])
     tree = read_tree(ws)
     assert tree["g.txt"] == b"g0" and tree["keep.txt"] == b"k" and "src/a.py" not in tree
@@ -358,12 +368,13 @@ def test_bad_input_is_refused_and_writes_nothing(make_engine: MakeEngine, ws: Pa
     outside.write_text("not the workspace's")
     for bad in ([str(outside)], ["../outside.txt"], [".git/config"]):
         with pytest.raises(PathOutsideWorkspaceError):
-            eng.restore("t1", 0, "files", paths=bad)
+            eng.restore("t1", 0, RestoreMode.FILES, paths=bad)
         with pytest.raises(PathOutsideWorkspaceError):
-            eng.restore("t1", 0, "files", paths=bad, dry_run=True)
+            eng.restore("t1", 0, RestoreMode.FILES, paths=bad, dry_run=True)
     for ts in (5, 999, "10", None):
         with pytest.raises(UnknownCheckpointError):
-            eng.restore("t1", ts, "files", keep_outside_edits=True)
+            # "10" and None are not ints: a ts of the wrong type, on purpose
+            eng.restore("t1", ts, RestoreMode.FILES, keep_outside_edits=True)  # type: ignore[arg-type]
     for new_id in ("t1", "t2", ""):
         with pytest.raises(InvalidParamsError):
             eng.fork_task("t1", 10, new_id)
@@ -414,10 +425,10 @@ def test_dry_run_answers_exactly_what_the_restore_does(make_engine: MakeEngine, 
         if wire(eng)[target]["restored"] and "paths" not in options:
             continue
         before = untouched(eng, ws)
-        dry = eng.restore("t1", target, "files", dry_run=True, **options).to_wire()["files"]
+        dry = as_json(eng.restore("t1", target, RestoreMode.FILES, dry_run=True, **options).to_wire())["files"]
         assert untouched(eng, ws) == before, "a dry run writes nothing"
         try:
-            real = eng.restore("t1", target, "files", **options).to_wire()["files"]
+            real = as_json(eng.restore("t1", target, RestoreMode.FILES, **options).to_wire())["files"]
         except RestoreConflictError as exc:
             assert dry["conflicts"] and sorted(exc.conflicts) == sorted(dry["conflicts"])
             assert untouched(eng, ws) == before
@@ -442,20 +453,21 @@ def test_fork_and_restore_across_both_lines_survive_deleting_either(make_engine:
     cp = eng.fork_task("t1", 25, "t1-fork")
     assert cp.ts == 20 and cp.hashes == wire(eng)[20]["hashes"]
     fork = eng._task("t1-fork").record
-    assert fork.scope_paths(eng.first_root) == ["g.txt", "made.txt"] and fork.forked_from["taskId"] == "t1"
-    eng.restore("t1-fork", 20, "files")
+    assert fork.scope_paths(eng.first_root) == ["g.txt", "made.txt"] and (
+        fork.forked_from is not None and fork.forked_from["taskId"] == "t1")
+    eng.restore("t1-fork", 20, RestoreMode.FILES)
     assert read_tree(ws)["g.txt"] == b"g1" and read_tree(ws)["made.txt"] == b"by the shell"
     edit_round(eng, ws, 40, {"g.txt": "fork 4", "f.txt": lines(l1="fork")}, task_id="t1-fork")
     second_attempt = read_tree(ws)
-    eng.restore("t1", 30, "files")
+    eng.restore("t1", 30, RestoreMode.FILES)
     assert read_tree(ws)["g.txt"] == b"g3" and read_tree(ws)["f.txt"] == lines(l1="fork").encode(), (
         "f.txt is not in the source's scope: left alone")
     eng.delete_task("t1")
     for _ in range(2):
         eng.collect_garbage(grace_s=0)
-    eng.restore("t1-fork", 40, "files")
+    eng.restore("t1-fork", 40, RestoreMode.FILES)
     assert read_tree(ws) == second_attempt
-    eng.restore("t1-fork", 0, "files")
+    eng.restore("t1-fork", 0, RestoreMode.FILES)
     assert read_tree(ws)["g.txt"] == b"g0" and "made.txt" not in read_tree(ws)
     assert first_attempt["g.txt"] == b"g3"
 
@@ -472,7 +484,7 @@ def test_undo_and_redo_walk_a_chain_of_restores_exactly_through_gc(make_engine: 
     safeties = []
     for i, target in enumerate([0, 30, 10, 40, 20, 50]):
         make_tree(ws, {"mine.txt": f"outside {i}"})
-        out = eng.restore("t1", target, "files", paths=["g.txt"] if i == 3 else None).to_wire()
+        out = as_json(eng.restore("t1", target, RestoreMode.FILES, paths=["g.txt"] if i == 3 else None).to_wire())
         safeties.append(out["files"]["safety"])
         states.append(read_tree(ws))
         eng.collect_garbage(grace_s=0)
@@ -492,7 +504,7 @@ def test_undo_and_redo_walk_a_chain_of_restores_exactly_through_gc(make_engine: 
     assert safeties[0] in {e["roots"][eng.first_root]["safety"] for e in rec.restores}
     # a new restore after undos drops the redo stack
     eng.undo_restore("t1")
-    eng.restore("t1", 0, "files")
+    eng.restore("t1", 0, RestoreMode.FILES)
     with pytest.raises(NothingToUndoError):
         eng.redo_restore("t1")
     record = json.loads(task_file(eng))
@@ -509,15 +521,16 @@ def test_a_restore_that_stops_after_staging_anchors_what_it_staged(make_engine: 
     edit_round(eng, ws, 10, {"f.txt": lines(l5="task")})
     make_tree(ws, {"f.txt": lines(l5="mine")})
     if dry_run:
-        assert eng.restore("t1", 0, "files", dry_run=True, keep_outside_edits=True).to_wire()["files"]["conflicts"]
+        dry = eng.restore("t1", 0, RestoreMode.FILES, dry_run=True, keep_outside_edits=True)
+        assert as_json(dry.to_wire())["files"]["conflicts"]
     else:
         with pytest.raises(RestoreConflictError):
-            eng.restore("t1", 0, "files", keep_outside_edits=True)
+            eng.restore("t1", 0, RestoreMode.FILES, keep_outside_edits=True)
     (root,) = eng.roots.values()
     repo = pygit2.Repository(str(git_dir(eng)))
     try:
         head = repo.references["refs/shadowpoint/head"].peel(pygit2.Tree)
         assert str(head.id) == root.cache.tree
-        assert repo[head["f.txt"].id].data == lines(l5="mine").encode()
+        assert cast(pygit2.Blob, repo[head["f.txt"].id]).data == lines(l5="mine").encode()
     finally:
         repo.free()
