@@ -19,6 +19,7 @@ from typing import Any
 
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
+from shadowpoint.kinds import RestoreMode, ToolKind
 from shadowpoint.results import Checkpoint
 from shadowpoint.store.loose import live_pools
 
@@ -141,16 +142,16 @@ class OurEngine:
         raise NotReadyError(f"task {task} has no baseline checkpoint")
 
     def last_checkpoint(self, task: str) -> dict[str, Any]:
-        cps = [cp for cp in self.eng.list_checkpoints(task).to_wire()["checkpoints"] if cp["hash"]]
-        return dict(cps[-1])
+        cps = [cp for cp in self.eng.list_checkpoints(task).checkpoints if cp.hash]
+        return dict(cps[-1].to_wire())
 
-    def edit_round(self, task: str, paths: Sequence[str], write: Callable[[], None]) -> tuple[float, Checkpoint]:
+    def edit_round(self, task: str, paths: Sequence[str], write: Callable[[], object]) -> tuple[float, Checkpoint]:
         """A round with one edit tool that wrote `paths`; engine time only (the write excluded)."""
         self.background.settle()
         with self._profiled():
             t0 = time.perf_counter()
             self.eng.begin_round(task)
-            self.eng.tool_began(task, EDIT_TOOL, "edit", list(paths))
+            self.eng.tool_began(task, EDIT_TOOL, ToolKind.EDIT, list(paths))
             t1 = time.perf_counter()
         write()
         with self._profiled():
@@ -168,7 +169,7 @@ class OurEngine:
         with self._profiled():
             t0 = time.perf_counter()
             self.eng.begin_round(task)
-            self.eng.tool_began(task, COMMAND_TOOL, "command", None)
+            self.eng.tool_began(task, COMMAND_TOOL, ToolKind.COMMAND, None)
             t1 = time.perf_counter()
         if write is not None:
             write()
@@ -191,7 +192,7 @@ class OurEngine:
             start = time.perf_counter()
             self.eng.start_task(task, ts=ts)
             self.eng.begin_round(task)
-            self.eng.tool_began(task, EDIT_TOOL, "edit", [path])
+            self.eng.tool_began(task, EDIT_TOOL, ToolKind.EDIT, [path])
             seconds = time.perf_counter() - start
         self._started[task] = start
         building = self.eng.list_checkpoints(task).status.state == "initializing"
@@ -222,7 +223,7 @@ class OurEngine:
         self.background.settle()
         with self._profiled():
             start = time.perf_counter()
-            out = self.eng.restore(task, ts, "files", keep_outside_edits=keep_outside_edits).to_wire()
+            out = self.eng.restore(task, ts, RestoreMode.FILES, keep_outside_edits=keep_outside_edits).to_wire()
             return time.perf_counter() - start, out
 
     def has_watcher(self) -> bool:

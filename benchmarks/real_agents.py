@@ -30,6 +30,7 @@ from typing import Any
 from shadowpoint import hookrun
 from tests.agents import conftest as harness
 from tests.agents.sessions import SESSIONS
+from tests.integration.test_adapters import stop_sidecars
 
 _COUNTER = "#!/bin/sh\ncat >/dev/null\necho x >> \"$SHADOWPOINT_BENCH_COUNT\"\n"
 
@@ -107,7 +108,7 @@ def measure(agent: str, repeat: int, work: Path, python_client: bool = False) ->
             for kind in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:  # no kind always goes first
                 one(kind, i, run_dir)
     finally:
-        harness.stop_sidecars(run_dir)
+        stop_sidecars(run_dir)
     med = statistics.median
     n_events = max(1, round(med(events)))
     extra: dict[str, Any] = {}

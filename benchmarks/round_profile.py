@@ -22,6 +22,7 @@ from pathlib import Path
 
 from benchmarks.ours import EDIT_TOOL, OurEngine
 from benchmarks.treegen import generate, parse_size
+from shadowpoint.kinds import ToolKind
 from shadowpoint.logs import configure_logging
 
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 prof.enable()
             t0 = time.perf_counter()
             ours.eng.begin_round("t")
-            ours.eng.tool_began("t", EDIT_TOOL, "edit", rel)
+            ours.eng.tool_began("t", EDIT_TOOL, ToolKind.EDIT, rel)
             t1 = time.perf_counter()
             if prof is not None:
                 prof.disable()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
+from shadowpoint.kinds import ToolKind
 from shadowpoint.store.shadow_repo import disk_usage
 from shadowpoint.store.storage import collect_garbage, storage_report
 
@@ -35,11 +36,11 @@ def make_workspace(root: Path, files: int, seed: int) -> list[str]:
 def edit_round(eng: Engine, task: str, root: Path, chosen: list[str], ts: int, line: str) -> None:
     """One round of an edit tool appending `line` to each chosen file."""
     eng.begin_round(task)
-    eng.tool_began(task, "write_to_file", "edit", chosen)
+    eng.tool_began(task, "write_to_file", ToolKind.EDIT, chosen)
     for rel in chosen:
         with open(root / rel, "a") as fh:
             fh.write(line)
-    eng.tool_ended(task, "write_to_file", chosen, "edit")
+    eng.tool_ended(task, "write_to_file", chosen, ToolKind.EDIT)
     eng.end_round(task, ts)
 
 

@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from shadowpoint.stage.exclusions import ExclusionRules
 
@@ -124,7 +125,7 @@ def main() -> int:
         total = generate(root, args.files, args.seed)
         print(f"generated {total} files in {time.perf_counter() - start:.1f} s under {root}")
 
-        def walk(**kwargs: object) -> Callable[[], int]:
+        def walk(**kwargs: Any) -> Callable[[], int]:
             return lambda: sum(1 for _ in ExclusionRules(root, **kwargs).walk())
 
         first, best, count = best_of(args.repeat, walk())
