@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 
 class RpcError(Exception):
@@ -61,7 +62,9 @@ class SidecarProcess:
 
     def _read_err(self) -> None:
         assert self.proc.stderr is not None
-        for chunk in iter(lambda: self.proc.stderr.read1(65536), b""):  # type: ignore[union-attr]
+        # stderr=PIPE, binary and buffered: Popen opens it with open(fd, "rb"), a BufferedReader
+        stderr = cast(io.BufferedReader, self.proc.stderr)
+        for chunk in iter(lambda: stderr.read1(65536), b""):
             self.stderr += chunk
 
     def send(self, method: str, params: dict[str, Any] | None = None) -> int:

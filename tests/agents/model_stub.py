@@ -106,6 +106,7 @@ class ModelStub:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET address: (host, port)
         return f"http://{host}:{port}"
 
     def __enter__(self) -> ModelStub:
@@ -225,7 +226,7 @@ def _texts(value: Any) -> Iterator[str]:
 
 def _anthropic_history(body: dict[str, Any]) -> History:
     messages = body.get("messages") or []
-    first = next((m for m in messages if m.get("role") == "user"), {})
+    first: dict[str, Any] = next((m for m in messages if m.get("role") == "user"), {})
     return History(bool(body.get("tools")), sum(1 for m in messages if m.get("role") == "assistant"),
                    "\n".join(_texts(first.get("content"))))
 
@@ -247,7 +248,7 @@ def _gemini_history(body: dict[str, Any]) -> History:
     contents = body.get("contents") or []
     tools = body.get("tools") or []
     has = any(t.get("functionDeclarations") for t in tools if isinstance(t, dict))
-    first = next((c for c in contents if c.get("role") == "user"), {})
+    first: dict[str, Any] = next((c for c in contents if c.get("role") == "user"), {})
     return History(has, sum(1 for c in contents if c.get("role") == "model"), "\n".join(_texts(first)))
 
 
@@ -304,8 +305,8 @@ def _openai_reply(stub: ModelStub, body: dict[str, Any], reply: Reply) -> tuple[
                 "call_id": stub._next_id("call_stub"), "name": reply.name, "arguments": json.dumps(reply.args)}
     usage = {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 10,
              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 110}
-    response = {"id": resp_id, "object": "response", "status": "in_progress", "model": body.get("model"),
-                "output": []}
+    response: dict[str, Any] = {"id": resp_id, "object": "response", "status": "in_progress",
+                                "model": body.get("model"), "output": []}
     done = {**response, "status": "completed", "output": [item], "usage": usage}
     events: Events = [
         ("response.created", {"type": "response.created", "response": response}),

@@ -164,8 +164,8 @@ def _codex_turn(argv: list[str], ws: Path, env: dict[str, str]) -> tuple[str, st
     assert proc.returncode == 0, f"codex exited {proc.returncode}: {proc.stderr[-2000:]}"
     events = jsonl(proc.stdout)
     thread = next((str(e["thread_id"]) for e in events if e.get("type") == "thread.started"), "")
-    texts = [str(e["item"].get("text")) for e in events if e.get("type") == "item.completed"
-             and isinstance(e.get("item"), dict) and e["item"].get("type") == "agent_message"]
+    items = [e.get("item") for e in events if e.get("type") == "item.completed"]
+    texts = [str(i.get("text")) for i in items if isinstance(i, dict) and i.get("type") == "agent_message"]
     return thread, texts[-1] if texts else "", proc.stdout
 
 

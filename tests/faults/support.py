@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from shadowpoint.engine import Engine
-from shadowpoint.store.checkpoints import CheckpointRecord
+from shadowpoint.kinds import ToolKind
+from shadowpoint.results import Checkpoint
 from shadowpoint.workspace import workspace_hash
 from tests.conftest import Exe, Link, make_tree, read_tree, wait_for
 from tests.rpc import SidecarProcess
@@ -189,11 +190,11 @@ def start(eng: Engine, task_id: str = "t", ts: int = 1) -> None:
 
 
 def engine_edit(eng: Engine, root: Path, ts: int, files: dict[str, Any], task_id: str = "t",
-                report: list[str] | None = None) -> CheckpointRecord:
+                report: list[str] | None = None) -> Checkpoint:
     """A round with one edit tool writing `files` (a make_tree dict) and reporting their paths."""
     paths = list(files) if report is None else report
     eng.begin_round(task_id)
-    eng.tool_began(task_id, "write_to_file", "edit", paths)
+    eng.tool_began(task_id, "write_to_file", ToolKind.EDIT, paths)
     make_tree(root, files)
     eng.tool_ended(task_id, "write_to_file", paths)
     cp = eng.end_round(task_id, ts)
@@ -202,12 +203,12 @@ def engine_edit(eng: Engine, root: Path, ts: int, files: dict[str, Any], task_id
 
 
 def engine_command(eng: Engine, root: Path, ts: int, run: Callable[[], Any] | None = None,
-                   task_id: str = "t") -> CheckpointRecord:
+                   task_id: str = "t") -> Checkpoint:
     eng.begin_round(task_id)
-    eng.tool_began(task_id, "execute_command", "command", None)
+    eng.tool_began(task_id, "execute_command", ToolKind.COMMAND, None)
     if run is not None:
         run()
-    eng.tool_ended(task_id, "execute_command", None, "command")
+    eng.tool_ended(task_id, "execute_command", None, ToolKind.COMMAND)
     cp = eng.end_round(task_id, ts)
     assert cp is not None
     return cp

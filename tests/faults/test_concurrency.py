@@ -307,7 +307,7 @@ def test_a_held_lock_gives_lock_timeout_not_a_hang(tmp_path: Path, docs: Path) -
         sc.call("tool/begin", {"taskId": "t", "tool": "write_to_file", "paths": ["a.txt"]})
         make_tree(root, {"a.txt": "a1 written while the lock was held\n"})
         sc.call("tool/end", {"taskId": "t", "tool": "write_to_file", "paths": ["a.txt"]})
-        kinds = []
+        kinds: list[str | None] = []
         for method, params in (("round/end", {"taskId": "t", "ts": 3}),
                                ("checkpoint/restore", {"taskId": "t", "ts": 1, "mode": "files"}),
                                ("checkpoint/diff", {"taskId": "t", "from": 1})):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from shadowpoint.engine import Engine
 from shadowpoint.errors import ShadowpointError
+from shadowpoint.kinds import RestoreMode
 from shadowpoint.store.checkpoints import CheckpointStore
 from shadowpoint.store.values import task_ref
 from tests.conftest import make_tree, read_tree
@@ -65,10 +66,11 @@ def _edited_back(disk: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _hashes(eng: Engine, task: str = "t") -> dict[int, str]:
-    return {c["ts"]: c["hash"] for c in eng.list_checkpoints(task).to_wire()["checkpoints"]}
+    listing: dict[str, Any] = eng.list_checkpoints(task).to_wire()
+    return {c["ts"]: c["hash"] for c in listing["checkpoints"]}
 
 
-def _warned(logs: list[dict[str, Any]], event: str) -> bool:
+def _warned(logs: Sequence[Mapping[str, Any]], event: str) -> bool:
     return any(e["event"] == event and e["log_level"] in ("warning", "error") for e in logs)
 
 
@@ -106,7 +108,7 @@ def test_damaged_config_is_rebuilt_and_history_kept(make_engine: MakeEngine, wor
         _checkpoints_go_on(eng, workspace, docs, 4)
     assert _warned(logs, "shadow_repo.repaired")
     assert {ts: h for ts, h in _hashes(eng).items() if ts in before} == before
-    out = eng.restore("t", 1, "files").to_wire()
+    out = eng.restore("t", 1, RestoreMode.FILES).to_wire()
     assert out["files"] is not None
     assert read_tree(workspace) == _edited_back(disk)
     assert git(git_dir, "config", "core.worktree").stdout.decode().strip() == str(workspace)
@@ -129,13 +131,13 @@ def test_a_lost_blob_of_an_old_checkpoint_gives_clear_errors(make_engine: MakeEn
     _kind(diff_err)
     assert "missing" in str(diff_err.value) or "lost" in str(diff_err.value)
     with pytest.raises(ShadowpointError) as restore_err:
-        eng.restore("t", 1, "files")
+        eng.restore("t", 1, RestoreMode.FILES)
     assert _kind(restore_err) == "restore_failed"
     assert read_tree(workspace) == disk[3], "a restore that cannot read its files writes none of them"
     # what survives keeps working: the other checkpoints, and new ones
     assert eng.diff("t", 2, 3).to_wire()["files"]
     _checkpoints_go_on(eng, workspace, docs, 4)
-    eng.restore("t", 2, "files")
+    eng.restore("t", 2, RestoreMode.FILES)
     assert read_tree(workspace)["a.txt"] == b"a1\n"
 
 
@@ -153,7 +155,7 @@ def test_a_lost_blob_still_on_disk_is_written_again(make_engine: MakeEngine, wor
     assert fsck_problems(git_dir) == []
     for commit in before.values():
         assert missing_objects(git_dir, commit) == []
-    eng.restore("t", 1, "files")
+    eng.restore("t", 1, RestoreMode.FILES)
     assert read_tree(workspace) == _edited_back(disk)
 
 
@@ -176,7 +178,7 @@ def test_a_lost_pack_leaves_new_checkpoints_working(make_engine: MakeEngine, wor
         assert sorted(_hashes(eng2)) == [1, 2, 3], "the task's list survives"
         for ts in (1, 2):
             with pytest.raises(ShadowpointError) as err:
-                eng2.restore("t", ts, "files")
+                eng2.restore("t", ts, RestoreMode.FILES)
             assert _kind(err) == "restore_failed"
             with pytest.raises(ShadowpointError) as err:
                 eng2.diff("t", ts)
@@ -186,7 +188,7 @@ def test_a_lost_pack_leaves_new_checkpoints_working(make_engine: MakeEngine, wor
     assert _warned(logs, "shadow_repo.objects_missing")
     # restores to a whole checkpoint work
     engine_edit(eng2, workspace, 5, {"a.txt": "a5\n"})
-    eng2.restore("t", 4, "files")
+    eng2.restore("t", 4, RestoreMode.FILES)
     assert git_tree(git_dir, commit) == expected_git_tree(read_tree(workspace))
 
 
@@ -198,11 +200,11 @@ def test_a_lost_commit_of_the_last_checkpoint(make_engine: MakeEngine, workspace
 
     eng = make_engine(workspace)
     with pytest.raises(ShadowpointError) as err:
-        eng.restore("t", 3, "files")
+        eng.restore("t", 3, RestoreMode.FILES)
     assert _kind(err) == "restore_failed"
     _checkpoints_go_on(eng, workspace, docs, 4)
     _checkpoints_go_on(eng, workspace, docs, 5)
-    eng.restore("t", 2, "files")
+    eng.restore("t", 2, RestoreMode.FILES)
     assert read_tree(workspace)["a.txt"] == b"a1\n"
 
 
@@ -225,11 +227,11 @@ def test_objects_lost_under_a_running_engine(make_engine: MakeEngine, workspace:
     assert _warned(logs, "shadow_repo.objects_missing")
     assert git_tree(git_dir, commit)["a.txt"] == ("100644", blob_id(b"a1\n"))
     with pytest.raises(ShadowpointError) as err:
-        eng.restore("t", 1, "files")
+        eng.restore("t", 1, RestoreMode.FILES)
     assert _kind(err) == "restore_failed"
     assert read_tree(workspace)["a.txt"] == b"a1\n", "nothing written by a restore that cannot complete"
     engine_edit(eng, workspace, 4, {"a.txt": "a4\n"})
-    eng.restore("t", 3, "files")
+    eng.restore("t", 3, RestoreMode.FILES)
     assert read_tree(workspace)["a.txt"] == b"a1\n"
     # the baseline really is damaged (the oracle sees it); the lost tree went with its round's
     # pack, commit 2 with it, so the chain restarted at 3 and fsck no longer reaches the baseline
@@ -321,12 +323,12 @@ def test_task_folder_deleted_while_stopped_is_rebuilt_from_the_shadow_refs(
 
     eng = make_engine(workspace)
     with capture_logs() as logs:
-        listing = eng.list_checkpoints("t").to_wire()
+        listing: dict[str, Any] = eng.list_checkpoints("t").to_wire()
     assert _warned(logs, "task.rebuilt")
     assert {c["ts"]: c["hash"] for c in listing["checkpoints"]} == before
     assert listing["state"] == "ready"
     assert [c["kind"] for c in listing["checkpoints"]] == ["baseline", "round", "round"]
-    eng.restore("t", 1, "files")
+    eng.restore("t", 1, RestoreMode.FILES)
     assert read_tree(workspace) == disk[1]
     _checkpoints_go_on(eng, workspace, docs, 4)
 
@@ -360,7 +362,7 @@ def test_corrupt_task_json_is_rebuilt(make_engine: MakeEngine, workspace: Path, 
     assert _hashes(eng) == before
     kept = [p for p in task_file.parent.iterdir() if p.name != "task.json" and p.read_bytes() == bad]
     assert kept, "the damaged file is kept aside for a person to look at, not destroyed"
-    eng.restore("t", 2, "files")
+    eng.restore("t", 2, RestoreMode.FILES)
     assert read_tree(workspace) == {**disk[3], "a.txt": b"a1\n"} or read_tree(workspace) == disk[2]
     _checkpoints_go_on(eng, workspace, docs, 4)
 
@@ -402,5 +404,5 @@ def test_corrupt_stat_cache_is_rebuilt(make_engine: MakeEngine, workspace: Path,
     commit = cp.hashes[eng.first_root]
     assert git_tree(shadow_git_dir(docs, workspace), commit) == expected_git_tree(read_tree(workspace))
     _checkpoints_go_on(eng, workspace, docs, 5)
-    eng.restore("t", 2, "files")
+    eng.restore("t", 2, RestoreMode.FILES)
     assert read_tree(workspace)["a.txt"] == b"a1\n"

@@ -25,6 +25,7 @@ import pytest
 import shadowpoint.restore.plan as restore_module
 from shadowpoint.engine import Engine
 from shadowpoint.errors import ShadowpointError
+from shadowpoint.kinds import RestoreMode
 from shadowpoint.restore.safe_fs import SafeWriter
 from shadowpoint.stage.scanner import Scanner
 from shadowpoint.workspace import RepoPath
@@ -171,8 +172,12 @@ def test_odd_file_names_round_trip_byte_for_byte(root: Path, canary: Path, docs:
         assert sorted(f["path"] for f in diff["files"]) == sorted(names)
         assert all(f["status"] == "modified" for f in diff["files"])
         # a command deletes some and renames one: the rescan sees it all
-        cp3 = command_round(sc, "t", 3, lambda: (os.unlink(root / names[0]), os.unlink(root / names[1]),
-                                                 os.rename(root / names[2], root / "renamed\nfile")))
+        def delete_and_rename() -> None:
+            os.unlink(root / names[0])
+            os.unlink(root / names[1])
+            os.rename(root / names[2], root / "renamed\nfile")
+
+        cp3 = command_round(sc, "t", 3, delete_and_rename)
         after3 = read_tree(root)
         assert git_tree(git_dir, cp3["hash"]) == expected_git_tree(after3)
         out = sc.call("checkpoint/restore", {"taskId": "t", "ts": 1, "mode": "files"})
@@ -415,7 +420,7 @@ def test_a_file_vanishing_between_walk_and_read_is_a_warning(make_engine: MakeEn
         ("d/also.txt", "vanished while being read"), ("gone.txt", "vanished while being read")]
     monkeypatch.undo()
     assert eng.list_checkpoints("t").checkpoints[-1].warnings == cp.warnings
-    restored = eng.restore("t", 1, "files").to_wire()
+    restored = eng.restore("t", 1, RestoreMode.FILES).to_wire()
     assert read_tree(workspace) == {"keep.txt": b"k\n", "gone.txt": b"g\n", "d/also.txt": b"a\n"}
     assert restored["files"] is not None
 
@@ -436,7 +441,7 @@ def test_symlink_swaps_right_before_a_restore(make_engine: MakeEngine, workspace
     (workspace / "src" / "lib").symlink_to(canary / "sub")
     shutil.rmtree(workspace / "top")
     (workspace / "top").symlink_to(canary)
-    out = eng.restore("t", 1, "files").to_wire()
+    out = eng.restore("t", 1, RestoreMode.FILES).to_wire()
     assert out["files"] is not None
     disk = read_tree(workspace)
     assert disk["a.txt"] == b"a0\n" and disk["src/lib/x.py"] == b"x0\n" and disk["top/t.txt"] == b"t0\n"
@@ -471,7 +476,7 @@ def test_symlink_swap_during_a_restore(make_engine: MakeEngine, workspace: Path,
             super().__init__(root, fault_hook=Swapper())
 
     monkeypatch.setattr(restore_module, "SafeWriter", HookedWriter)
-    eng.restore("t", 1, "files")
+    eng.restore("t", 1, RestoreMode.FILES)
     assert swapped.is_set()
     # the file being renamed went into the folder the restore had open (now moved-src); the
     # link planted in its place was replaced by a real folder for the rest, never followed
@@ -486,18 +491,22 @@ def test_a_link_in_a_checkpoint_is_restored_as_a_link(make_engine: MakeEngine, w
     make_tree(workspace, {"exit": Link(str(canary)), "rel": Link("../../canary/secret.txt"), "f.txt": "f\n"})
     eng = make_engine(workspace)
     start(eng)
-    engine_command(eng, workspace, 2, lambda: [os.unlink(workspace / "exit"), os.unlink(workspace / "rel"),
-                                               make_tree(workspace, {"exit/inside.txt": "now a folder\n",
-                                                                     "exit/debug.log": "untracked, ignored\n",
-                                                                     "rel": "now a file\n"})])
+
+    def replace_the_links() -> None:
+        os.unlink(workspace / "exit")
+        os.unlink(workspace / "rel")
+        make_tree(workspace, {"exit/inside.txt": "now a folder\n", "exit/debug.log": "untracked, ignored\n",
+                              "rel": "now a file\n"})
+
+    engine_command(eng, workspace, 2, replace_the_links)
     # an ignored file the snapshot does not hold is in the way of the link: refused, kept
     with pytest.raises(ShadowpointError) as err:
-        eng.restore("t", 1, "files")
+        eng.restore("t", 1, RestoreMode.FILES)
     assert err.value.kind == "restore_failed" and "exit" in str(err.value)
     assert (workspace / "exit" / "debug.log").read_text() == "untracked, ignored\n"
     assert os.readlink(workspace / "rel") == "../../canary/secret.txt", "the other paths were restored"
     os.unlink(workspace / "exit" / "debug.log")
-    eng.restore("t", 1, "files")
+    eng.restore("t", 1, RestoreMode.FILES)
     assert os.readlink(workspace / "exit") == str(canary)
     assert stat.S_ISLNK(os.lstat(workspace / "rel").st_mode)
     assert read_tree(workspace) == {"exit": Link(str(canary)), "rel": Link("../../canary/secret.txt"), "f.txt": b"f\n"}

@@ -67,8 +67,12 @@ def stop_sidecars(run_dir: Path) -> None:
         except Exception:
             continue
         os.kill(pid, signal.SIGTERM)
+
+        def gone(pid: int = pid) -> bool:
+            return not _alive(pid)
+
         with contextlib.suppress(AssertionError):  # a sidecar that outlives this is the next test's worry
-            wait_for(lambda pid=pid: not _alive(pid), f"sidecar {pid} still alive", 30, poll_s=0.05)
+            wait_for(gone, f"sidecar {pid} still alive", 30, poll_s=0.05)
 
 
 def hook(agent: str, payload: dict[str, Any], env: dict[str, str], cwd: Path) -> None:

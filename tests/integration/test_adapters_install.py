@@ -80,7 +80,7 @@ def test_claude_merge_keeps_the_users_hooks_and_remove_takes_only_ours(tmp_path:
 def test_codex_and_gemini_files(tmp_path: Path) -> None:
     gemini_path = tmp_path / ".gemini" / "settings.json"
     gemini_path.parent.mkdir()
-    user = {"theme": "Dracula", "hooks": {"BeforeTool": [
+    user: dict[str, Any] = {"theme": "Dracula", "hooks": {"BeforeTool": [
         {"matcher": "run_shell_command", "hooks": [{"type": "command", "command": "./audit.sh", "name": "audit"}]}]}}
     gemini_path.write_text(json.dumps(user))
     install("gemini", tmp_path)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
+from shadowpoint.kinds import ToolKind
 from shadowpoint.sidecar.backend import now_ms
 from shadowpoint.sidecar.doctor import check_watch_limits
 from tests.conftest import make_tree
@@ -81,9 +82,9 @@ def test_one_default_task_for_every_command_save_included(ws: Path, env: dict[st
         start = now_ms()
         engine.start_task("agent-session", start)
         engine.begin_round("agent-session")
-        engine.tool_began("agent-session", "write_to_file", "edit", ["app.py"])
+        engine.tool_began("agent-session", "write_to_file", ToolKind.EDIT, ["app.py"])
         (ws / "app.py").write_text("print('agent')\n")
-        engine.tool_ended("agent-session", "write_to_file", ["app.py"], "edit")
+        engine.tool_ended("agent-session", "write_to_file", ["app.py"], ToolKind.EDIT)
         engine.end_round("agent-session", start + 1)
     finally:
         engine.close()

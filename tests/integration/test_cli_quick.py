@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from shadowpoint.sidecar.client import SidecarClient, SidecarError, socket_path
+from shadowpoint.errors import SidecarError
+from shadowpoint.sidecar.client import SidecarClient, socket_path
 from tests.conftest import wait_for
 from tests.integration.test_cli import save, sp_json
 from tests.integration.test_socket import server

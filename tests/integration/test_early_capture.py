@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from shadowpoint.engine import Engine
+from shadowpoint.kinds import ToolKind
 from shadowpoint.stage.early_capture import ScanHold
 from tests.conftest import make_tree, wait_for
 
@@ -49,13 +50,13 @@ def test_an_edit_during_the_baseline_is_captured_first_with_its_old_bytes(worksp
     edited, deleted = sorted(set(_tree()) - walked)[:2]
     targets = [edited, deleted, "pkg00/new_file.py"]
     eng.begin_round("t")
-    eng.tool_began("t", "apply_patch", "edit", targets)  # returns while the baseline is held
+    eng.tool_began("t", "apply_patch", ToolKind.EDIT, targets)  # returns while the baseline is held
     assert rt.state == "initializing" and rt.baseline is not None and not rt.baseline.done(), (
         "SPEC §3: the edit's tool/begin returned before the whole baseline")
     (workspace / edited).write_text("x = 'edited'\n")
     (workspace / deleted).unlink()
     (workspace / "pkg00/new_file.py").write_text("new\n")
-    eng.tool_ended("t", "apply_patch", targets, "edit")
+    eng.tool_ended("t", "apply_patch", targets, ToolKind.EDIT)
     ended: dict[str, Any] = {}
     closer = threading.Thread(target=lambda: ended.update(cp=eng.end_round("t", 2)))
     closer.start()
@@ -72,7 +73,8 @@ def test_an_edit_during_the_baseline_is_captured_first_with_its_old_bytes(worksp
     after = _tree_of(eng, 2)
     assert after[edited] == b"x = 'edited'\n" and after["pkg00/new_file.py"] == b"new\n"
     assert deleted not in after
-    assert {f["path"] for f in eng.diff("t", 1, 2).to_wire()["files"]} == set(targets)
+    diff: dict[str, Any] = eng.diff("t", 1, 2).to_wire()
+    assert {f["path"] for f in diff["files"]} == set(targets)
 
 
 def test_a_command_waits_for_the_whole_baseline(workspace: Path, make_engine: Any) -> None:
@@ -81,14 +83,14 @@ def test_a_command_waits_for_the_whole_baseline(workspace: Path, make_engine: An
     returned = threading.Event()
 
     def command() -> None:
-        eng.tool_began("t", "execute_command", "command", None)
+        eng.tool_began("t", "execute_command", ToolKind.COMMAND, None)
         returned.set()
 
     worker = threading.Thread(target=command)
     worker.start()
     wait_for(lambda: rt.waiting_for_baseline == 1, "the command's tool/begin never waited for the baseline")
     # an edit with paths is served by the held scan meanwhile; the command is still waiting
-    eng.tool_began("t", "write_to_file", "edit", ["pkg07/mod00007.py"])
+    eng.tool_began("t", "write_to_file", ToolKind.EDIT, ["pkg07/mod00007.py"])
     assert not returned.is_set() and rt.waiting_for_baseline == 1 and not rt.baseline.done()  # type: ignore[union-attr]
     hold.release()
     worker.join(120)
@@ -101,7 +103,7 @@ def test_an_edit_of_a_folder_waits_for_the_whole_baseline(workspace: Path, make_
     returned = threading.Event()
 
     def edit_a_folder() -> None:
-        eng.tool_began("t", "write_to_file", "edit", ["pkg05"])
+        eng.tool_began("t", "write_to_file", ToolKind.EDIT, ["pkg05"])
         returned.set()
 
     worker = threading.Thread(target=edit_a_folder)
@@ -139,11 +141,11 @@ def test_an_edit_while_the_watcher_starts_is_captured_before_the_scan(
     eng = make_engine(workspace, watcher=True, hash_workers=0, verify_interval_s=0)
     eng.start_task("t", ts=1)
     eng.begin_round("t")
-    eng.tool_began("t", "write_to_file", "edit", ["pkg03/mod00003.py"])  # returns, watcher not started
+    eng.tool_began("t", "write_to_file", ToolKind.EDIT, ["pkg03/mod00003.py"])  # returns, watcher not started
     assert eng.roots["proj"].watcher is None and eng._task("t").state == "initializing"
     (workspace / "pkg03/mod00003.py").write_text("x = 'edited'\n")
     go_on.set()
-    eng.tool_ended("t", "write_to_file", ["pkg03/mod00003.py"], "edit")
+    eng.tool_ended("t", "write_to_file", ["pkg03/mod00003.py"], ToolKind.EDIT)
     assert eng.end_round("t", 2) is not None
     assert _tree_of(eng, 1)["pkg03/mod00003.py"] == b"x = 3\n", "the baseline holds the bytes before the edit"
     assert len(_tree_of(eng, 1)) == SMALL

@@ -159,7 +159,7 @@ def folder_trees(root: Path, rev: str = "HEAD") -> dict[str, str]:
 
 def hashed_tree(tmp_path: Path, shadow: Any, root: Path) -> str | None:
     """The oracle's tree: a baseline of `root` that takes nothing from the index."""
-    other = shadow(root, "hashed")
+    other: Shadow = shadow(root, "hashed")
     result = other.scanner.stage(StagePlan(rescan=True), StatCache(), borrow=False)
     assert result.stats.borrowed == 0
     return result.tree

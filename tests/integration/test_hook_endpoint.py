@@ -319,7 +319,7 @@ def test_read_tools_start_nothing_and_current_tool_names() -> None:
                                   (gemini, ["read_file", "grep_search", "glob", "list_directory"],
                                    ["write_file", "replace", "run_shell_command", "mcp__x__y"])):
         tool_event = "PreToolUse" if module is claude else "BeforeTool"
-        matcher = re.compile(module.EVENTS[tool_event])  # type: ignore[arg-type]
+        matcher = re.compile(module.EVENTS[tool_event])
         assert not [t for t in reads if matcher.search(t)]
         assert all(matcher.search(t) for t in writes)
     assert not {"LS", "NotebookRead", "KillBash", "MultiEdit"} & (claude.READ_TOOLS | set(claude.EDIT_TOOLS))

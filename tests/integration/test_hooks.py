@@ -9,6 +9,7 @@ import pytest
 from shadowpoint.engine import EngineOptions
 from shadowpoint.errors import PathOutsideWorkspaceError
 from shadowpoint.hooks import Checkpoints
+from shadowpoint.kinds import RestoreMode
 from tests.conftest import make_tree
 
 
@@ -42,7 +43,7 @@ def test_round_and_tool_context_managers_checkpoint_each_round(workspace: Path, 
         assert files["app.py"].after == "print(2)\n"
         assert [c.ts for c in task.checkpoints()] == [1000, 2000, 3000]
 
-        res = task.restore(1000, "files")
+        res = task.restore(1000, RestoreMode.FILES)
         assert res.files is not None and "app.py" in res.files.restored
         assert (workspace / "app.py").read_text() == "print(1)\n"
 
@@ -88,13 +89,13 @@ def test_library_restore_options_fork_undo_and_redo(workspace: Path, options: En
         assert rnd.checkpoint.result(timeout=60) is not None
         with open(workspace / "app.py", "a") as f:
             f.write("mine\n")  # outside any round
-        dry = task.restore(1000, "files", dry_run=True, keep_outside_edits=True)
+        dry = task.restore(1000, RestoreMode.FILES, dry_run=True, keep_outside_edits=True)
         assert dry.files is not None and dry.files.merged == ("app.py",) and dry.files.safety is None
         assert (workspace / "b.txt").read_text() == "b2\n"
-        res = task.restore(1000, "files", paths=["b.txt"])
+        res = task.restore(1000, RestoreMode.FILES, paths=["b.txt"])
         assert res.files is not None and res.files.restored == ("b.txt",)
         assert (workspace / "app.py").read_text().endswith("mine\n")
-        res = task.restore(1000, "files", keep_outside_edits=True)
+        res = task.restore(1000, RestoreMode.FILES, keep_outside_edits=True)
         assert res.files is not None and res.files.merged == ("app.py",)
         assert (workspace / "app.py").read_text() == "".join(f"line {i}\n" for i in range(10)) + "mine\n"
         task.undo_restore()

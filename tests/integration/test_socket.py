@@ -63,7 +63,9 @@ def connect(path: Path, proc: subprocess.Popen[bytes] | None = None) -> SidecarC
             assert proc is None or proc.poll() is None, proc.stderr.read() if proc and proc.stderr else ""
             return None
 
-    return wait_for(connected, "the sidecar did not come up", 30, poll_s=0.05)
+    client = wait_for(connected, "the sidecar did not come up", 30, poll_s=0.05)
+    assert client is not None  # wait_for returns the first truthy value
+    return client
 
 
 def test_state_survives_between_connections_and_connections_run_concurrently(workspace: Path,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from shadowpoint.engine import Engine
+from shadowpoint.kinds import ToolKind
 from tests.conftest import make_tree
 
 
@@ -39,8 +40,8 @@ def test_slow_initialisation_warns_then_succeeds(workspace: Path, make_engine: A
     assert eng.start_task("slow", ts=1).to_wire()["state"] == "initializing"
     slow = notes.wait_for("task/initSlow")
     assert slow["taskId"] == "slow" and slow["seconds"] >= 0
-    eng.tool_began("slow", "write_to_file", "edit", None)  # waits for the baseline
-    listing = eng.list_checkpoints("slow").to_wire()
+    eng.tool_began("slow", "write_to_file", ToolKind.EDIT, None)  # waits for the baseline
+    listing: dict[str, Any] = eng.list_checkpoints("slow").to_wire()
     assert listing["state"] == "ready" and [c["kind"] for c in listing["checkpoints"]] == ["baseline"]
 
 
@@ -53,14 +54,14 @@ def test_initialisation_timeout_disables_the_task_without_paying_it_again(worksp
     failed = notes.wait_for("task/initFailed")
     assert failed["kind"] == "init_timeout" and failed["taskId"] == "late"
     assert "took over 0.01 s;" in failed["message"], failed["message"]
-    listing = eng.list_checkpoints("late").to_wire()
+    listing: dict[str, Any] = eng.list_checkpoints("late").to_wire()
     assert listing["state"] == "disabled" and listing["error"]["kind"] == "init_timeout"
     assert listing["checkpoints"] == [], "the late baseline is dropped, never half-attached"
     # rounds go on without checkpoints and without waiting
     eng.begin_round("late")
-    eng.tool_began("late", "write_to_file", "edit", ["d0/f0.txt"])
+    eng.tool_began("late", "write_to_file", ToolKind.EDIT, ["d0/f0.txt"])
     (workspace / "d0/f0.txt").write_text("changed\n")
-    eng.tool_ended("late", "write_to_file", ["d0/f0.txt"], "edit")
+    eng.tool_ended("late", "write_to_file", ["d0/f0.txt"], ToolKind.EDIT)
     assert eng.end_round("late", 2) is None
     assert eng.list_checkpoints("late").to_wire()["checkpoints"] == []
 
@@ -79,13 +80,13 @@ def test_retry_after_a_failure_and_disable(workspace: Path, make_engine: Any) ->
     eng.options = type(eng.options)(**{**{f: getattr(eng.options, f) for f in eng.options.__dataclass_fields__},
                                        "init_timeout_s": 600.0})
     assert eng.retry_task("t").to_wire()["state"] in ("initializing", "ready")
-    eng.tool_began("t", "write_to_file", "edit", None)
+    eng.tool_began("t", "write_to_file", ToolKind.EDIT, None)
     assert eng.list_checkpoints("t").to_wire()["state"] == "ready"
     eng.disable_task("t")
     assert eng.list_checkpoints("t").to_wire()["state"] == "disabled"
     eng.begin_round("t")
-    eng.tool_began("t", "execute_command", "command", None)
-    eng.tool_ended("t", "execute_command", None, "command")
+    eng.tool_began("t", "execute_command", ToolKind.COMMAND, None)
+    eng.tool_ended("t", "execute_command", None, ToolKind.COMMAND)
     assert eng.end_round("t", 5) is None, "a disabled task makes no checkpoint"
 
 
@@ -94,11 +95,12 @@ def test_same_ts_round_then_completion_is_one_timeline_entry(workspace: Path, ma
     eng: Engine = make_engine(workspace)
     eng.start_task("t", ts=1)
     eng.begin_round("t")
-    eng.tool_began("t", "write_to_file", "edit", ["a.txt"])
+    eng.tool_began("t", "write_to_file", ToolKind.EDIT, ["a.txt"])
     (workspace / "a.txt").write_text("b\n")
-    eng.tool_ended("t", "write_to_file", ["a.txt"], "edit")
+    eng.tool_ended("t", "write_to_file", ["a.txt"], ToolKind.EDIT)
     first = eng.end_round("t", 2)
     again = eng.complete("t", 2)
     assert first is not None and again.hashes == first.hashes
-    assert [c["ts"] for c in eng.list_checkpoints("t").to_wire()["checkpoints"]] == [1, 2], (
+    listing: dict[str, Any] = eng.list_checkpoints("t").to_wire()
+    assert [c["ts"] for c in listing["checkpoints"]] == [1, 2], (
         "back-to-back checkpoints for one message are deduplicated")

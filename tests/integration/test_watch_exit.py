@@ -25,14 +25,15 @@ class _Gate:
         self.reached = threading.Event()
         self.open = threading.Event()
         original = journal.add
+        gated = path
 
-        def add(p: RepoPath) -> None:
-            if p == path:
+        def add(path: RepoPath) -> None:
+            if path == gated:
                 self.reached.set()
                 self.open.wait(30)
-            original(p)
+            original(path)
 
-        journal.add = add  # type: ignore[method-assign]
+        journal.add = add  # type: ignore[method-assign]  # the seam: this journal's add, held
 
 
 def _ready(loop: WatchLoop, eng: Engine, task: str) -> int:
@@ -46,7 +47,7 @@ def _ready(loop: WatchLoop, eng: Engine, task: str) -> int:
 
 def test_exit_round_waits_for_an_edit_still_in_the_watchers_queue(workspace: Path, make_engine: Any) -> None:
     make_tree(workspace, {"a.txt": "one\n", "b.txt": "two\n"})
-    eng = make_engine(workspace, watcher=True)
+    eng: Engine = make_engine(workspace, watcher=True)
     loop = WatchLoop(eng, "w", 0.3)
     base = _ready(loop, eng, "w")
     [name] = loop.journals
@@ -60,7 +61,7 @@ def test_exit_round_waits_for_an_edit_still_in_the_watchers_queue(workspace: Pat
         flushing.set()
         return flush(*args, **kwargs)
 
-    watcher.flush = flush_seen  # type: ignore[method-assign]
+    watcher.flush = flush_seen  # type: ignore[method-assign]  # the seam: this watcher's flush, seen
     (workspace / "a.txt").write_text("saved just before Ctrl-C\n")
     assert gate.reached.wait(30), "the watcher never saw the edit"
     result: list[Any] = []
@@ -73,7 +74,8 @@ def test_exit_round_waits_for_an_edit_still_in_the_watchers_queue(workspace: Pat
     assert not last.is_alive()
     [event] = result
     assert event is not None and event.checkpoint is not None, "the exit made no checkpoint: the edit is missing"
-    files = {f["path"]: f for f in eng.diff("w", base, event.checkpoint.ts).to_wire()["files"]}
+    diff: dict[str, Any] = eng.diff("w", base, event.checkpoint.ts).to_wire()
+    files = {f["path"]: f for f in diff["files"]}
     assert set(files) == {"a.txt"} and files["a.txt"]["after"] == "saved just before Ctrl-C\n"
 
 

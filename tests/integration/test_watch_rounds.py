@@ -19,20 +19,21 @@ from structlog.testing import capture_logs
 
 from shadowpoint.config import Settings
 from shadowpoint.engine import Engine, EngineOptions
+from shadowpoint.kinds import ToolKind
 from shadowpoint.observe.watcher import ObserverKind
 from tests.conftest import make_tree
 
 
 def _wait_ready(eng: Engine, task: str) -> None:
-    eng.tool_began(task, "write_to_file", "edit", None)  # the barrier: returns once the baseline is built
-    eng.tool_ended(task, "write_to_file", None, "edit")
+    eng.tool_began(task, "write_to_file", ToolKind.EDIT, None)  # the barrier: returns once the baseline is built
+    eng.tool_ended(task, "write_to_file", None, ToolKind.EDIT)
 
 
 def _command_round(eng: Engine, task: str, ts: int, action: Any) -> Any:
     eng.begin_round(task)
-    eng.tool_began(task, "execute_command", "command", None)
+    eng.tool_began(task, "execute_command", ToolKind.COMMAND, None)
     action()
-    eng.tool_ended(task, "execute_command", None, "command")
+    eng.tool_ended(task, "execute_command", None, ToolKind.COMMAND)
     return eng.end_round(task, ts)
 
 

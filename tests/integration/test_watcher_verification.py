@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from shadowpoint.engine import Engine
+from shadowpoint.kinds import ToolKind
 from shadowpoint.observe.watcher import ObserverKind, WorkspaceWatcher
+from shadowpoint.results import Checkpoint
 from shadowpoint.roots import RootState
 from shadowpoint.verifier import Verdict
 from shadowpoint.workspace import RepoPath
@@ -35,23 +38,24 @@ inotify_only = pytest.mark.parametrize("observer", ["inotify"])
 def _ready(workspace: Path, make_engine: Any, observer: ObserverKind,
            notes: list[tuple[str, dict[str, Any]]] | None = None) -> Engine:
     make_tree(workspace, TREE)
-    eng = make_engine(workspace, watcher=True, verify_interval_s=0, watcher_observer=observer)
+    eng: Engine = make_engine(workspace, watcher=True, verify_interval_s=0, watcher_observer=observer)
     if notes is not None:
         eng.notify = lambda method, params: notes.append((method, params))
     eng.start_task("t", ts=1)
-    eng.tool_began("t", "write_to_file", "edit", None)  # the barrier: returns once the baseline is built
-    eng.tool_ended("t", "write_to_file", None, "edit")
+    eng.tool_began("t", "write_to_file", ToolKind.EDIT, None)  # the barrier: returns once the baseline is built
+    eng.tool_ended("t", "write_to_file", None, ToolKind.EDIT)
     eng.end_round("t", 2)  # the set-up round
     return eng
 
 
-def _command_round(eng: Engine, ts: int, action: Any = None) -> tuple[Any, list[dict[str, Any]]]:
+def _command_round(eng: Engine, ts: int,
+                   action: Any = None) -> tuple[Checkpoint | None, list[MutableMapping[str, Any]]]:
     with capture_logs() as logs:
         eng.begin_round("t")
-        eng.tool_began("t", "execute_command", "command", None)
+        eng.tool_began("t", "execute_command", ToolKind.COMMAND, None)
         if action is not None:
             action()
-        eng.tool_ended("t", "execute_command", None, "command")
+        eng.tool_ended("t", "execute_command", None, ToolKind.COMMAND)
         cp = eng.end_round("t", ts)
     return cp, logs
 
@@ -67,7 +71,7 @@ def _write_behind_the_watchers_back(outside: Path, data: bytes) -> None:
 def _file_at(eng: Engine, ts: int, path: str) -> bytes | None:
     cp = eng._task("t").record.checkpoint(ts)
     with eng.roots["proj"].locked() as root:
-        entry = root.repo.lookup(root.repo.commit_tree(cp.hashes["proj"]), path)  # type: ignore[arg-type]
+        entry = root.repo.lookup(root.repo.commit_tree(cp.hashes["proj"]), RepoPath(path))
         return root.repo.read_blob(entry.oid) if entry else None
 
 
@@ -136,9 +140,9 @@ def test_changes_the_watcher_heard_are_not_misses(workspace: Path, make_engine: 
     eng = _ready(workspace, make_engine, observer)
     (workspace / "node_modules/dep").mkdir(parents=True)
     eng.begin_round("t")  # force-add a file in an excluded, unwatched folder
-    eng.tool_began("t", "write_to_file", "edit", ["node_modules/dep/index.js"])
+    eng.tool_began("t", "write_to_file", ToolKind.EDIT, ["node_modules/dep/index.js"])
     (workspace / "node_modules/dep/index.js").write_text("v1\n")
-    eng.tool_ended("t", "write_to_file", ["node_modules/dep/index.js"], "edit")
+    eng.tool_ended("t", "write_to_file", ["node_modules/dep/index.js"], ToolKind.EDIT)
     eng.end_round("t", 3)
     # between rounds: a person edits, deletes and creates files; an unwatched tracked file changes
     (workspace / "pkg01/mod0001.py").write_text("edited by a person\n")
@@ -167,9 +171,9 @@ def test_a_miss_is_found_once_while_tracked_files_lie_outside_the_walk(
     eng = _ready(workspace, make_engine, observer)
     (workspace / "node_modules/dep").mkdir(parents=True)
     eng.begin_round("t")
-    eng.tool_began("t", "write_to_file", "edit", ["node_modules/dep/index.js"])
+    eng.tool_began("t", "write_to_file", ToolKind.EDIT, ["node_modules/dep/index.js"])
     (workspace / "node_modules/dep/index.js").write_text("v1\n")
-    eng.tool_ended("t", "write_to_file", ["node_modules/dep/index.js"], "edit")
+    eng.tool_ended("t", "write_to_file", ["node_modules/dep/index.js"], ToolKind.EDIT)
     eng.end_round("t", 3)
     assert eng.verify_watchers()["proj"].verdict is Verdict.CLEAN
     for name, data in (("pkg07/mod0007.py", b"changed behind its back\n"), ("node_modules/dep/index.js", b"v2\n")):
@@ -205,8 +209,8 @@ def test_the_background_verification_degrades_the_watcher(
     eng = make_engine(workspace, watcher=True, verify_interval_s=0.05, verify_cpu_share=0.5, watcher_observer=observer)
     eng.notify = lambda method, params: degraded.set() if method == "watcher/degraded" else None
     eng.start_task("t", ts=1)
-    eng.tool_began("t", "write_to_file", "edit", None)
-    eng.tool_ended("t", "write_to_file", None, "edit")
+    eng.tool_began("t", "write_to_file", ToolKind.EDIT, None)
+    eng.tool_ended("t", "write_to_file", None, ToolKind.EDIT)
     eng.end_round("t", 2)
     outside = tmp_path / "alias.py"
     os.link(workspace / "pkg06/mod0006.py", outside)
@@ -244,9 +248,9 @@ def test_a_first_edit_let_through_before_the_watcher_runs_leaves_its_round_trust
     go = _hold_watcher_start(monkeypatch)
     eng.start_task("t", ts=1)
     with capture_logs() as logs:
-        eng.tool_began("t", "write_to_file", "edit", ["pkg02/mod0002.py"])  # captured; the watcher is held
+        eng.tool_began("t", "write_to_file", ToolKind.EDIT, ["pkg02/mod0002.py"])  # captured; the watcher is held
         (workspace / "pkg02/mod0002.py").write_text("x = 'edited'\n")
-        eng.tool_ended("t", "write_to_file", ["pkg02/mod0002.py"], "edit")
+        eng.tool_ended("t", "write_to_file", ["pkg02/mod0002.py"], ToolKind.EDIT)
         go.set()
         cp = eng.end_round("t", 2)
     assert cp is not None and not cp.reused
@@ -274,10 +278,10 @@ def test_a_round_begun_while_the_baseline_builds_is_trusted_from_its_first_tool(
     with capture_logs() as logs:
         eng.begin_round("t")
         begun.set()
-        eng.tool_began("t", "execute_command", "command", None)  # the barrier: the whole baseline
+        eng.tool_began("t", "execute_command", ToolKind.COMMAND, None)  # the barrier: the whole baseline
         (workspace / "pkg01/mod0001.py").write_text("x = 'by the command'\n")
         (workspace / "made.txt").write_text("made\n")
-        eng.tool_ended("t", "execute_command", None, "command")
+        eng.tool_ended("t", "execute_command", None, ToolKind.COMMAND)
         cp = eng.end_round("t", 2)
     assert cp is not None and not cp.reused
     rounds = [e for e in logs if e["event"] == "round.checkpointed"]
@@ -315,14 +319,14 @@ def test_a_later_tasks_baseline_is_what_the_healthy_watcher_recorded(
     (workspace / "pkg01/mod0001.py").unlink()
     with capture_logs() as logs:
         eng.start_task("t2", ts=10)
-        eng.tool_began("t2", "execute_command", "command", None)  # waits for the whole baseline
+        eng.tool_began("t2", "execute_command", ToolKind.COMMAND, None)  # waits for the whole baseline
     staged = [e for e in logs if e["event"] == "scanner.staged"]
     assert [(e["rescan"], e["examined"], e["changed"]) for e in staged] == [(False, 2, 3)], staged
     baseline = eng._task("t2").record.checkpoint(10)
     assert baseline is not None
     _tree_matches_workspace(eng, baseline.hashes["proj"], workspace)
     # and its first command round is trusted to the watcher as before
-    eng.tool_ended("t2", "execute_command", None, "command")
+    eng.tool_ended("t2", "execute_command", None, ToolKind.COMMAND)
     (workspace / "pkg04/late.py").write_text("after the baseline\n")
     with capture_logs() as logs2:
         cp = eng.end_round("t2", 11)
@@ -341,11 +345,11 @@ def test_a_later_tasks_baseline_keeps_an_early_captured_file_at_its_captured_byt
     go = _hold_watcher_start(monkeypatch, RootState, "start_watcher")
     (workspace / "pkg05/mod0005.py").write_text("x = 'a person, before the session'\n")
     eng.start_task("t2", ts=10)
-    eng.tool_began("t2", "write_to_file", "edit", ["pkg02/mod0002.py"])  # captured; the baseline is held
+    eng.tool_began("t2", "write_to_file", ToolKind.EDIT, ["pkg02/mod0002.py"])  # captured; the baseline is held
     (workspace / "pkg02/mod0002.py").write_text("x = 'edited by the agent'\n")
     eng.roots["proj"].watcher.flush()  # type: ignore[union-attr]  # the watcher has recorded the edit
     go.set()
-    eng.tool_ended("t2", "write_to_file", ["pkg02/mod0002.py"], "edit")
+    eng.tool_ended("t2", "write_to_file", ["pkg02/mod0002.py"], ToolKind.EDIT)
     cp = eng.end_round("t2", 11)
     task = eng._task("t2").record
     baseline = task.checkpoint(10)

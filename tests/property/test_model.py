@@ -35,6 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
 from shadowpoint.errors import AlreadyRestoredError, NothingToUndoError
+from shadowpoint.kinds import RestoreMode, ToolKind
 from shadowpoint.observe.watcher import ObserverKind
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK
 from tests.conftest import Exe, Link, read_tree
@@ -168,8 +169,8 @@ class WorkspaceModel(RuleBasedStateMachine):
         ts = self._next_ts()
         eng = self.engine
         eng.begin_round("t")
-        eng.tool_began("t", "write_to_file", "edit", sorted(reported))
-        eng.tool_ended("t", "write_to_file", sorted(reported), "edit")
+        eng.tool_began("t", "write_to_file", ToolKind.EDIT, sorted(reported))
+        eng.tool_ended("t", "write_to_file", sorted(reported), ToolKind.EDIT)
         cp = eng.end_round("t", ts)
         assert cp is not None
         self.edited |= reported
@@ -193,8 +194,8 @@ class WorkspaceModel(RuleBasedStateMachine):
         ts = self._next_ts()
         eng = self.engine
         eng.begin_round("t")
-        eng.tool_began("t", "execute_command", "command", None)
-        eng.tool_ended("t", "execute_command", None, "command")
+        eng.tool_began("t", "execute_command", ToolKind.COMMAND, None)
+        eng.tool_ended("t", "execute_command", None, ToolKind.COMMAND)
         cp = eng.end_round("t", ts)
         assert cp is not None
         before = self.tracked
@@ -217,6 +218,7 @@ class WorkspaceModel(RuleBasedStateMachine):
     def _check_checkpoint(self, ts: int, expected: dict[str, Entry]) -> None:
         root = self.engine.roots[self.engine.first_root]
         commit = next(c for c in self.engine.list_checkpoints("t").checkpoints if c.ts == ts).hash
+        assert commit is not None, f"checkpoint ts={ts} has no snapshot"
         with root.locked() as locked:
             repo = locked.repo
             listing = repo.list_tree(repo.commit_tree(commit))
@@ -237,9 +239,9 @@ class WorkspaceModel(RuleBasedStateMachine):
         ts, target = data.draw(st.sampled_from(self.checkpoints))
         if ts in self.restored:
             with pytest.raises(AlreadyRestoredError):
-                self.engine.restore("t", ts, "files")
+                self.engine.restore("t", ts, RestoreMode.FILES)
             return
-        out = self.engine.restore("t", ts, "files").to_wire()
+        out: dict[str, Any] = self.engine.restore("t", ts, RestoreMode.FILES).to_wire()
         # the safety checkpoint rescans, edited paths forced: it becomes the tracked set
         current = self._rescan(self.tracked, self.edited)
         if self.edited or self.changed:

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,8 +131,8 @@ def test_checkpoint_or_raise_checks_type() -> None:
 
 
 def test_to_wire() -> None:
-    w = cp(5, "round", hashes={"a": "1" * 40, "b": "2" * 40}, reused=True,
-           warnings=[{"path": "x", "reason": "over the size cap"}]).value("b").to_wire()
+    w: dict[str, Any] = cp(5, "round", hashes={"a": "1" * 40, "b": "2" * 40}, reused=True,
+                           warnings=[{"path": "x", "reason": "over the size cap"}]).value("b").to_wire()
     assert w["hash"] == "2" * 40 and w["hashes"] == {"a": "1" * 40, "b": "2" * 40}
     assert w["reused"] is True and w["restored"] is False and w["warnings"][0]["path"] == "x"
     assert w["createdAt"].endswith("Z")
@@ -170,6 +171,7 @@ def test_atomic_write_leaves_old_or_new_file(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     proc = ctx.Process(target=_write_forever, args=(str(path),), name="shadowpoint-test-writer")
     proc.start()
+    assert proc.pid is not None
     try:
         seen: set[int] = set()
         deadline = time.monotonic() + 30

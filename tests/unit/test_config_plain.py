@@ -54,7 +54,7 @@ TOML_VALUES: dict[str, list[Any]] = {
     "observer": ["inotify", "portable", "PORTABLE", 1, ""],
     "strings": [[], ["a"], ["*.log", "!keep.log"], ["a", 1], "a", [["a"]]],
 }
-TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=6)
+TEXT = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\0"), max_size=6)
 
 
 def test_every_field_of_settings_is_known_to_the_plain_reader() -> None:

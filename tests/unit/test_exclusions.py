@@ -13,7 +13,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,8 +54,9 @@ def make_tree(root: Path, tree: Mapping[str, TreeValue]) -> Path:
     return root
 
 
-def walked(root: Path, **kwargs: object) -> set[str]:
-    return {str(path) for path, _ in ExclusionRules(root, **kwargs).walk()}
+def walked(root: Path, *, builtin: Mapping[str, Sequence[str]] | None = None,
+           extra: Sequence[str] = ()) -> set[str]:
+    return {str(path) for path, _ in ExclusionRules(root, builtin=builtin, extra=extra).walk()}
 
 
 def all_paths(root: Path) -> tuple[set[str], set[str]]:

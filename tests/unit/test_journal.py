@@ -35,7 +35,7 @@ def test_swap_returns_the_round_and_starts_an_empty_one(journal: PathJournal) ->
     first = journal.swap()
     second = journal.swap()
 
-    assert first == JournalSnapshot(frozenset({"src/a.py", "docs"}), healthy=True, reasons=())
+    assert first == JournalSnapshot(frozenset({RepoPath("src/a.py"), RepoPath("docs")}), healthy=True, reasons=())
     assert second == JournalSnapshot(frozenset(), healthy=True, reasons=())
 
 
@@ -64,7 +64,7 @@ def test_mark_unhealthy_spoils_only_the_current_round(journal: PathJournal) -> N
     spoiled = journal.swap()
     next_round = journal.swap()
 
-    assert spoiled == JournalSnapshot(frozenset({"a"}), healthy=False, reasons=("flush timed out",))
+    assert spoiled == JournalSnapshot(frozenset({RepoPath("a")}), healthy=False, reasons=("flush timed out",))
     assert next_round.healthy
     assert next_round.reasons == ()
 

@@ -10,7 +10,7 @@ import subprocess
 import zlib
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pygit2
 import pytest
@@ -36,6 +36,8 @@ from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import task_ref
 from shadowpoint.workspace import RepoPath
 from tests.unit.test_shadow_repo import blob, build, git
+
+P = TypeVar("P", bound=str)  # a path: RepoPath, or a plain str
 
 
 @pytest.fixture
@@ -200,7 +202,7 @@ def test_a_root_over_runs_of_subtrees_equals_the_whole_tree(repo: ShadowRepo) ->
 def test_the_trees_share_is_whole_top_level_folders() -> None:
     """The child's part of a baseline's trees: whole top-level folders and root files, the
     largest first, up to the share; the rest is this process's; together every path once."""
-    paths = sorted(["a", "a.txt", "a/x", "a/y/z", "a0", "b/c", "b/d", "b/e", "c", "d/1", "d/2"])
+    paths = sorted(RepoPath(p) for p in ["a", "a.txt", "a/x", "a/y/z", "a0", "b/c", "b/d", "b/e", "c", "d/1", "d/2"])
     assert _trees_share(paths, 0.0) == ()
     assert _in_runs(paths, _trees_share(paths, 1.0)) == paths
     for share in (i / 20 for i in range(21)):
@@ -236,7 +238,7 @@ def test_stored_zlib_is_one_whole_zlib_stream(size: int) -> None:
     assert stream.eof and not stream.unused_data
 
 
-def _sorted_files(entries: Mapping[str, shadow_repo.TreeEntry | None]) -> list[tuple[str, int, bytes]]:
+def _sorted_files(entries: Mapping[P, values.TreeEntry | None]) -> list[tuple[str, int, bytes]]:
     return sorted((p, e.mode, bytes.fromhex(e.oid)) for p, e in entries.items() if e is not None)
 
 

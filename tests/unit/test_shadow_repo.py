@@ -31,6 +31,7 @@ from shadowpoint.store.values import (
     MODE_EXEC,
     MODE_FILE,
     MODE_LINK,
+    DeltaRecord,
     TreeEntry,
     ref_component,
     task_ref,
@@ -450,6 +451,7 @@ def test_gc_keeps_reachable_drops_unreachable(repo: ShadowRepo) -> None:
 
     kept, _ = repo.collect_garbage(grace_s=0)
     assert kept == len(repo.reachable_objects([c2]))
+    assert t1 is not None and t2 is not None and tg is not None, "no tree is empty"
     for oid in (c1, c2, t1, t2, keep_blob.oid, shared.oid):
         assert _exists(repo, oid), oid
         assert repo.has_object(oid)
@@ -747,7 +749,7 @@ def test_diff_trees_reports_statuses_and_renames(repo: ShadowRepo) -> None:
     a, b = blob(repo, body), blob(repo, "b")
     old = build(repo, {"moved.txt": a, "mod.txt": b, "gone.txt": b})
     new = build(repo, {"dir/renamed.txt": a, "mod.txt": blob(repo, "b2"), "added.txt": blob(repo, "fresh")})
-    deltas = {d.path: d for d in repo.diff_trees(old, new)}
+    deltas: dict[str, DeltaRecord] = {d.path: d for d in repo.diff_trees(old, new)}
     assert deltas["dir/renamed.txt"].status == "renamed"
     assert deltas["dir/renamed.txt"].old_path == "moved.txt"
     assert deltas["mod.txt"].status == "modified"

@@ -76,10 +76,15 @@ def test_a_request_runs_on_the_reading_thread_when_nothing_else_runs(host: Host)
 
 
 def test_a_tasks_request_waits_for_its_request_running_on_another_thread(host: Host) -> None:
-    answers, log = _Answers(), []
+    answers, log = _Answers(), list[str]()
     first, release = _running_inline(host, answers, log, "t", "1")
+
+    def second() -> str:
+        log.append("2")
+        return "2"
+
     # another connection's request for the same task: queued (something runs), not run beside it
-    host.submit("t", answers, 2, lambda: log.append("2") or "2", inline=True)
+    host.submit("t", answers, 2, second, inline=True)
     assert log == ["1 start"] and answers.threads.get(1) is None
     release.set()
     first.join(WAIT_S)
@@ -89,10 +94,15 @@ def test_a_tasks_request_waits_for_its_request_running_on_another_thread(host: H
 
 
 def test_another_tasks_request_goes_to_its_worker_while_one_runs(host: Host) -> None:
-    answers, log = _Answers(), []
+    answers, log = _Answers(), list[str]()
     first, release = _running_inline(host, answers, log, "t", "t")
     done = threading.Event()
-    host.submit("u", answers, 2, lambda: done.set() or "u", inline=True)
+
+    def other_task() -> str:
+        done.set()
+        return "u"
+
+    host.submit("u", answers, 2, other_task, inline=True)
     assert done.wait(WAIT_S), "task u waited for task t's request"
     assert log == ["t start"]  # t's is still running
     release.set()
@@ -101,7 +111,7 @@ def test_another_tasks_request_goes_to_its_worker_while_one_runs(host: Host) -> 
 
 
 def test_a_flush_waits_for_a_request_running_on_a_reading_thread(host: Host) -> None:
-    answers, log = _Answers(), []
+    answers, log = _Answers(), list[str]()
     host.submit("t", answers, 0, lambda: "worker made")  # the task has a worker for flush to mark
     host.flush(WAIT_S)
     first, release = _running_inline(host, answers, log, "t", "1")

@@ -84,6 +84,7 @@ def test_fields_parse_into_typed_values() -> None:
     assert parse(MessageEditParams, {"taskId": T, "ts": 1, "text": "", "restore": "all"}).restore is EditRestore.ALL
     assert parse(MessageAddParams, {"taskId": T, "ts": 1, "role": "user"}).text is None
     assert parse(DeleteAllParams, {}).keep_favorites == []
+    falsy: object
     for falsy in (None, False, 0, "", []):
         assert parse(InitializeParams, {"roots": [], "settings": falsy}).settings == {}
     diff = parse(DiffParams, {"taskId": T, "from": 1})

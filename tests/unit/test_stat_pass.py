@@ -82,9 +82,9 @@ def test_below_the_threshold_no_child_is_started(tmp_path: Path) -> None:
     def failing_child(*_: object) -> StatPass:
         raise AssertionError("a child was started")
 
-    found = split_pass(f"{root}/", walk(root), entries, 5, child_check=failing_child)  # type: ignore[arg-type]
+    found = split_pass(f"{root}/", walk(root), entries, 5, child_check=failing_child)
     assert (found.reached, found.clean, found.unproven) == (4, 4, [])
-    found = split_pass(f"{root}/", walk(root), entries, None, child_check=failing_child)  # type: ignore[arg-type]
+    found = split_pass(f"{root}/", walk(root), entries, None, child_check=failing_child)
     assert found.clean == 4
 
 
