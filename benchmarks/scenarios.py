@@ -604,6 +604,15 @@ class TreeBench:
                 res.ours.add(seconds)
                 res.rival.add(rival_s)
 
+    def _check_restored(self, res: ScenarioResult, i: int, out: dict[str, Any], path: str, before: bytes) -> None:
+        """A note for restore `i` (its answer `out`) if it did not bring `path` back to `before`
+        or wrote another file than it."""
+        if (self.root / path).read_bytes() != before:
+            res.notes.append(f"restore {i}: our restore left {path} changed")
+        restored = (out.get("files") or {}).get("restored")
+        if restored != [path]:
+            res.notes.append(f"restore {i}: our restore wrote {restored}, expected [{path}]")
+
     def _restore_rounds(self, res: ScenarioResult, task: str, make_round: Callable[[str, int], None]) -> None:
         assert res.ours is not None and res.rival is not None
         ours, rival = self._need()
@@ -616,11 +625,7 @@ class TreeBench:
         for i in range(self.repeat + 1):
             make_round(path, i)
             seconds, out = ours.restore_files(task, base_ts)
-            if (self.root / path).read_bytes() != before:
-                res.notes.append(f"restore {i}: our restore left {path} changed")
-            restored = (out.get("files") or {}).get("restored")
-            if restored != [path]:
-                res.notes.append(f"restore {i}: our restore wrote {restored}, expected [{path}]")
+            self._check_restored(res, i, out, path, before)
             self.touch([path], f"rs-g{i}")
             rival.round()
             rival_s = rival.reset_hard(rival_base)
@@ -869,11 +874,7 @@ class TreeBench:
         for i in range(self.repeat + 1):
             eng.edit_round(task, [path], partial(self.touch, [path], f"rsw-{i}"))
             seconds, out = eng.restore_files(task, base_ts)
-            if (self.root / path).read_bytes() != before:
-                res.notes.append(f"restore {i}: our restore left {path} changed")
-            restored = (out.get("files") or {}).get("restored")
-            if restored != [path]:
-                res.notes.append(f"restore {i}: our restore wrote {restored}, expected [{path}]")
+            self._check_restored(res, i, out, path, before)
             self.touch([path], f"rsw-g{i}")
             rival.round()
             rival_s = rival.reset_hard(rival_base)
