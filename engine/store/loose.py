@@ -155,7 +155,8 @@ class FilePool:
         return taken
 
     def fill(self, wait_for_quiet: bool = False) -> int:
-        """Make files until `size` are ready; the number made. `wait_for_quiet`: pause while
+        """Make files until `size` are ready and `open_ahead` of them open (a few more than `size`
+        when the open ones ran out first); the number made. `wait_for_quiet`: pause while
         writes are taking files (the refill thread's way), so that making files never competes
         with a round for the disk. Stops quietly when the file system refuses (full, read-only)."""
         made = 0
