@@ -99,7 +99,9 @@ def watcher_threads() -> list[str]:
 
 def only_emitter(watcher: WorkspaceWatcher) -> Any:
     """The inotify observer's one emitter (its internals are watchdog's and ours, untyped here)."""
-    (emitter,) = watcher._observer.emitters  # type: ignore[union-attr]
+    observer = watcher._observer
+    assert observer is not None, "the watcher is not started"
+    (emitter,) = observer.emitters
     return emitter
 
 

@@ -438,11 +438,12 @@ def test_a_refused_append_changes_nothing_on_disk_and_keeps_the_changes(tmp_path
 
     real_os_open = os.open
 
-    def refusing_os_open(path: object, flags: int, *args: object, **kwargs: object) -> int:
+    def refusing_os_open(path: str | os.PathLike[str], flags: int, mode: int = 0o777, *,
+                         dir_fd: int | None = None) -> int:
         # the log's append opens a descriptor (`append_line`)
         if flags & (os.O_WRONLY | os.O_RDWR):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return real_os_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+        return real_os_open(path, flags, mode, dir_fd=dir_fd)
 
     before = rec.timeline_mark()
     c = _round(rec, 20, "b.py")
