@@ -137,3 +137,40 @@ def test_the_sidecar_rounds_run_over_stdio_and_in_process(tmp_path: Path) -> Non
     for label in ("over stdio: a round ", "round/begin ", "round/end ", "in process: a round "):
         assert label in out, out
     assert not list(tmp_path.glob("sp-sidecar-rounds-*")), "the docs dirs are removed"
+
+
+def test_the_cold_probe_measures_a_round_warm_and_after_a_pause(tmp_path: Path) -> None:
+    """`benchmarks.cold_probe` on a tiny tree with short pauses: every figure is there, the
+    round's distinct functions were counted, and its scratch folder is removed."""
+    work = tmp_path / "work"
+    work.mkdir()
+    out = tmp_path / "cold.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cold_probe", "--size", "300", "--rounds", "2", "--pause", "0.01",
+         "--short-pause", "0.005", "--workdir", str(work), "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    assert sorted(int(n) for n in data["chains"]) == [50, 200, 800]
+    assert all(c["warm_us"] > 0 and c["cold_us"] > 0 for c in data["chains"].values())
+    assert sorted(int(n) for n in data["file_calls"]["blocks"]) == [20, 80]
+    rounds = data["rounds"]
+    assert rounds["files"] == 300
+    assert min(rounds["back_to_back_ms"], rounds["after_short_pause_ms"], rounds["after_pause_ms"]) > 0
+    # a round goes through the engine, the stager and the shadow repository: dozens of functions
+    assert rounds["distinct_functions"] > 30 and rounds["distinct_builtins"] > 5
+    assert rounds["calls"] >= rounds["distinct_functions"] + rounds["distinct_builtins"]
+    assert "cold penalty" in proc.stdout
+    assert not list(work.iterdir())
+
+
+def test_the_cold_probe_interpolates_between_its_chains() -> None:
+    from benchmarks.cold_probe import _interpolated
+
+    points = {50: 100.0, 200: 400.0, 800: 1000.0}
+    assert _interpolated(points, 50) == 100.0
+    assert _interpolated(points, 125) == 250.0
+    assert _interpolated(points, 500) == 700.0
+    assert _interpolated(points, 20) == 40.0  # past the ends: the nearest line, extended
+    assert _interpolated(points, 1100) == 1300.0
