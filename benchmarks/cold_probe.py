@@ -17,8 +17,9 @@ pays again for each piece of code and data it touches. This measures, in one pro
 It prints the round's cold penalty (after the pause, less back to back) beside what (1) pays
 for as many distinct functions and (2) for its first 20 calls: what a round pays for little
 more than running at all after a pause. A file-system call past the first few costs about
-nothing more cold: the kernel's share is first touch, not per call. Not a timing of record: the suite's
-`round_edit_1` is; this says where the difference between a warm and a cold round goes.
+nothing more cold: the kernel's share is first touch, not per call. Not a timing of record
+(the suite's `round_edit_1` is): this says where the difference between a warm and a cold
+round goes.
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ def _rounds(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         ours.start("t")
         rel = sorted(str(q.relative_to(root)) for q in root.rglob("*.py") if q.is_file())[0]
         data = (root / rel).read_bytes()
-        serial = iter(range(1_000_000))
+        serial = itertools.count()
 
         def one() -> float:
             i = next(serial)
