@@ -751,8 +751,8 @@ class Scanner:
         its folders (by the index's count) to a forked child, which walks them, lstats their
         files and proves them with the index (`_share_in_child`); this process does the rest,
         then takes the child's answer. The child is forked first and both parse the index at
-        once (~0.2 s at 100k entries), from the one descriptor. Early captures are served all
-        along (SPEC §3)."""
+        once (~80 ms each at 100k entries), from the one descriptor. Early captures are served
+        all along (SPEC §3)."""
         entries = run.cache.entries
         tracked_before = len(entries)
         # (prefix, the names joined), to find tracked paths the walk misses; none are tracked
