@@ -141,7 +141,8 @@ def test_the_sidecar_rounds_run_over_stdio_and_in_process(tmp_path: Path) -> Non
 
 def test_the_cold_probe_measures_a_round_warm_and_after_a_pause(tmp_path: Path) -> None:
     """`benchmarks.cold_probe` on a tiny tree with short pauses: every figure is there, the
-    round's distinct functions were counted, and its scratch folder is removed."""
+    round's distinct functions were counted, the floor ran beside it, and its scratch folder
+    is removed."""
     work = tmp_path / "work"
     work.mkdir()
     out = tmp_path / "cold.json"
@@ -161,7 +162,12 @@ def test_the_cold_probe_measures_a_round_warm_and_after_a_pause(tmp_path: Path) 
     # a round goes through the engine, the stager and the shadow repository: dozens of functions
     assert rounds["distinct_functions"] > 30 and rounds["distinct_builtins"] > 5
     assert rounds["calls"] >= rounds["distinct_functions"] + rounds["distinct_builtins"]
-    assert "cold penalty" in proc.stdout
+    # the floor ran beside the round (each of its commits read back: a wrong tree fails the run)
+    floor = rounds["floor"]
+    assert set(floor) == {"round_back_to_back_ms", "round_after_pause_ms", "floor_back_to_back_ms",
+                          "floor_after_pause_ms"}
+    assert min(floor.values()) > 0
+    assert "cold penalty" in proc.stdout and "the floor" in proc.stdout
     assert not list(work.iterdir())
 
 
