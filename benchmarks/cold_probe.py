@@ -311,8 +311,8 @@ class FloorRound:
 
     Left out, and so what the engine's layers cost beside it: the request's path checks when
     the tool begins (`.git` look-alikes, nested repositories, exclusions), the racy re-hash
-    probe, the stat cache, the task's second ref and the record's bookkeeping. A file of up
-    to 64 KiB, one edited path, the same path every round."""
+    probe, the stat cache, the task's second ref and the record's bookkeeping. One edited
+    path, the same every round: a regular file already in the engine's last snapshot."""
 
     def __init__(self, root: Path, rel: str, engine_git_dir: Path, ref: str, git_dir: Path) -> None:
         source = pygit2.Repository(os.fspath(engine_git_dir))
