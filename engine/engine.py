@@ -527,7 +527,8 @@ class Engine:
             plan = root.take_carried(plans[name])
             try:
                 made = checkpoint_root(root, plan, rt.record.task_id, f"{kind} checkpoint at {ts}",
-                                       prev.hashes.get(name) if prev else None, hold_blobs=True)
+                                       prev.hashes.get(name) if prev else None, hold_blobs=True,
+                                       straight=kind is CheckpointKind.ROUND and self.options.straight_rounds)
                 assert made is not None
                 commit, result = made.commit, made.result
                 reused_all = reused_all and made.reused

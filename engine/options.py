@@ -38,6 +38,9 @@ class EngineOptions:
     # runs (0 turns it off), kept to `verify_cpu_share` of one core.
     verify_interval_s: float = 60.0
     verify_cpu_share: float = 0.05
+    # A round of edit tools' tracked files staged in a straight line (`checkpoint_root`'s
+    # `straight`); off only to compare the two ways (tests, benchmarks).
+    straight_rounds: bool = True
 
     @classmethod
     def from_settings(cls, s: Settings | PlainSettings) -> EngineOptions:

@@ -274,6 +274,20 @@ class RootState:
         self.note_tracked(plan.forced)
         return result
 
+    def _stage_straight(self, handles: _Handles, plan: StagePlan) -> StageResult | None:
+        """`_stage` of a round's common case (`Scanner.stage_edited_files`): edit tools' paths,
+        and at most the same paths recorded by the watcher, on a root this process has scanned
+        and checked, with nothing the general path would add (tracked files an exclusion hides
+        from the watcher). None when the plan or the root is not that case: nothing changed."""
+        if plan.rescan or plan.vouched or not plan.forced or not plan.watched <= plan.forced \
+                or not (self.scanned and self.verified) or (self._excluded_tracked and self.watcher is not None):
+            return None
+        result = handles.scanner.stage_edited_files(plan.forced, self.cache)
+        if result is not None:
+            self.stages += 1
+            self.note_tracked(plan.forced)
+        return result
+
     def note_tracked(self, paths: Iterable[RepoPath]) -> None:
         """Remember which of `paths` (and what lies under them) are tracked despite an exclusion."""
         entries = self.cache.entries
@@ -571,6 +585,11 @@ class LockedRoot:
         """Stage `plan` into the cache's tree; `capture`: a baseline's early paths; `borrow`: a
         baseline may take ids from the user's git index (the copy then starts by itself)."""
         return self.state._stage(self._opened(), plan, capture, borrow)
+
+    def stage_straight(self, plan: StagePlan) -> StageResult | None:
+        """`stage` of a round's common case in a straight line, or None when `plan` is not that
+        case and `stage` must take it (`RootState._stage_straight`)."""
+        return self.state._stage_straight(self._opened(), plan)
 
     def capture_early(self, capture: EarlyCapture) -> None:
         """Before the baseline's scan: record now the paths edit tools asked for."""
