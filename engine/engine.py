@@ -558,10 +558,14 @@ class Engine:
         cp = CheckpointRecord(ts=ts, kind=kind, hashes=hashes, reused=reused_all, warnings=warnings)
         self._add_checkpoint(rt, cp, prev, plans)
         self.maintenance.checkpointed()
+        examined = changed = forced = watched = 0
+        rescan = False
+        for s in stats:  # a plain loop: five generators cost a cold round ~40 us (py-spy)
+            examined, changed, rescan = examined + s.examined, changed + s.changed, rescan or s.rescan
+        for p in plans.values():
+            forced, watched = forced + len(p.forced), watched + len(p.watched)
         log.info("round.checkpointed", task_id=rt.record.task_id, kind=kind, ts=ts, reused=reused_all,
-                 paths=sum(s.examined for s in stats), changed=sum(s.changed for s in stats),
-                 rescan=any(s.rescan for s in stats), forced=sum(len(p.forced) for p in plans.values()),
-                 watched=sum(len(p.watched) for p in plans.values()),
+                 paths=examined, changed=changed, rescan=rescan, forced=forced, watched=watched,
                  duration_ms=round((time.perf_counter() - start) * 1e3, 2))
         return cp
 
