@@ -41,7 +41,7 @@ def checkpoint_root(root: RootState, plan: StagePlan | Callable[[LockedRoot], St
     the task ref's move writes (`ShadowRepo.blobs_for_ref`), not one loose file each (a round's
     few; a baseline's, many and read in its workers, stay loose); `straight`: a round's plan of
     edit tools' tracked files is staged in a straight line when it can be
-    (`LockedRoot.stage_straight`), the same outcome in a fifth of the steps.
+    (`LockedRoot.stage_straight`), the same outcome in fewer steps.
 
     Raises:
         whatever staging or committing raised (LockTimeoutError, RepoError, StorageFailedError):

@@ -500,10 +500,10 @@ class Scanner:
 
         Returns None as soon as one is not, or when a blob or tree cannot be made here; `cache`
         is unchanged then and `stage` takes the plan (which warns, repairs or rescans). The
-        same outcome as `stage(StagePlan(forced=paths), cache)` otherwise, with a fifth of its
-        steps: a round's cost after the CPU's caches went cold (an agent's turn between rounds)
-        is mostly the code it runs, not its system calls (tests/unit/test_straight_round.py
-        holds the two to the same trees and stat cache).
+        same outcome as `stage(StagePlan(forced=paths), cache)` otherwise, in one function where
+        the general staging calls ~20: each distinct function costs a round ~1-2.5 us more once
+        the CPU's caches went cold (`benchmarks/cold_probe.py`). tests/unit/test_straight_round.py
+        holds the two to the same trees and stat cache.
         """
         start = time.perf_counter()
         now_ns = time.time_ns()  # before the reads, as `stage` takes it (the racy rule)
