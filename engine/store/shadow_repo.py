@@ -75,6 +75,7 @@ FILE_POOL_FOLDER = "shadowpoint/pool"
 # Trees kept in memory from the last patches (raw id: entries): the next round's base
 RECENT_TREES_MAX = 512
 RECENT_COMMITS_MAX = 64  # commit: tree, of the commits written last (a round asks for its parent's)
+VALID_REFS_MAX = 256  # ref names `set_ref` remembers as valid (a task's ref and the head, mostly)
 # A round's trees and commit (a restore's too) are held in memory and written as one small pack
 # (`ShadowRepo.flush`): two files where one loose object each made ~10 (a restore ~20), each
 # new file ~45 us of a ~2 ms round on the benchmark disk.
@@ -147,6 +148,18 @@ def limit_mapped_memory(limit_bytes: int) -> None:
         if settings.mwindow_mapped_limit > limit_bytes:
             settings.mwindow_size = min(settings.mwindow_size, max(1 << 20, limit_bytes // 4))
             settings.mwindow_mapped_limit = limit_bytes
+
+
+def full_id(oid: str) -> str:
+    """`oid` as a full object id in lowercase hex.
+
+    Raises:
+        ValueError: it is not one (pygit2.Oid pads a short one with zeros; this refuses it).
+    """
+    lowered = oid.lower()
+    if _HEX_ID.fullmatch(lowered) is None:
+        raise ValueError(f"not an object id: {oid!r}")
+    return lowered
 
 
 @contextlib.contextmanager
@@ -540,6 +553,8 @@ class ShadowRepo:
                               folders=[os.path.join(git_dir, "objects", f"{i:02x}") for i in range(256)])
         self._borrowed: dict[str, _ReadOnlyObjects] = {}
         self._open_refs: dict[str, int] = {}  # refs moved in place (`loose.rewrite_ref`): path -> fd
+        # ref names `set_ref` found valid: libgit2 is asked once a name (a round moves two refs)
+        self._valid_refs: set[str] = set()
         self._gc_file = os.fspath(git_dir / GC_GENERATION_FILE)
         self._gc_seen = self._gc_generation()
         self._attach_recorded()
@@ -1311,7 +1326,7 @@ class ShadowRepo:
         # Bytes that are not UTF-8 (lone surrogates from JSON) cannot go in a commit message:
         # written as \x escapes, they made every commit of such a task fail (test_hostile.py).
         printable = task_id.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        folded = "\n ".join(part for part in re.split(r"[\r\n]+", printable) if part.strip())
+        folded = "\n ".join(part for part in printable.replace("\r", "\n").split("\n") if part.strip())
         body = f"{message}\n\n{TASK_TRAILER}: {folded}\n"
         with written(self.git_dir, "write a commit"):
             tree_id = tree or self.empty_tree()
@@ -1319,7 +1334,7 @@ class ShadowRepo:
             offset = time.localtime(when).tm_gmtoff // 60
             ident = (f"{COMMITTER_NAME} <{COMMITTER_EMAIL}> {int(when)} "
                      f"{'-' if offset < 0 else '+'}{abs(offset) // 60:02d}{abs(offset) % 60:02d}")
-            head = "".join([f"tree {pygit2.Oid(hex=tree_id)}\n", *(f"parent {pygit2.Oid(hex=p)}\n" for p in parents),
+            head = "".join([f"tree {full_id(tree_id)}\n", *(f"parent {full_id(p)}\n" for p in parents),
                             f"author {ident}\ncommitter {ident}\n\n"])
             oid = self._hold(b"commit", (head + body).encode())
         if len(self._recent_commits) >= RECENT_COMMITS_MAX:
@@ -1499,10 +1514,14 @@ class ShadowRepo:
             RepoError: `name` is not a valid ref name, or a file or folder is in the way.
             StorageFailedError: the docs root refused the write.
         """
-        if not pygit2.reference_is_valid_name(name) or not name.startswith("refs/"):
-            raise RepoError(f"Shadow repository failed to move {name}: not a valid ref name")
+        if name not in self._valid_refs:
+            if not pygit2.reference_is_valid_name(name) or not name.startswith("refs/"):
+                raise RepoError(f"Shadow repository failed to move {name}: not a valid ref name")
+            if len(self._valid_refs) >= VALID_REFS_MAX:
+                self._valid_refs.clear()
+            self._valid_refs.add(name)
         with translated(f"move {name}"):
-            target = str(pygit2.Oid(hex=commit))
+            target = full_id(commit)
         self.flush(naming=True)
         if durable and not in_place:
             loose.write_ref(self.git_dir, name, target, self._pool)

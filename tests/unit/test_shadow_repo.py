@@ -316,6 +316,27 @@ def test_refs_set_read_list_delete(repo: ShadowRepo) -> None:
     repo.delete_ref(HEAD_REF)  # deleting twice is harmless
 
 
+def test_object_ids_are_full_and_lowercase_and_ref_names_checked_every_time(repo: ShadowRepo) -> None:
+    """A commit's tree and parents and a ref's target must be full ids (pygit2.Oid pads a short
+    one with zeros: refused here), written in lowercase; a ref name found valid once is not
+    asked of libgit2 again, and an invalid one is refused every time."""
+    tree = build(repo, {"a": blob(repo, "a")})
+    assert tree is not None
+    c1 = repo.commit(tree, [], "m", "t")
+    c2 = repo.commit(tree.upper(), [c1.upper()], "m", "t")
+    assert git(repo, "rev-parse", f"{c2}^").stdout.strip() == c1  # read back by git: lowercase, whole
+    with pytest.raises(RepoError):
+        repo.commit(tree, [c1[:12]], "m", "t")
+    with pytest.raises(RepoError):
+        repo.set_ref(task_ref("t"), c2[:12])
+    assert repo.read_ref(task_ref("t")) is None
+    repo.set_ref(task_ref("t"), c2.upper())
+    assert repo.read_ref(task_ref("t")) == c2
+    for _ in range(2):
+        with pytest.raises(RepoError, match="not a valid ref name"):
+            repo.set_ref("refs/shadowpoint/bad..name", c2)
+
+
 def test_set_ref_survives_a_stale_lock_file(repo: ShadowRepo) -> None:
     tree = build(repo, {"a": blob(repo, "a")})
     c = repo.commit(tree, [], "m", "t")
