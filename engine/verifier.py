@@ -30,7 +30,7 @@ from shadowpoint.stage.blob_workers import HashedFile, read_file, snapshot_file
 from shadowpoint.stage.exclusions import NAME_SEP, ExclusionRules
 from shadowpoint.stage.stager import is_rules_file
 from shadowpoint.stage.stat_cache import FileState, is_clean, state_entry
-from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, TreeEntry
+from shadowpoint.store.values import MODE_LINK, TreeEntry, file_entry
 from shadowpoint.workspace import RepoPath, at_or_under
 
 log = structlog.get_logger(__name__)
@@ -198,7 +198,7 @@ class WatchVerifier:
         outcome = snapshot_file(lambda: read_file(full, max_bytes), max_bytes, blob_id)
         if not isinstance(outcome, HashedFile):
             return None
-        return TreeEntry(outcome.oid, MODE_EXEC if outcome.stat.st_mode & 0o100 else MODE_FILE)
+        return file_entry(outcome.oid, outcome.stat.st_mode)
 
 
 

@@ -66,7 +66,7 @@ from shadowpoint.stage.stat_cache import (
 from shadowpoint.stage.stat_pass import check_folders, default_split_min, lstat_names, split_pass
 from shadowpoint.store import borrowed, loose, shadow_repo
 from shadowpoint.store.shadow_repo import FolderFiles, RootItems, ShadowRepo
-from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK, MODE_TREE, TreeEntry
+from shadowpoint.store.values import MODE_LINK, MODE_TREE, TreeEntry, file_entry
 from shadowpoint.workspace import RepoPath, at_or_under, is_git_component
 
 log = structlog.get_logger(__name__)
@@ -535,7 +535,7 @@ class Scanner:
         changes: dict[RepoPath, TreeEntry | None] = {}
         try:
             for path, known, data, st in read:
-                entry = TreeEntry(self.repo.write_blob(data), MODE_EXEC if st.st_mode & 0o100 else MODE_FILE)
+                entry = file_entry(self.repo.write_blob(data), st.st_mode)
                 states.append((path, state_of(st, entry, now_ns)))
                 if entry != state_entry(known):
                     changes[path] = entry
@@ -1423,7 +1423,7 @@ class Scanner:
                 self._skip(run, path, _SKIP_REASONS[outcome.kind], outcome.detail)
 
     def _record_file(self, run: _Staging, path: RepoPath, oid: str, st: os.stat_result) -> None:
-        entry = TreeEntry(oid, MODE_EXEC if st.st_mode & 0o100 else MODE_FILE)
+        entry = file_entry(oid, st.st_mode)
         run.stats.hashed += 1
         self._record(run, path, entry, state_of(st, entry, run.now_ns))
 

@@ -36,6 +36,11 @@ class TreeEntry:
     mode: int
 
 
+def file_entry(oid: str, st_mode: int) -> TreeEntry:
+    """A regular file's entry: executable in git when its owner may execute it."""
+    return TreeEntry(oid, MODE_EXEC if st_mode & 0o100 else MODE_FILE)
+
+
 Changes = Mapping[RepoPath, TreeEntry | None]
 
 
