@@ -10,14 +10,17 @@ the benchmark's tree (`vs_rival`-style pairs, alternated with OpenCode's way): 6
 in the same minutes (its git processes are fresh either way).
 
 Prints one JSON object: the seconds from the task's start to its baseline ready (the same
-points as `OurEngine.start`), the seconds the background copy of borrowed blobs took after
-it (untimed), and the engine's own `task.baseline_built` event fields.
+points as `OurEngine.start`), the CPU seconds spent meanwhile (this process's, and its
+children's that ended by then: a split baseline's forked walker), the seconds the background
+copy of borrowed blobs took after it (untimed), and the engine's own `task.baseline_built`
+event fields.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -39,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         mark = tap.mark()
         ours = OurEngine(args.root, args.docs, watcher=args.watcher)
         try:
+            before = _cpu()
             seconds = ours.start(TASK)
+            cpu = {key: round(after - before[key], 4) for key, after in _cpu().items()}
             copy_start = time.perf_counter()
             for state in ours.eng.roots.values():
                 state.wait_copied()
@@ -48,9 +53,16 @@ def main(argv: list[str] | None = None) -> int:
             ours.close()
         built = [{k: e.get(k) for k in ("borrowed", "hashed", "duration_ms")}
                  for e in tap.since(mark, "task.baseline_built")]
-    json.dump({"seconds": seconds, "copy_s": copy_s, "built": built}, sys.stdout)
+    json.dump({"seconds": seconds, "cpu": cpu, "copy_s": copy_s, "built": built}, sys.stdout)
     sys.stdout.write("\n")
     return 0
+
+
+def _cpu() -> dict[str, float]:
+    """CPU seconds so far: this process's and its ended children's, in user space and in the kernel."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"user": own.ru_utime, "sys": own.ru_stime, "children_user": children.ru_utime,
+            "children_sys": children.ru_stime}
 
 
 if __name__ == "__main__":

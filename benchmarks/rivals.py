@@ -31,6 +31,8 @@ class GitRun:
     stdout: bytes
     seconds: float
     max_rss_kb: int
+    cpu_user_s: float = 0.0  # its CPU time (from `wait4`): in user space
+    cpu_sys_s: float = 0.0  # and in the kernel
 
 
 def builtin_exclude_lines() -> list[str]:
@@ -44,7 +46,8 @@ def builtin_exclude_lines() -> list[str]:
 
 
 def run_measured(cmd: Sequence[str], cwd: Path, env: dict[str, str]) -> GitRun:
-    """Run `cmd`, returning its output, wall time and peak RSS (from `wait4`, this child only)."""
+    """Run `cmd`, returning its output, wall time, peak RSS and CPU time (from `wait4`, this
+    child only)."""
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
@@ -59,7 +62,7 @@ def run_measured(cmd: Sequence[str], cwd: Path, env: dict[str, str]) -> GitRun:
             err.seek(0)
             message = err.read().decode(errors="replace")[-2000:]
             raise GitFailedError(f"{' '.join(cmd[:6])} exited {proc.returncode}: {message}")
-    return GitRun(tuple(cmd), proc.returncode, out, seconds, int(usage.ru_maxrss))
+    return GitRun(tuple(cmd), proc.returncode, out, seconds, int(usage.ru_maxrss), usage.ru_utime, usage.ru_stime)
 
 
 class GitFailedError(RuntimeError):
@@ -185,19 +188,23 @@ class OpenCodeSnapshot:
         self.git_dir = git_dir
         self.env = git_env()
         self.tree = ""
+        self.steps: list[GitRun] = []  # the git processes of the last `snapshot`
 
     def git(self, *args: str, allow_fail: bool = False, bare: bool = False) -> GitRun:
         cmd = ["git", *args] if bare else ["git", f"--git-dir={self.git_dir}", f"--work-tree={self.root}", *args]
         env = {**self.env, "GIT_INDEX_FILE": str(self.git_dir / "index")}
         try:
-            return run_measured(cmd, self.root, env)
+            done = run_measured(cmd, self.root, env)
         except GitFailedError:
             if not allow_fail:
                 raise
-            return GitRun(tuple(cmd), 1, b"", 0.0, 0)
+            done = GitRun(tuple(cmd), 1, b"", 0.0, 0)
+        self.steps.append(done)
+        return done
 
     def snapshot(self) -> float:
         """Every step from the fresh git dir to the tree id; returns its wall time in seconds."""
+        self.steps = []
         start = time.perf_counter()
         self.git_dir.parent.mkdir(parents=True, exist_ok=True)
         self.git("init", "-q", "--bare", str(self.git_dir), bare=True)

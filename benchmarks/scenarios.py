@@ -420,6 +420,10 @@ class TreeBench:
             subprocess.run(["git", "-c", "gc.auto=0", "-C", str(self.root), *args], check=True, capture_output=True,
                            env=env)
         built: list[dict[str, Any]] = []
+        # (user, kernel) CPU seconds of each run: ours, both processes of a split baseline; the
+        # rival's, its git processes together
+        ours_cpu: list[tuple[float, float]] = []
+        rival_cpu: list[tuple[float, float]] = []
         try:
             for i in range(self.heavy_repeat):
                 def run_rival(i: int = i) -> None:
@@ -429,6 +433,8 @@ class TreeBench:
                     seconds = rival.snapshot()
                     assert res.rival is not None
                     res.rival.add(seconds)
+                    rival_cpu.append((sum(step.cpu_user_s for step in rival.steps),
+                                      sum(step.cpu_sys_s for step in rival.steps)))
                     progress(f"{self.label}:   OpenCode snapshot {i + 1}/{self.heavy_repeat}: {seconds:.2f} s")
                     shutil.rmtree(rival.git_dir.parent, ignore_errors=True)
 
@@ -442,7 +448,8 @@ class TreeBench:
                     finally:
                         shutil.rmtree(docs, ignore_errors=True)
                     answer = json.loads(done.stdout)
-                    seconds, copy_s = answer["seconds"], answer["copy_s"]
+                    seconds, copy_s, cpu = answer["seconds"], answer["copy_s"], answer["cpu"]
+                    ours_cpu.append((cpu["user"] + cpu["children_user"], cpu["sys"] + cpu["children_sys"]))
                     assert res.ours is not None
                     res.ours.add(seconds)
                     built.extend(answer["built"])
@@ -458,6 +465,11 @@ class TreeBench:
         for event in built:
             res.notes.append(f"ids taken from the index: {event.get('borrowed')}, files hashed: {event.get('hashed')}, "
                              f"engine's own duration {event.get('duration_ms')} ms")
+        for side, spent in (("ours", ours_cpu), ("OpenCode's way", rival_cpu)):
+            if spent:
+                user, kernel = (statistics.median(part) for part in zip(*spent, strict=True))
+                res.notes.append(f"CPU of {side} (median of {len(spent)} runs): {user * 1e3:.0f} ms in user space, "
+                                 f"{kernel * 1e3:.0f} ms in the kernel")
         res.notes.append("both sides: the user's repository made untimed (files older than its index); the page "
                          "cache is flushed (sync) before each run; OpenCode's `add -A` follows .gitignore only")
         res.notes.append("ours: each baseline in a fresh interpreter (benchmarks.fresh_baseline), as a sidecar's "

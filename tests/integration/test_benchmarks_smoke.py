@@ -49,6 +49,13 @@ def test_benchmarks_run_on_a_tiny_tree(tmp_path: Path) -> None:
             assert s["ratio"] > 0, spec.name
         assert s["status"] in ("PASS", "MISS", "—"), spec.name
 
+    # a git repository's baseline says what CPU each side spent, where it went (user space or kernel)
+    spent = [note for note in by_name["baseline_git_index"]["notes"] if note.startswith("CPU of ")]
+    assert [note.split(" (")[0] for note in spent] == ["CPU of ours", "CPU of OpenCode's way"], spent
+    for note in spent:
+        user, kernel = (int(part.split(" ms")[0]) for part in note.split(": ", 1)[1].split(", "))
+        assert user + kernel > 0, note
+
     # both sides did the same work: our snapshot is what git ls-files sees, nested repos aside
     for when in ("baseline", "final"):
         check = tree["consistency"][when]
