@@ -31,8 +31,8 @@ class GitRun:
     stdout: bytes
     seconds: float
     max_rss_kb: int
-    cpu_user_s: float = 0.0  # its CPU time (from `wait4`): in user space
-    cpu_sys_s: float = 0.0  # and in the kernel
+    cpu_user_s: float  # its CPU time (from `wait4`): in user space
+    cpu_sys_s: float  # and in the kernel
 
 
 def builtin_exclude_lines() -> list[str]:
@@ -58,15 +58,21 @@ def run_measured(cmd: Sequence[str], cwd: Path, env: dict[str, str]) -> GitRun:
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
+        run = GitRun(tuple(cmd), proc.returncode, out, seconds, int(usage.ru_maxrss), usage.ru_utime, usage.ru_stime)
         if proc.returncode != 0:
             err.seek(0)
             message = err.read().decode(errors="replace")[-2000:]
-            raise GitFailedError(f"{' '.join(cmd[:6])} exited {proc.returncode}: {message}")
-    return GitRun(tuple(cmd), proc.returncode, out, seconds, int(usage.ru_maxrss), usage.ru_utime, usage.ru_stime)
+            raise GitFailedError(f"{' '.join(cmd[:6])} exited {proc.returncode}: {message}", run)
+    return run
 
 
 class GitFailedError(RuntimeError):
-    """A git CLI call of the rival failed."""
+    """A git CLI call of the rival failed; `run`: its measurements all the same (a caller
+    that allows the failure counts its time, memory and CPU)."""
+
+    def __init__(self, message: str, run: GitRun) -> None:
+        super().__init__(message)
+        self.run = run
 
 
 class SeedGit:
@@ -88,10 +94,10 @@ class SeedGit:
         cmd = ["git", f"--git-dir={self.git_dir}", f"--work-tree={self.root}", *args]
         try:
             run = run_measured(cmd, self.root, self.env)
-        except GitFailedError:
+        except GitFailedError as exc:
             if not allow_fail:
                 raise
-            return GitRun(tuple(cmd), 1, b"", 0.0, 0)
+            run = exc.run
         self.peak_rss_kb = max(self.peak_rss_kb, run.max_rss_kb)
         return run
 
@@ -195,10 +201,10 @@ class OpenCodeSnapshot:
         env = {**self.env, "GIT_INDEX_FILE": str(self.git_dir / "index")}
         try:
             done = run_measured(cmd, self.root, env)
-        except GitFailedError:
+        except GitFailedError as exc:
             if not allow_fail:
                 raise
-            done = GitRun(tuple(cmd), 1, b"", 0.0, 0)
+            done = exc.run
         self.steps.append(done)
         return done
 
