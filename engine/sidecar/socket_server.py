@@ -226,14 +226,16 @@ class SocketServer:
                 self.path.unlink()
 
     def shutdown(self, join_timeout_s: float = 10.0) -> None:
-        """Stop accepting, end open connections, and join their threads."""
+        """Stop accepting, end open connections, and join their threads. Only their reading
+        is shut: a connection's thread sees the end of its requests, while an answer it is still
+        writing (`sidecar/stop`'s own, which set `stop`) reaches its client."""
         self.stop.set()
         with self._threads_lock:
             conns = list(self._conns)
             threads = list(self._threads)
         for conn in conns:
             with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
+                conn.shutdown(socket.SHUT_RD)
         for t in threads:
             t.join(join_timeout_s)
 
