@@ -374,7 +374,11 @@ class RootState:
 
     @staticmethod
     def _take_watch(watcher: WorkspaceWatcher) -> tuple[WatchView, JournalSnapshot]:
-        """The watcher's flush barrier, then its record since the last round (taken)."""
+        """The watcher's flush barrier, then its record since the last round (taken). A watcher
+        whose root was gone starts again first if the root is back: the round it missed rescans,
+        and the next one starts with the watcher running."""
+        if not watcher.is_running:
+            watcher.start_if_root_back()
         flushed = watcher.flush()
         snap = watcher.swap()
         return WatchView(flushed, snap.healthy, snap.paths, tuple(snap.reasons)), snap

@@ -234,6 +234,7 @@ class WorkspaceWatcher:
         self._marker_dir: str | None = None
         self._marker_pool: FilePool | None = None
         self._running = False
+        self._root_gone = False  # the last start failed because the root was not there
         # Guards `_stopping` and `_restart_thread`. Separate from `_lifecycle_lock` because watchdog
         # threads schedule restarts, and stop() holds the lifecycle lock while it joins them.
         self._restart_lock = threading.Lock()
@@ -281,9 +282,11 @@ class WorkspaceWatcher:
                     reason = inotify.limit_reason(exc, self._root)
                 else:
                     reason = f"watcher could not start on {self._root}: {exc}"
+                self._root_gone = not os.path.isdir(self._root)
                 self._degrade("start_failed", reason)
                 return
             self._running = True
+            self._root_gone = False
             observer, hooks = self._observer, self._hooks
             if hooks is not None and hooks.deferred and isinstance(observer, inotify.ShadowObserver):
                 self._placer = observer.folder_watches(hooks)
@@ -349,6 +352,18 @@ class WorkspaceWatcher:
             # A round spanning a stop/start missed events: mark it, without calling on_degraded.
             self._degrade("stopped", "watcher was stopped during this round", notify=False)
             log.info("watcher.stopped", root=self._root)
+
+    def start_if_root_back(self) -> bool:
+        """Start again a watcher that could not start because its root was gone (a task that
+        removed its whole project), once the root is there again (made by the agent or by a
+        restore); a watcher stopped for any other reason is left alone (a watch limit waits for
+        `restart()`). Returns whether it runs."""
+        with self._lifecycle_lock:
+            if self._running or self._stopping or not self._root_gone or not os.path.isdir(self._root):
+                return self._running
+            log.info("watcher.root_back", root=self._root)
+            self.restart()
+            return self._running
 
     def restart(self) -> None:
         """Replace the observer with a fresh one (new watches). Never raises.

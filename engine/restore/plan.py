@@ -8,6 +8,7 @@ the next start. Runs on the task's engine thread under the root's lock.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import structlog
 
 from shadowpoint.errors import RestoreFailedError, ShadowpointError
-from shadowpoint.restore.safe_fs import SafeWriter
+from shadowpoint.restore.safe_fs import SafeWriter, make_root_again
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import MODE_EXEC, MODE_LINK, TreeEntry
 from shadowpoint.workspace import RepoPath, at_or_under
@@ -202,6 +203,20 @@ def _merge(repo: ShadowRepo, path: RepoPath, b: TreeEntry | None, o: TreeEntry |
     return TreeEntry(repo.write_blob(data), mode)
 
 
+def prepare_root(workspace_root: Path, plan: RestorePlan) -> bool:
+    """Whether `plan` has a root to work in. A root that is gone (removed with everything in
+    it) is made again when the plan writes a file (`make_root_again`); with deletions only,
+    there is nothing left to delete.
+
+    Raises:
+        NoWorkspaceError: the plan writes and the root cannot be opened or made again.
+    """
+    if any(op.entry is not None for op in plan.ops):
+        make_root_again(workspace_root)
+        return True
+    return os.path.lexists(workspace_root)
+
+
 def apply_plan(workspace_root: Path, repo: ShadowRepo, plan: RestorePlan) -> RestoreStats:
     """Carry out `plan` with the safe writer; per-path failures are collected, not raised.
 
@@ -209,6 +224,8 @@ def apply_plan(workspace_root: Path, repo: ShadowRepo, plan: RestorePlan) -> Res
     that replaces a directory, finds its place free.
     """
     stats = RestoreStats()
+    if not prepare_root(workspace_root, plan):
+        return stats
     deletes = sorted((op for op in plan.ops if op.entry is None), key=lambda o: o.path.count("/"), reverse=True)
     writes = [op for op in plan.ops if op.entry is not None]
     with SafeWriter(workspace_root) as writer:

@@ -39,6 +39,7 @@ from shadowpoint.restore.plan import (
     keep_outside_edits,
     keep_skipped,
     plan_restore,
+    prepare_root,
     withhold,
 )
 from shadowpoint.restore.safe_fs import cleanup_temp_files
@@ -215,6 +216,8 @@ class Restorer:
                             f"The restore would overwrite edits made outside the task's rounds that it cannot merge "
                             f"({', '.join(conflicts[:5])}{' …' if len(conflicts) > 5 else ''}); nothing was changed. "
                             "Restore without keeping outside edits, or name other paths.", conflicts)
+                    for name, p in plans.items():  # a root that is gone: made again before anything is written
+                        prepare_root(locked[name].ws.root, p.plan)
                     entry = self._commit_states(rt, cp, request, plans, locked)
             except BaseException:
                 self._head_to_safety(plans, locked)
@@ -524,7 +527,8 @@ class Restorer:
             if root is None:
                 continue
             with root.locked() as r:
-                cleanup_temp_files(root.ws.root, [op.path for op in plan.ops])
+                if prepare_root(root.ws.root, plan):
+                    cleanup_temp_files(root.ws.root, [op.path for op in plan.ops])
                 self._apply_restore(r, plan)
         entry = journal.get("entry")
         if entry is None and isinstance(journal.get("safety"), dict):

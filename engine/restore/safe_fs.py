@@ -525,6 +525,51 @@ class SafeWriter:
         return removed
 
 
+def make_root_again(root: Path) -> bool:
+    """Make the workspace root again when it is gone, so that a task that removed its whole
+    project (`rm -rf` of the folder itself) can still have its files restored; only the root,
+    never its parents: a missing parent (an unmounted drive, a moved tree) is no place to write.
+
+    Args:
+        root: the workspace's canonical root (`Workspace.root`); a folder above it that became
+            a link since is not followed to make it.
+
+    Returns:
+        True if the root was made, False if it was there (as a directory).
+
+    Raises:
+        NoWorkspaceError: the root is not a directory, or is gone and cannot be made.
+    """
+    path = os.path.realpath(root)
+    made = False
+    for _ in range(2):
+        try:
+            os.close(os.open(path, _DIR_FLAGS))
+            break
+        except FileNotFoundError:
+            if made:
+                raise NoWorkspaceError(f"The workspace root {path!r} vanished as it was made again.") from None
+        except OSError as exc:
+            raise NoWorkspaceError(f"Cannot open workspace root {path!r} for restore: {exc.strerror or exc}.") from exc
+        if path != os.fspath(root):
+            # a folder above the root became a link since the root was opened: not followed to make it
+            raise NoWorkspaceError(f"The workspace root {os.fspath(root)!r} is gone and the path to it now leads "
+                                   f"to {path!r}: it is not made again there.")
+        try:
+            os.mkdir(path)  # 0o777 minus the umask, as mkdir(1) makes it
+            made = True
+        except FileExistsError:
+            continue  # made meanwhile, or something else put there: the open says which
+        except OSError as exc:
+            raise NoWorkspaceError(
+                f"The workspace root {path!r} is gone and cannot be made again for the restore: "
+                f"{exc.strerror or exc}.") from exc
+    if not made:
+        return False
+    log.warning("restore.root_made_again", root=path)
+    return True
+
+
 def cleanup_temp_files(root: Path, paths: Iterable[RepoPath]) -> int:
     """Remove `.shadowpoint-tmp-*` leftovers next to the given paths, e.g. after a crashed restore.
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 import shadowpoint.restore.plan as restore_module
 from shadowpoint.engine import Engine
@@ -29,7 +30,7 @@ from shadowpoint.kinds import RestoreMode
 from shadowpoint.restore.safe_fs import SafeWriter
 from shadowpoint.stage.scanner import Scanner
 from shadowpoint.workspace import RepoPath
-from tests.conftest import Exe, Link, make_tree, read_tree
+from tests.conftest import Exe, Link, make_tree, read_tree, wait_for
 from tests.faults.support import (
     SOAK,
     command_round,
@@ -531,3 +532,94 @@ def test_json_surrogates_reach_the_disk_unchanged(root: Path, canary: Path) -> N
         assert cp["hash"]
     finally:
         sc.close()
+
+
+# ---- a workspace removed whole -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("watcher", [False, True], ids=["rescan", "watcher"])
+def test_a_workspace_removed_whole_is_restored_into_its_folder_made_again(root: Path, canary: Path,
+                                                                          watcher: bool) -> None:
+    """An agent that runs `rm -rf` on its own project (the folder itself, not its contents):
+    the round records every file deleted, and a restore makes the root folder again (only it)
+    and writes every file back; a dry run writes nothing, not even the folder."""
+    make_tree(root, {"tools/run.sh": Exe(b"#!/bin/sh\n"), "link": Link("a.txt")})
+    before = read_tree(root)
+    sc = start_sidecar(root, "t", ts=1, settings={"watcher": watcher})
+    try:
+        gone = command_round(sc, "t", 2, lambda: shutil.rmtree(root))
+        assert gone["hash"] and not gone["reused"]
+        dry = sc.call("checkpoint/restore", {"taskId": "t", "ts": 1, "mode": "files", "dryRun": True})
+        assert sorted(dry["files"]["restored"]) == sorted(before) and dry["files"]["safety"] is None
+        assert not os.path.lexists(root), "a dry run makes nothing"
+        done = sc.call("checkpoint/restore", {"taskId": "t", "ts": 1, "mode": "files"})
+        assert sorted(done["files"]["restored"]) == sorted(before) and done["files"]["deleted"] == []
+        assert read_tree(root) == before
+        assert stat.S_IMODE(os.stat(root).st_mode) & 0o700 == 0o700
+        # the rounds go on in the folder made again, and the restore can itself be undone
+        edit_round(sc, "t", 3, ["new.txt"], lambda: (root / "new.txt").write_text("new\n"))
+        diff = sc.call("checkpoint/diff", {"taskId": "t", "from": 1})
+        assert [(f["path"], f["status"]) for f in diff["files"]] == [("new.txt", "added")]
+        sc.call("checkpoint/undoRestore", {"taskId": "t"})
+        assert read_tree(root) == {"new.txt": b"new\n"}, "undo puts back the emptied folder (and the new file)"
+    finally:
+        sc.close()
+
+
+def test_a_restore_never_makes_the_parents_of_a_removed_workspace(root: Path, canary: Path,
+                                                                  tmp_path: Path) -> None:
+    """The root's parent gone too (an unmounted drive, a moved tree) is no place to write: the
+    restore is refused with `no_workspace` and makes nothing; nor is the root made through a
+    link put where its parent was. Once the parent is back, the restore works."""
+    before = read_tree(root)
+    sc = start_sidecar(root, "t", ts=1)
+    try:
+        command_round(sc, "t", 2, lambda: shutil.rmtree(root.parent))
+        with pytest.raises(RpcError) as err:
+            sc.call("checkpoint/restore", {"taskId": "t", "ts": 1, "mode": "files"})
+        assert err.value.kind == "no_workspace" and str(root) in str(err.value)
+        assert not os.path.lexists(root.parent)
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        root.parent.symlink_to(elsewhere)
+        with pytest.raises(RpcError) as err:
+            sc.call("checkpoint/restore", {"taskId": "t", "ts": 1, "mode": "files"})
+        assert err.value.kind == "no_workspace" and "leads to" in str(err.value)
+        assert list(elsewhere.iterdir()) == [], "nothing made through the link"
+        root.parent.unlink()
+        root.parent.mkdir()
+        sc.call("checkpoint/restore", {"taskId": "t", "ts": 1, "mode": "files"})
+        assert read_tree(root) == before
+        assert sorted(sc.call("checkpoint/undoRestore", {"taskId": "t"})["files"]["deleted"]) == sorted(before)
+    finally:
+        sc.close()
+
+
+def test_the_watcher_starts_again_once_a_removed_workspace_is_back(make_engine: MakeEngine, workspace: Path,
+                                                                   canary: Path) -> None:
+    """The watcher cannot watch a root that is gone, and rounds rescan meanwhile; once the root
+    is back (the agent's `git clone` into the same folder, or a restore), the next rescan
+    starts the watcher again before it walks, and the rounds after it are the watcher's."""
+    make_tree(workspace, {"a.txt": "a\n", "d/b.txt": "b\n"})
+    eng = make_engine(workspace, watcher=True)
+    start(eng)
+    watcher = eng.roots["proj"].watcher
+    assert watcher is not None and watcher.is_running
+    with capture_logs() as logs:
+        engine_command(eng, workspace, 2, lambda: shutil.rmtree(workspace))
+        # the watcher's threads end with the root; its own restart finds the root gone
+        wait_for(lambda: any(e["event"] == "watcher.degraded" and e.get("kind") == "start_failed" for e in logs),
+                 "the watcher never tried to start again")
+        assert not watcher.is_running
+        back = {"a.txt": b"a again\n", "e/c.txt": b"c\n"}
+        cp = engine_command(eng, workspace, 3, lambda: make_tree(workspace, back))
+        assert [e["event"] for e in logs if e["event"] == "watcher.root_back"] == ["watcher.root_back"]
+        assert watcher.is_running and watcher.is_healthy
+        assert cp.hashes == eng.list_checkpoints("t").checkpoints[-1].hashes
+        assert eng.diff("t", 3).to_wire()["files"] == [], "the round found the root as it is back"
+        del logs[:]
+        engine_command(eng, workspace, 4, lambda: (workspace / "e/c.txt").write_text("c2\n"))
+    rounds = [e for e in logs if e["event"] == "round.checkpointed"]
+    assert len(rounds) == 1 and rounds[0]["rescan"] is False, f"the watcher recorded the change: {rounds}"
+    changed = eng.diff("t", 3, 4).to_wire()["files"]
+    assert [(f["path"], f["after"]) for f in changed] == [("e/c.txt", "c2\n")]

@@ -9,6 +9,7 @@ marker, then kills it; N is drawn from the whole range of the restore's writes.
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 from tests.conftest import make_tree, read_tree
@@ -76,3 +77,29 @@ def test_kill_during_restore_is_completed_on_next_start(tmp_path: Path) -> None:
         outcomes.append("completed" if after == checkpoint_state else "untouched")
     assert len(outcomes) == ATTEMPTS
     assert "completed" in outcomes, outcomes  # a journal written before the first rename completes it
+
+
+def test_a_killed_restore_into_a_removed_workspace_is_completed_on_next_start(tmp_path: Path) -> None:
+    """The restore of a workspace removed whole makes its folder again; killed after its first
+    file, the next start completes it into that folder."""
+    files = {f"d{i % 3}/f{i}.txt": f"v {i}\n" for i in range(12)}
+    root = make_tree(tmp_path / "work" / "proj", files)
+    pause = PausePoint("shadowpoint.restore.safe_fs:SafeWriter._move_into_place", after=1,
+                       marker=str(tmp_path / "paused"), arm=str(tmp_path / "arm"))
+    sc = _start(root, "gone", pause)
+    sc.call("round/begin", {"taskId": "gone"})
+    sc.call("tool/begin", {"taskId": "gone", "tool": "execute_command", "kind": "command"})
+    shutil.rmtree(root)
+    sc.call("tool/end", {"taskId": "gone", "tool": "execute_command", "kind": "command"})
+    assert sc.call("round/end", {"taskId": "gone", "ts": 2000})["checkpoint"]["hash"]
+    Path(pause.arm or "").touch()
+    sc.send("checkpoint/restore", {"taskId": "gone", "ts": 1000, "mode": "files"})
+    pause.wait(sc.proc)
+    sc.kill()
+    assert len([p for p in read_tree(root) if ".shadowpoint-tmp-" not in p]) == 1, "killed after one file"
+    again = _start(root, "gone")
+    try:
+        assert read_tree(root) == {p: v.encode() for p, v in files.items()}
+        assert sorted(again.call("checkpoint/undoRestore", {"taskId": "gone"})["files"]["deleted"]) == sorted(files)
+    finally:
+        again.close()
