@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -166,15 +167,32 @@ def confirm(ctx: Ctx, question: str, yes: bool, refusal: str | None = None) -> N
 
 # ---------------------------------------------------------------------------- the group
 
-def _chdir(ctx: click.Context, _: click.Parameter, value: str | None) -> None:
-    if value and not ctx.resilient_parsing:
+def _chdir(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    try:
         os.chdir(value)
+    except FileNotFoundError:
+        raise click.BadParameter(f"Directory {value!r} does not exist{_kept_hint(ctx, value)}.", ctx, param) from None
+    except OSError as exc:
+        raise click.BadParameter(f"Cannot go into {value!r}: {exc.strerror or exc}.", ctx, param) from None
+
+
+def _kept_hint(ctx: click.Context, value: str) -> str:
+    """For a workspace folder that is gone (an agent's `rm -rf` of its project): where its
+    checkpoints are, and how to get its files back."""
+    from shadowpoint.sidecar.backend import has_checkpoints, workspace_root
+
+    if not has_checkpoints(ctx.ensure_object(Ctx).settings.resolved_docs_dir(), workspace_root(value)):
+        return ""
+    return (f"; its checkpoints are kept: make the folder again (mkdir {shlex.quote(value)}) and restore into it "
+            f"(shadowpoint -C {shlex.quote(value)} restore REF --files)")
 
 
 # `-C DIR` on the group and on every command (git's -C): run as if started in DIR, so the
 # workspace is searched upwards from it and relative paths are read from it. Eager: DIR holds
 # before the other arguments are checked.
-dir_option = click.option("-C", "--dir", "chdir_to", type=click.Path(file_okay=False, exists=True), default=None,
+dir_option = click.option("-C", "--dir", "chdir_to", type=click.Path(file_okay=False), default=None,
                           is_eager=True, expose_value=False, callback=_chdir,
                           help="run as if started in this folder (like git -C); the workspace is searched "
                                "upwards from it")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from shadowpoint.engine import EngineOptions
 from shadowpoint.roots import RootState
 from shadowpoint.workspace import RepoPath, open_workspaces
-from tests.conftest import make_tree, wait_for
+from tests.conftest import make_tree, read_tree, wait_for
 from tests.integration.test_cli import SP, run_pty, save, sp, sp_json
 from tests.rpc import RpcError, SidecarProcess
 
@@ -121,3 +122,22 @@ def test_storage_gc_on_a_terminal_reports_what_it_collected(ws: Path, env: dict[
     code, out = run_pty([*SP, "storage", "--gc"], ws, env)
     assert code == 0, out
     assert b"collected " in out and b"kept " in out
+
+
+def test_a_removed_workspace_is_named_with_its_kept_checkpoints_and_restored_into_its_folder(
+        ws: Path, env: dict[str, str]) -> None:
+    """An agent removed the project folder itself: `-C` on it says the checkpoints are kept and
+    how to get the files back (a folder that never had any gets click's plain answer), and a
+    restore into the folder made again brings every file back."""
+    before = read_tree(ws)
+    save(ws, env)
+    shutil.rmtree(ws)
+    gone = sp("-C", ws.name, "list", cwd=ws.parent, env=env)
+    assert gone.returncode == 2
+    assert "does not exist; its checkpoints are kept" in gone.stderr and f"mkdir {ws.name}" in gone.stderr
+    never = sp("-C", "never-saved", "list", cwd=ws.parent, env=env)
+    assert never.returncode == 2 and "does not exist." in never.stderr and "kept" not in never.stderr
+    ws.mkdir()
+    restored = sp("-C", ws.name, "restore", "1", "--files", "--yes", cwd=ws.parent, env=env)
+    assert restored.returncode == 0, restored.stderr
+    assert read_tree(ws) == before
