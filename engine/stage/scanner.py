@@ -57,6 +57,7 @@ from shadowpoint.stage.stat_cache import (
     StatCache,
     is_clean,
     same_stat,
+    stat_fields,
     state_entry,
     state_mode,
     state_of,
@@ -347,6 +348,19 @@ class StageStats:
     changed_paths: Sequence[RepoPath] = ()
 
 
+def linked_names(cache: StatCache, inodes: Collection[int], seen: Collection[RepoPath]) -> list[RepoPath]:
+    """The tracked files, other than `seen`, whose inode is one of `inodes`: the other names of
+    hard links a round looked at. A write through one name changes them all, but the watcher's
+    event names only the one written (found by tests/faults/test_hostile.py), so a round
+    without a rescan looks at them too. One pass over the stat cache, in the rare round that
+    met a file with several links; an inode of another device is only looked at for nothing."""
+    found = []
+    for path, state in cache.entries.items():
+        if stat_fields(state)[4] in inodes and path not in seen:
+            found.append(path)
+    return sorted(found)
+
+
 @dataclass(slots=True)
 class _Staging:
     """The running state of one `Scanner.stage` call."""
@@ -390,6 +404,9 @@ class _Staging:
     # cache alone says what changed; `changes` and `originals` stay empty (they cost ~11 MiB
     # of a 100k-file baseline's peak memory)
     fresh: bool = False
+    # a round without a rescan: the inodes (low 32 bits, as the stat cache keeps them) of the
+    # files it looked at that have other names (hard links), whose changes no event names
+    linked: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,6 +476,9 @@ class Scanner:
         # forced paths last: they win over every exclusion
         for path in sorted(plan.forced):
             self._stage_path(run, path, forced=True)
+        if run.linked:
+            for path in linked_names(run.cache, run.linked, plan.watched | plan.forced):
+                self._stage_path(run, path, forced=False)
         # from nothing, every path changed: sorted once, for the trees too (at 1M files each
         # list of the paths is 7 MiB, held at a baseline's peak memory), and before the trees'
         # child is forked, which takes the list as it is (sorting it there took ~28 ms at 100k,
@@ -520,8 +540,8 @@ class Scanner:
             full = f"{root}/{path}"
             try:
                 st = os.lstat(full)
-                if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
-                    return None
+                if not stat.S_ISREG(st.st_mode) or st.st_size > cap or st.st_nlink > 1:
+                    return None  # a hard link: `stage` looks at its other names too
                 examined += 1
                 if is_clean(known, st):
                     continue
@@ -1383,6 +1403,8 @@ class Scanner:
 
     def _stage_stat(self, run: _Staging, path: RepoPath, st: os.stat_result) -> None:
         run.stats.examined += 1
+        if st.st_nlink > 1 and not run.stats.rescan and stat.S_ISREG(st.st_mode):
+            run.linked.add(st.st_ino & 0xFFFFFFFF)
         known = run.cache.entries.get(path)
         if known is not None and (is_clean(known, st) or (path in run.vouched and same_stat(known, st))):
             return

@@ -17,6 +17,7 @@ import shutil
 import stat
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from structlog.testing import capture_logs
 import shadowpoint.restore.plan as restore_module
 from shadowpoint.engine import Engine
 from shadowpoint.errors import ShadowpointError
-from shadowpoint.kinds import RestoreMode
+from shadowpoint.kinds import RestoreMode, ToolKind
 from shadowpoint.restore.safe_fs import SafeWriter
 from shadowpoint.stage.scanner import Scanner
 from shadowpoint.workspace import RepoPath
@@ -623,3 +624,39 @@ def test_the_watcher_starts_again_once_a_removed_workspace_is_back(make_engine: 
     assert len(rounds) == 1 and rounds[0]["rescan"] is False, f"the watcher recorded the change: {rounds}"
     changed = eng.diff("t", 3, 4).to_wire()["files"]
     assert [(f["path"], f["after"]) for f in changed] == [("e/c.txt", "c2\n")]
+
+
+# ---- hard links ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("watcher", [True, False], ids=["watcher", "rescan"])
+def test_a_write_through_one_hard_link_is_in_the_snapshot_under_every_name(make_engine: MakeEngine,
+                                                                           workspace: Path, canary: Path,
+                                                                           watcher: bool) -> None:
+    """Two names of one file: a write through one changes both, but the watcher's event (and
+    an edit tool's report) names only the one written. Every checkpoint holds the new content
+    under both names, as a rescan (and git) sees them."""
+    make_tree(workspace, {"run.sh": "v1\n", "other.txt": "o\n"})
+    eng = make_engine(workspace, watcher=watcher)
+    start(eng)
+    engine_command(eng, workspace, 2, lambda: os.link(workspace / "run.sh", workspace / "alias.sh"))
+
+    def append(name: str, text: str) -> None:
+        with open(workspace / name, "a") as fh:
+            fh.write(text)
+
+    for ts, name, text, by_edit in ((3, "alias.sh", "v2\n", False), (4, "run.sh", "v3\n", True),
+                                    (5, "alias.sh", "v4\n", True)):
+        if by_edit:
+            eng.begin_round("t")
+            eng.tool_began("t", "write_to_file", ToolKind.EDIT, [name])
+            append(name, text)
+            eng.tool_ended("t", "write_to_file", [name])
+            cp = eng.end_round("t", ts)
+        else:
+            cp = engine_command(eng, workspace, ts, partial(append, name, text))
+        assert cp is not None
+        content = (workspace / "run.sh").read_bytes()
+        tree = git_tree(shadow_git_dir(eng.options.docs_dir, workspace), cp.hashes[eng.first_root])
+        assert tree["run.sh"] == tree["alias.sh"] == expected_git_tree({"x": content})["x"], f"round {ts}"
+        assert eng.diff("t", ts).to_wire()["files"] == [], f"round {ts} holds what a rescan finds"
