@@ -57,7 +57,6 @@ from shadowpoint.stage.stat_cache import (
     StatCache,
     is_clean,
     same_stat,
-    stat_fields,
     state_entry,
     state_mode,
     state_of,
@@ -348,19 +347,6 @@ class StageStats:
     changed_paths: Sequence[RepoPath] = ()
 
 
-def linked_names(cache: StatCache, inodes: Collection[int], seen: Collection[RepoPath]) -> list[RepoPath]:
-    """The tracked files, other than `seen`, whose inode is one of `inodes`: the other names of
-    hard links a round looked at. A write through one name changes them all, but the watcher's
-    event names only the one written (found by tests/faults/test_hostile.py), so a round
-    without a rescan looks at them too. One pass over the stat cache, in the rare round that
-    met a file with several links; an inode of another device is only looked at for nothing."""
-    found = []
-    for path, state in cache.entries.items():
-        if stat_fields(state)[4] in inodes and path not in seen:
-            found.append(path)
-    return sorted(found)
-
-
 @dataclass(slots=True)
 class _Staging:
     """The running state of one `Scanner.stage` call."""
@@ -477,8 +463,12 @@ class Scanner:
         for path in sorted(plan.forced):
             self._stage_path(run, path, forced=True)
         if run.linked:
-            for path in linked_names(run.cache, run.linked, plan.watched | plan.forced):
-                self._stage_path(run, path, forced=False)
+            # Other names of hard links it met: a write through one name changes them all, but
+            # the watcher's event (or an edit tool's report) names only the one written.
+            looked_at = plan.watched | plan.forced
+            for path in run.cache.with_inodes(run.linked):
+                if path not in looked_at:
+                    self._stage_path(run, path, forced=False)
         # from nothing, every path changed: sorted once, for the trees too (at 1M files each
         # list of the paths is 7 MiB, held at a baseline's peak memory), and before the trees'
         # child is forked, which takes the list as it is (sorting it there took ~28 ms at 100k,

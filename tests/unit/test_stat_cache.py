@@ -336,3 +336,20 @@ def test_a_cache_whose_states_are_cut_short_is_not_loaded(tmp_path: Path) -> Non
     cut = rest[:states_at] + struct.pack("<Q", size - 1) + rest[states_at + 8:-1]
     path.write_bytes(head + b"\n" + cut)
     assert StatCache.load(path, "b" * 40) is None
+
+
+def test_with_inodes_finds_exactly_the_states_holding_them() -> None:
+    """Only a state's inode field counts: the same four bytes in its size, times or blob id
+    (here every field holds them) are no match; inodes are compared on their low 32 bits."""
+    ino = 0x0ABC_DEF1
+    alike = ino.to_bytes(4, "little")
+    raw = alike * 5
+    cache = StatCache()
+    cache.set(RepoPath("a/one"), pack_state(ino, ino, ino, 0o100644, ino, 0, MODE_FILE, raw))
+    cache.set(RepoPath("b/two"), pack_state(ino, ino << 32 | ino, ino, 0o100644, (1 << 32) | ino, 0, MODE_FILE, raw))
+    cache.set(RepoPath("c/none"), pack_state(ino, ino << 32 | ino, ino << 32 | ino, 0o100644, ino + 1, 0, MODE_FILE,
+                                             raw))
+    cache.set(RepoPath("d/unknown"), unknown_state(E1))
+    assert cache.with_inodes([ino]) == ["a/one", "b/two"]
+    assert cache.with_inodes([ino + 1, 7]) == ["c/none"]
+    assert cache.with_inodes([]) == []
