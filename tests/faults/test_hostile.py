@@ -4,8 +4,10 @@ Paths escaping the workspace or naming `.git` (and its look-alikes) are refused;
 names round-trip byte for byte; the user's git configuration and the workspace's
 `.gitattributes` never make a program run or a byte change; files over the size cap are
 reported and never lost; files vanishing mid-scan and symlinks swapped in before (or during)
-a restore never make anything outside the workspace change. Every test hashes a canary tree
-outside the workspace before and after (the `canary` fixture).
+a restore never make anything outside the workspace change; a workspace removed whole is
+restored into its folder made again; a write through one name of a hard link is in the
+snapshot under every name. Every test hashes a canary tree outside the workspace before and
+after (the `canary` fixture).
 """
 
 from __future__ import annotations
