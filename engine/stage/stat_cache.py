@@ -58,7 +58,10 @@ _STATE = struct.Struct("<IqqHIB20s")
 STATE_SIZE = _STATE.size  # bytes of a packed FileState
 _STAT_PART = struct.Struct("<IqqHIB")
 _FLAGS_AT = _STAT_PART.size - 1
-_INO_AT = struct.calcsize("<IqqH")  # where a state's inode is
+# a state read for its inode alone: size, mtime_ns, ctime_ns and st_mode skipped (22 bytes), then
+# the flags byte and the blob id (21)
+_INODE_ONLY = struct.Struct("<22xI21x")
+assert _INODE_ONLY.size == _STATE.size and struct.calcsize("<IqqH") == 22
 _OID_AT = _STAT_PART.size
 _U32 = 0xFFFF_FFFF
 _TRUSTED = 0x80  # in the flags byte; the git mode's code is the low two bits
@@ -220,21 +223,15 @@ class StatCache:
         return out
 
     def with_inodes(self, inodes: Iterable[int]) -> list[RepoPath]:
-        """The tracked paths whose state holds one of `inodes` (their low 32 bits), in order: a
-        search in C through the states joined (~5 ms at 100k files, where unpacking each state
-        took ~60)."""
+        """The tracked paths whose state holds one of `inodes` (their low 32 bits), in order: the
+        states joined and their inodes read in C (~20 ms at 100k files, however many inodes are
+        asked for; unpacking each state took ~60, a search per inode ~10 each)."""
+        wanted = {ino & _U32 for ino in inodes}
         states = b"".join(self.entries.values())
         if len(states) != STATE_SIZE * len(self.entries):  # never: every state is packed whole
             raise ValueError("a state of the stat cache is not of its layout")
-        paths = list(self.entries)
-        found = []
-        for ino in set(inodes):
-            needle = (ino & _U32).to_bytes(4, "little")
-            at = states.find(needle, _INO_AT)
-            while at >= 0:
-                if at % STATE_SIZE == _INO_AT:
-                    found.append(paths[at // STATE_SIZE])
-                at = states.find(needle, at + 1)
+        found = [path for path, (ino,) in zip(self.entries, _INODE_ONLY.iter_unpack(states), strict=True)
+                 if ino in wanted]
         return sorted(found)
 
     def reset_to(self, tree: str | None, listing: dict[RepoPath, TreeEntry], base_commit: str | None) -> None:
