@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +185,13 @@ def check_repos(docs: Path) -> list[Check]:
             repo.close()
         status = "problem" if any("ref" in p for p in problems) else ("warning" if problems else "ok")
         summary = f"{worktree}: {len(refs)} ref(s) resolve" if status == "ok" else "; ".join(problems[:3])
-        out.append(_check(name, status, summary, problems[3:]))
+        details = problems[3:]
+        if worktree and not Path(worktree).is_dir():
+            folder = shlex.quote(worktree)
+            details.append(f"its checkpoints are kept: `mkdir {folder}` and `shadowpoint -C {folder} restore REF "
+                           f"--files` bring its files back; `shadowpoint storage` shows its tasks, "
+                           "`shadowpoint delete-task ID` lets them go")
+        out.append(_check(name, status, summary, details))
     return out
 
 

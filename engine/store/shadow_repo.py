@@ -172,6 +172,35 @@ def translated(action: str) -> Iterator[None]:
         raise RepoError(f"Shadow repository failed to {action}: {exc}") from exc
 
 
+_OPEN_FLAGS = pygit2.enums.RepositoryOpenFlag.NO_SEARCH
+
+
+def open_repo(git_dir: Path) -> pygit2.Repository:
+    """libgit2's handle on an existing shadow repository.
+
+    libgit2 will not open a repository whose work tree (`core.worktree`) is gone, as when a
+    task removed its whole project. No shadowpoint work uses libgit2's work tree, so such a
+    repository is opened as bare: its checkpoints stay readable, to restore into the folder
+    made again, to report and to collect (`doctor` said "does not open", `storage` "unreadable").
+
+    Raises:
+        pygit2.GitError: it cannot be opened, and not for a work tree that is gone.
+    """
+    try:
+        return pygit2.Repository(str(git_dir), _OPEN_FLAGS)
+    except pygit2.GitError as exc:
+        refused = exc
+    try:
+        repo = pygit2.Repository(str(git_dir), _OPEN_FLAGS | pygit2.enums.RepositoryOpenFlag.BARE)
+    except pygit2.GitError:
+        raise refused from None
+    worktree = repo.config["core.worktree"] if "core.worktree" in repo.config else None
+    if worktree is None or os.path.isdir(worktree):
+        repo.free()
+        raise refused
+    return repo
+
+
 # The probe `written` writes when libgit2 failed: a docs root without this much room is full.
 STORAGE_PROBE_BYTES = 64 * 1024
 
@@ -238,7 +267,7 @@ def open_blob_writer(git_dir: Path) -> Callable[[bytes], bytes]:
     """
     isolate_libgit2()
     with translated(f"open {git_dir}"):
-        repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+        repo = open_repo(git_dir)
 
     def write(data: bytes) -> bytes:
         try:
@@ -699,7 +728,7 @@ class ShadowRepo:
         """
         isolate_libgit2()
         with translated(f"open {git_dir}"):
-            repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+            repo = open_repo(git_dir)
             worktree = repo.config["core.worktree"] if "core.worktree" in repo.config else ""
         return cls(repo, git_dir, Path(worktree or ""))
 
@@ -728,7 +757,7 @@ class ShadowRepo:
         """A fresh libgit2 handle, which sees the packs as they are now."""
         with translated("reopen"):
             self._repo.free()
-            self._repo = pygit2.Repository(str(self.git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+            self._repo = open_repo(self.git_dir)
         self._attach_recorded()
 
     def _gc_generation(self) -> bytes:

@@ -137,6 +137,13 @@ def test_a_removed_workspace_is_named_with_its_kept_checkpoints_and_restored_int
     assert "does not exist; its checkpoints are kept" in gone.stderr and f"mkdir {ws.name}" in gone.stderr
     never = sp("-C", "never-saved", "list", cwd=ws.parent, env=env)
     assert never.returncode == 2 and "does not exist." in never.stderr and "kept" not in never.stderr
+    # the shadow repository still opens (libgit2 alone refuses one whose work tree is gone)
+    [entry] = sp_json("storage", cwd=ws.parent, env=env)["workspaces"]
+    assert entry["worktree"] == str(ws) and len(entry["tasks"]) == 1
+    doctor = sp_json("doctor", cwd=ws.parent, env=env)
+    [repo_check] = [c for c in doctor["checks"] if c["name"].startswith("shadow repo")]
+    assert repo_check["status"] == "warning" and f"its workspace {ws} is gone" in repo_check["summary"]
+    assert any("its checkpoints are kept" in d for d in repo_check["details"]), repo_check
     ws.mkdir()
     restored = sp("-C", ws.name, "restore", "1", "--files", "--yes", cwd=ws.parent, env=env)
     assert restored.returncode == 0, restored.stderr

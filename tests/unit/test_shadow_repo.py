@@ -857,3 +857,31 @@ def test_read_ref_agrees_with_git(repo: ShadowRepo) -> None:
     assert repo.read_ref("refs/shadowpoint/bad") is None
     assert repo.read_ref("refs/shadowpoint/../../HEAD") is None
     assert repo.read_ref("refs/shadowpoint/none") is None
+
+
+def test_a_shadow_repo_whose_workspace_is_gone_still_opens_and_reads(tmp_path: Path, workspace: Path) -> None:
+    """libgit2 refuses a repository whose `core.worktree` is gone (a project removed whole);
+    shadowpoint never uses libgit2's work tree, so it opens it as bare: the checkpoints stay
+    readable for maintenance, a running engine's reopen, and a restore into the folder made
+    again. A repository that is damaged otherwise still fails to open."""
+    gd = tmp_path / "s" / ".git"
+    r = ShadowRepo.open_or_init(gd, workspace)
+    a = blob(r, "kept\n")
+    c = r.commit(build(r, {"a.txt": a}), [], "m", "t")
+    r.set_ref(HEAD_REF, c)
+    workspace.rmdir()
+    with pytest.raises(pygit2.GitError):
+        pygit2.Repository(str(gd), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)  # what libgit2 alone does
+    r.reopen()
+    assert r.read_ref(HEAD_REF) == c and r.read_blob(a.oid) == b"kept\n"
+    r.close()
+    other = ShadowRepo.open_existing(gd)
+    try:
+        assert str(other.worktree) == str(workspace)
+        assert other.list_refs()[HEAD_REF] == c and other.read_blob(a.oid) == b"kept\n"
+    finally:
+        other.close()
+    workspace.mkdir()
+    (gd / "HEAD").unlink()  # damage, with the work tree there: still refused
+    with pytest.raises(RepoError):
+        ShadowRepo.open_existing(gd)
