@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -179,14 +178,12 @@ def _chdir(ctx: click.Context, param: click.Parameter, value: str | None) -> Non
 
 
 def _kept_hint(ctx: click.Context, value: str) -> str:
-    """For a workspace folder that is gone (an agent's `rm -rf` of its project): where its
-    checkpoints are, and how to get its files back."""
-    from shadowpoint.sidecar.backend import has_checkpoints, workspace_root
+    """For a workspace folder that is gone: where its checkpoints are, and how to get its files back."""
+    from shadowpoint.sidecar.backend import has_checkpoints, kept_checkpoints_hint, workspace_root
 
     if not has_checkpoints(ctx.ensure_object(Ctx).settings.resolved_docs_dir(), workspace_root(value)):
         return ""
-    return (f"; its checkpoints are kept: make the folder again (mkdir {shlex.quote(value)}) and restore into it "
-            f"(shadowpoint -C {shlex.quote(value)} restore REF --files)")
+    return f"; {kept_checkpoints_hint(value)}"
 
 
 # `-C DIR` on the group and on every command (git's -C): run as if started in DIR, so the

@@ -542,15 +542,7 @@ def make_root_again(root: Path) -> bool:
     """
     path = os.path.realpath(root)
     made = False
-    for _ in range(2):
-        try:
-            os.close(os.open(path, _DIR_FLAGS))
-            break
-        except FileNotFoundError:
-            if made:
-                raise NoWorkspaceError(f"The workspace root {path!r} vanished as it was made again.") from None
-        except OSError as exc:
-            raise NoWorkspaceError(f"Cannot open workspace root {path!r} for restore: {exc.strerror or exc}.") from exc
+    if not os.path.lexists(path):
         if path != os.fspath(root):
             # a folder above the root became a link since the root was opened: not followed to make it
             raise NoWorkspaceError(f"The workspace root {os.fspath(root)!r} is gone and the path to it now leads "
@@ -559,11 +551,15 @@ def make_root_again(root: Path) -> bool:
             os.mkdir(path)  # 0o777 minus the umask, as mkdir(1) makes it
             made = True
         except FileExistsError:
-            continue  # made meanwhile, or something else put there: the open says which
+            pass  # made meanwhile, or something else put there: the open says which
         except OSError as exc:
             raise NoWorkspaceError(
                 f"The workspace root {path!r} is gone and cannot be made again for the restore: "
                 f"{exc.strerror or exc}.") from exc
+    try:
+        os.close(os.open(path, _DIR_FLAGS))
+    except OSError as exc:
+        raise NoWorkspaceError(f"Cannot open workspace root {path!r} for restore: {exc.strerror or exc}.") from exc
     if not made:
         return False
     log.warning("restore.root_made_again", root=path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -74,6 +75,14 @@ def find_workspace(directory: str | os.PathLike[str] | None, docs_dir: Path) -> 
 def has_checkpoints(docs_dir: Path, root: Path) -> bool:
     """Whether `root` has a shadow repository under the docs root (it has had checkpoints)."""
     return (docs_dir / "checkpoints" / workspace_hash(root) / ".git").is_dir()
+
+
+def kept_checkpoints_hint(folder: str) -> str:
+    """What to do about a workspace folder that is gone (an agent's `rm -rf` of its project)
+    whose checkpoints are kept: `-C` on it and `doctor` say the same."""
+    quoted = shlex.quote(folder)
+    return (f"its checkpoints are kept: `mkdir {quoted}`, then `shadowpoint -C {quoted} restore REF --files`, "
+            "bring its files back")
 
 
 def require_checkpoints(docs_dir: Path, root: Path) -> None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 from pathlib import Path
 from typing import Any
 
 from shadowpoint.config import Settings
 from shadowpoint.errors import ShadowpointError, SidecarError
+from shadowpoint.sidecar.backend import kept_checkpoints_hint
 from shadowpoint.sidecar.client import SidecarClient, runtime_dir
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.store.locking import lock_holder
@@ -187,9 +187,7 @@ def check_repos(docs: Path) -> list[Check]:
         summary = f"{worktree}: {len(refs)} ref(s) resolve" if status == "ok" else "; ".join(problems[:3])
         details = problems[3:]
         if worktree and not Path(worktree).is_dir():
-            folder = shlex.quote(worktree)
-            details.append(f"its checkpoints are kept: `mkdir {folder}` and `shadowpoint -C {folder} restore REF "
-                           f"--files` bring its files back; `shadowpoint storage` shows its tasks, "
+            details.append(f"{kept_checkpoints_hint(worktree)}; `shadowpoint storage` shows its tasks, "
                            "`shadowpoint delete-task ID` lets them go")
         out.append(_check(name, status, summary, details))
     return out

@@ -390,8 +390,8 @@ class _Staging:
     # cache alone says what changed; `changes` and `originals` stay empty (they cost ~11 MiB
     # of a 100k-file baseline's peak memory)
     fresh: bool = False
-    # a round without a rescan: the inodes (low 32 bits, as the stat cache keeps them) of the
-    # files it looked at that have other names (hard links), whose changes no event names
+    # a round without a rescan: the inodes of the files it looked at that have other names (hard
+    # links), whose changes no event names (`StatCache.with_inodes` finds those names)
     linked: set[int] = field(default_factory=set)
 
 
@@ -1394,7 +1394,7 @@ class Scanner:
     def _stage_stat(self, run: _Staging, path: RepoPath, st: os.stat_result) -> None:
         run.stats.examined += 1
         if st.st_nlink > 1 and not run.stats.rescan and stat.S_ISREG(st.st_mode):
-            run.linked.add(st.st_ino & 0xFFFFFFFF)
+            run.linked.add(st.st_ino)
         known = run.cache.entries.get(path)
         if known is not None and (is_clean(known, st) or (path in run.vouched and same_stat(known, st))):
             return

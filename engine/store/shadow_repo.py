@@ -175,6 +175,11 @@ def translated(action: str) -> Iterator[None]:
 _OPEN_FLAGS = pygit2.enums.RepositoryOpenFlag.NO_SEARCH
 
 
+def _recorded_worktree(repo: pygit2.Repository) -> str | None:
+    """The work tree a shadow repository's config records (`core.worktree`), if any."""
+    return repo.config["core.worktree"] if "core.worktree" in repo.config else None
+
+
 def open_repo(git_dir: Path) -> pygit2.Repository:
     """libgit2's handle on an existing shadow repository.
 
@@ -194,7 +199,7 @@ def open_repo(git_dir: Path) -> pygit2.Repository:
         repo = pygit2.Repository(str(git_dir), _OPEN_FLAGS | pygit2.enums.RepositoryOpenFlag.BARE)
     except pygit2.GitError:
         raise refused from None
-    worktree = repo.config["core.worktree"] if "core.worktree" in repo.config else None
+    worktree = _recorded_worktree(repo)
     if worktree is None or os.path.isdir(worktree):
         repo.free()
         raise refused
@@ -643,7 +648,7 @@ class ShadowRepo:
             if b"\0" in (git_dir / "config").read_bytes():
                 raise ValueError("the config file holds NUL bytes")
             repo = pygit2.Repository(str(git_dir), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
-            recorded = repo.config["core.worktree"] if "core.worktree" in repo.config else None
+            recorded = _recorded_worktree(repo)
         except (pygit2.GitError, KeyError, ValueError, OSError) as exc:  # not translated: repaired
             return cls._repair(git_dir, worktree, str(exc))
         if recorded is None:
@@ -729,7 +734,7 @@ class ShadowRepo:
         isolate_libgit2()
         with translated(f"open {git_dir}"):
             repo = open_repo(git_dir)
-            worktree = repo.config["core.worktree"] if "core.worktree" in repo.config else ""
+            worktree = _recorded_worktree(repo)
         return cls(repo, git_dir, Path(worktree or ""))
 
     def object_size(self, oid: str) -> int:
