@@ -9,7 +9,8 @@ the next start. Runs on the task's engine thread under the root's lock.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+import stat
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,44 @@ def plan_restore(
                 planned.add(ancestor)
     ops.sort(key=lambda op: op.path)
     return RestorePlan(root, tuple(ops))
+
+
+def in_the_way(plan: RestorePlan, saved: Callable[[RepoPath], bool], workspace: Path) -> set[RepoPath]:
+    """What a write of `plan` would replace on disk that the safety state does not hold.
+
+    That is an untracked file or link (ignored, excluded, or made since the last round) at a
+    path the plan writes, or one standing where a folder of a written path must go. The safe
+    writer replaces both, so the restore saves them first (a safety state with them forced)
+    and an undo brings them back: a restore never destroys what it did not save.
+
+    `saved(path)`: the safety state holds `path`. Only writes to paths the safety state lacks
+    are looked at (lstat, in `workspace`), top down, up to the first thing that is not a
+    folder: a tracked path's folders were folders when it was staged. A folder at a written
+    path is left to the writer (an empty one is removed; one with content refuses the
+    restore), and so is a place that cannot be looked at (the write fails there too).
+    """
+    found: set[RepoPath] = set()
+    folders: set[str] = set()
+    for op in plan.ops:
+        if op.entry is None or saved(op.path):
+            continue
+        parts = op.path.split("/")
+        for depth in range(1, len(parts) + 1):
+            path = RepoPath("/".join(parts[:depth]))
+            if path in folders:
+                continue
+            if saved(path):
+                break  # the plan replaces it as a tracked entry (`plan_restore`)
+            try:
+                st = os.lstat(workspace / path)
+            except OSError:
+                break  # nothing there (or no way in): nothing below it to lose either
+            if stat.S_ISDIR(st.st_mode):
+                folders.add(path)
+                continue
+            found.add(path)
+            break
+    return found
 
 
 def keep_skipped(plan: RestorePlan, skipped_then: Iterable[RepoPath]) -> RestorePlan:

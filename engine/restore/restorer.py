@@ -36,6 +36,7 @@ from shadowpoint.restore.plan import (
     RestorePlan,
     RestoreStats,
     apply_plan,
+    in_the_way,
     keep_outside_edits,
     keep_skipped,
     plan_restore,
@@ -279,12 +280,18 @@ class Restorer:
         other way out moves it to the safety state (`_head_to_safety`). One ref write less
         (~0.1 ms of a ~3 ms restore: a rename over a file costs ext4 a write-back)."""
         named = request.paths.get(name, []) if request.paths is not None else None
-        forced = set(RepoPath(p) for p in rt.record.edited.get(name, ()))
-        if named is not None:
-            forced |= {p for p in named if p}
-        current = root.stage(root.safety_plan(frozenset(forced), keep=request.dry_run))
+        forced = frozenset(RepoPath(p) for p in rt.record.edited.get(name, ()))
+        current = root.stage(root.safety_plan(forced, keep=request.dry_run))
         try:
             out = self._plan_staged(rt, cp, request, name, root, named, current)
+            unsaved = in_the_way(out.plan, lambda p: root.cache.entry(p) is not None, root.ws.root) if out else None
+            if unsaved:
+                # an untracked file the restore would replace: saved first, and planned again
+                # with it known (so it is named in the result, journaled, and undone)
+                log.info("restore.saving_in_the_way", task_id=rt.record.task_id, paths=sorted(unsaved)[:20],
+                         count=len(unsaved))
+                current = root.stage(root.safety_plan(forced | unsaved, keep=request.dry_run))
+                out = self._plan_staged(rt, cp, request, name, root, named, current)
         except BaseException:
             root.set_head(current.tree)  # the staged blobs stay anchored (gc)
             raise

@@ -358,6 +358,56 @@ def test_paths_naming_the_root_take_every_file_either_snapshot_holds(make_engine
     assert read_tree(ws)["keep.txt"] == b"the person's" and read_tree(ws)["src/a.py"] == b"a1"
 
 
+def test_naming_an_excluded_folder_does_not_make_its_files_tracked(make_engine: MakeEngine, ws: Path) -> None:
+    """A named path neither snapshot holds is left alone, and stays untracked: the safety
+    checkpoint of a restore of `paths=["node_modules"]` once took every file under it in, and
+    the next whole restore deleted them (tests/property/test_model.py found it)."""
+    eng = make_engine(ws)
+    start(eng)
+    make_tree(ws, {"node_modules/dep/index.js": "the installed dependency"})
+    command_round(eng, ws, 10, {"g.txt": "g1"})
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES, paths=["node_modules", "g.txt"]).to_wire())["files"]
+    assert (out["restored"], out["deleted"]) == (["g.txt"], [])
+    assert "node_modules/dep/index.js" not in files_of(eng, out["safety"])
+    command_round(eng, ws, 20, {"g.txt": "g2"})
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES).to_wire())["files"]
+    assert (out["restored"], out["deleted"]) == (["g.txt"], [])
+    assert read_tree(ws)["node_modules/dep/index.js"] == b"the installed dependency"
+
+
+@pytest.mark.parametrize("watcher", [False, True], ids=["rescan", "watcher"])
+@pytest.mark.parametrize("where", ["at_the_path", "where_a_folder_goes"])
+def test_an_untracked_file_a_restore_replaces_is_saved_first_and_undone(
+        make_engine: MakeEngine, ws: Path, watcher: bool, where: str) -> None:
+    """The task's build made `gen` (a file or a folder) and the task then ignored it; a file
+    the person or a later build put there is excluded, so no snapshot holds it. A restore to
+    the checkpoint with the old `gen` writes over it: the restore's safety checkpoint takes
+    it in first, the result names it, and the undo brings it back (it was lost, unsaved)."""
+    old = {"gen/out.txt": "built then"} if where == "where_a_folder_goes" else {"gen": "built then"}
+    make_tree(ws, old)
+    eng = make_engine(ws, watcher=watcher)
+    start(eng)
+    command_round(eng, ws, 10, {".gitignore": "gen\n", **{p: None for p in old}})
+    if where == "where_a_folder_goes":
+        (ws / "gen").rmdir()
+    command_round(eng, ws, 20, {"gen": b"\x7fELF the person's build"})
+    assert "gen" not in files_of(eng, wire(eng)[20]["hash"]), "ignored: no snapshot holds it"
+    before = read_tree(ws)
+    plan = as_json(eng.restore("t1", 0, RestoreMode.FILES, dry_run=True).to_wire())["files"]
+    assert read_tree(ws) == before, "a dry run writes nothing"
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES).to_wire())["files"]
+    assert (sorted(out["restored"]), sorted(out["deleted"])) == (sorted(plan["restored"]), sorted(plan["deleted"]))
+    if where == "where_a_folder_goes":
+        assert (out["restored"], out["deleted"]) == (["gen/out.txt"], [".gitignore", "gen"])
+    else:
+        assert (out["restored"], out["deleted"]) == (["gen"], [".gitignore"])
+    assert files_of(eng, out["safety"])["gen"] == b"\x7fELF the person's build", "saved before it was replaced"
+    assert read_tree(ws) == {"f.txt": LINES.encode(), "g.txt": b"g0", "keep.txt": b"k",
+                             **{p: v.encode() for p, v in old.items()}}
+    eng.undo_restore("t1")
+    assert read_tree(ws) == before
+
+
 def test_bad_input_is_refused_and_writes_nothing(make_engine: MakeEngine, ws: Path, tmp_path: Path) -> None:
     eng = make_engine(ws)
     start(eng)

@@ -24,6 +24,7 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,8 @@ SOAK = max(1, int(os.environ.get("SHADOWPOINT_SOAK") or 1))  # read at import: t
 DIRS = ["", "d", "d/e", "node_modules"]
 NAMES = ["a", "b.txt", "x.log", "c.sh"]
 PATHS = [f"{d}/{n}" if d else n for d in DIRS for n in NAMES]
+# folders a rename or a removal takes whole; "m" and "n/m" are made only by a rename
+FOLDERS = ["d", "d/e", "node_modules", "m", "n/m", "d/m"]
 LINK_TARGETS = ["a", "../a", "d", "/nonexistent/abs", "../../../outside", "b.txt"]
 CONTENTS = [b"", b"one\n", b"two\r\nlines\r\n", b"\x00\x01binary\xff", b"same size 1", b"same size 2",
             b"x" * 3000]
@@ -100,7 +103,9 @@ class WorkspaceModel(RuleBasedStateMachine):
         # found; with a watcher the writes of this model happen between rounds, not the task's
         self.changed: set[str] = set()
         self.pending: set[str] = set()
-        self.undo: list[dict[str, Entry | None]] = []  # the undo stack: files before each restore
+        # the undo and redo stacks: each restore's files before it and as it left them
+        self.undo: list[tuple[dict[str, Entry | None], dict[str, Entry | None]]] = []
+        self.redo: list[tuple[dict[str, Entry | None], dict[str, Entry | None]]] = []
 
     def teardown(self) -> None:
         self.engine.close()
@@ -155,6 +160,40 @@ class WorkspaceModel(RuleBasedStateMachine):
     @rule(folder=st.sampled_from(["d", "d/e", "node_modules", "empty", "d/empty"]))
     def mkdir(self, folder: str) -> None:
         (self.root / folder).mkdir(parents=True, exist_ok=True)  # git keeps no empty folder: no model change
+
+    @precondition(lambda self: bool(self.disk))
+    @rule(data=st.data(), to=st.sampled_from(PATHS))
+    def rename_file(self, data: st.DataObject, to: str) -> None:
+        """An editor's save (a temporary file renamed over the file) or `mv a b`."""
+        source = data.draw(st.sampled_from(sorted(self.disk)))
+        if source == to:
+            return
+        (self.root / to).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(self.root / source, self.root / to)
+        self.disk[to] = self.disk.pop(source)
+        self.pending |= {source, to}
+
+    @rule(source=st.sampled_from(FOLDERS), to=st.sampled_from(FOLDERS))
+    def rename_folder(self, source: str, to: str) -> None:
+        """`mv src lib`: a folder with everything in it moves (the watcher sees one event)."""
+        if not (self.root / source).is_dir() or (self.root / to).exists() or f"{to}/".startswith(f"{source}/"):
+            return
+        (self.root / to).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(self.root / source, self.root / to)
+        for path in [p for p in self.disk if p.startswith(f"{source}/")]:
+            moved = to + path[len(source):]
+            self.disk[moved] = self.disk.pop(path)
+            self.pending |= {path, moved}
+
+    @rule(folder=st.sampled_from(FOLDERS))
+    def remove_folder(self, folder: str) -> None:
+        """`rm -rf folder`."""
+        if not (self.root / folder).is_dir():
+            return
+        shutil.rmtree(self.root / folder)
+        for path in [p for p in self.disk if p.startswith(f"{folder}/")]:
+            del self.disk[path]
+            self.pending.add(path)
 
     # ---- rounds -----------------------------------------------------------------------------------------
 
@@ -242,23 +281,41 @@ class WorkspaceModel(RuleBasedStateMachine):
                 self.engine.restore("t", ts, RestoreMode.FILES)
             return
         out: dict[str, Any] = self.engine.restore("t", ts, RestoreMode.FILES).to_wire()
-        # the safety checkpoint rescans, edited paths forced: it becomes the tracked set
+        scope = self.edited | self.changed
+        self._restored(out, target, lambda p: not scope or p in scope, None)
+        self.restored.add(ts)
+
+    @rule(data=st.data())
+    def restore_paths(self, data: st.DataObject) -> None:
+        """A restore of named paths (PROTOCOL 1.1 `paths`): whatever the scope; a folder stands
+        for the files under it; a path neither the checkpoint nor the newest snapshot holds is
+        left alone; no restored mark."""
+        ts, target = data.draw(st.sampled_from(self.checkpoints))
+        known = {*target, *self._rescan(self.tracked, self.edited), *self.disk, *FOLDERS}
+        named = data.draw(st.sets(st.sampled_from(sorted(known)), min_size=1, max_size=3))
+        out: dict[str, Any] = self.engine.restore("t", ts, RestoreMode.FILES, paths=sorted(named)).to_wire()
+        self._restored(out, target, lambda p: any(p == n or p.startswith(f"{n}/") for n in named),
+                       self.checkpoints[-1][1])
+
+    def _restored(self, out: dict[str, Any], target: dict[str, Entry], in_scope: Callable[[str], bool],
+                  newest: dict[str, Entry] | None) -> None:
+        """What a file restore to `target` did: its safety checkpoint rescans (edited paths
+        forced) and becomes the tracked set, then the paths in scope that differ are put back."""
         current = self._rescan(self.tracked, self.edited)
-        if self.edited or self.changed:
-            scope = {p for p in set(target) | set(current) if p in self.edited | self.changed}
-        else:
-            scope = set(target) | set(current)
-        touched = sorted(p for p in scope if target.get(p) != current.get(p))
+        # an untracked file (excluded) where the restore writes is saved first: tracked from now
+        current |= {p: self.disk[p] for p in target if in_scope(p) and p not in current and p in self.disk}
+        touched = sorted(p for p in set(target) | set(current) if in_scope(p) and target.get(p) != current.get(p))
+        if newest is not None:  # named paths: a deletion of what no snapshot holds is left alone
+            touched = [p for p in touched if p in target or p in newest]
         before = {p: self.disk.get(p) for p in touched}
+        self.tracked = current
         for path in touched:
             self._put(path, target.get(path))
-        self.tracked = {**current}
-        for path in touched:
             self._track(path, target.get(path))
         assert out["files"] is not None
         assert sorted(out["files"]["restored"] + out["files"]["deleted"]) == touched
-        self.restored.add(ts)
-        self.undo.append(before)
+        self.undo.append((before, {p: target.get(p) for p in before}))
+        self.redo.clear()
         self.pending.clear()
 
     @rule()
@@ -268,15 +325,30 @@ class WorkspaceModel(RuleBasedStateMachine):
                 self.engine.undo_restore("t")
             return
         self.engine.undo_restore("t")
-        undo = self.undo.pop()
-        paths = set(undo)
+        before, after = self.undo.pop()
+        self._step(before)
+        self.redo.append((before, after))
+        self.restored.clear()  # the files are no longer as a restore left them
+
+    @rule()
+    def redo_restore(self) -> None:
+        if not self.redo:
+            with pytest.raises(NothingToUndoError):
+                self.engine.redo_restore("t")
+            return
+        self.engine.redo_restore("t")
+        before, after = self.redo.pop()
+        self._step(after)
+        self.undo.append((before, after))
+
+    def _step(self, files: dict[str, Entry | None]) -> None:
+        """An undo or redo: its safety checkpoint, then `files` put back."""
         # its safety checkpoint forces the edited paths too, as a restore's does (one staging
         # for both): a file made since in an excluded place under an edited path is tracked
-        self.tracked = self._rescan(self.tracked, paths | self.edited)
-        for path, entry in undo.items():
+        self.tracked = self._rescan(self.tracked, set(files) | self.edited)
+        for path, entry in files.items():
             self._put(path, entry)
             self._track(path, entry)
-        self.restored.clear()  # the files are no longer as a restore left them
         self.pending.clear()
 
     def _put(self, path: str, entry: Entry | None) -> None:

@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 
 from shadowpoint.errors import RestoreFailedError
-from shadowpoint.restore.plan import RestoreOp, RestorePlan, RestoreStats, apply_plan, plan_restore, raise_if_failed
+from shadowpoint.restore.plan import (
+    RestoreOp,
+    RestorePlan,
+    RestoreStats,
+    apply_plan,
+    in_the_way,
+    plan_restore,
+    raise_if_failed,
+)
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.scanner import Scanner, StageOptions
 from shadowpoint.stage.stager import StagePlan
@@ -75,6 +83,19 @@ def test_unchanged_paths_produce_no_op() -> None:
 def test_mode_only_change_is_an_op() -> None:
     plan = plan_restore("r", entries({"x": E(1, MODE_EXEC)}), entries({"x": E(1)}), None)
     assert ops(plan) == {"x": E(1, MODE_EXEC)}
+
+
+def test_in_the_way_finds_what_a_write_would_replace_that_the_safety_state_lacks(tmp_path: Path) -> None:
+    """Files, links (a link to a folder included: the writer never follows one) and nothing
+    else: a folder at the written path is the writer's to refuse, a saved path the plan's."""
+    ws = make_tree(tmp_path / "ws", {"file_at_path": "x", "file_above": "a build output", "real/dir/keep": "k",
+                                     "link_above": Link("real"), "saved": "s", "empty_dir/": None, "deep/a/b": "b"})
+    writes = ["file_at_path", "file_above/x/y", "link_above/dir/new", "real/dir/new", "empty_dir",
+              "saved/x", "nothing/here/at/all", "deep/a/b/c", "deep/a/new"]
+    deletion = RestoreOp(RepoPath("real/dir/keep"), None)  # a deletion replaces nothing
+    plan = RestorePlan("r", (*(RestoreOp(RepoPath(p), E(1)) for p in writes), deletion))
+    found = in_the_way(plan, lambda p: p == "saved", ws)
+    assert found == {"file_at_path", "file_above", "link_above", "deep/a/b"}
 
 
 def test_plan_json_round_trip() -> None:
