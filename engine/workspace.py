@@ -10,7 +10,7 @@ import hashlib
 import os
 import posixpath
 import stat
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NewType
@@ -25,6 +25,13 @@ from shadowpoint.errors import (
 RepoPath = NewType("RepoPath", str)
 
 HASH_DIGITS = 13
+
+
+def folders_above(path: RepoPath) -> Iterator[RepoPath]:
+    """The folders `path` is under, from the top: "a", "a/b" for "a/b/c"."""
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        yield RepoPath("/".join(parts[:depth]))
 
 
 def at_or_under(path: str, paths: Container[str]) -> bool:

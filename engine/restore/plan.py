@@ -21,7 +21,7 @@ from shadowpoint.errors import RestoreFailedError, ShadowpointError
 from shadowpoint.restore.safe_fs import SafeWriter, make_root_again
 from shadowpoint.store.shadow_repo import ShadowRepo
 from shadowpoint.store.values import MODE_EXEC, MODE_LINK, TreeEntry
-from shadowpoint.workspace import RepoPath, at_or_under
+from shadowpoint.workspace import RepoPath, at_or_under, folders_above
 
 log = structlog.get_logger(__name__)
 
@@ -101,9 +101,7 @@ def plan_restore(
     for op in list(ops):
         if op.entry is None:
             continue
-        parts = op.path.split("/")
-        for i in range(1, len(parts)):
-            ancestor = RepoPath("/".join(parts[:i]))
+        for ancestor in folders_above(op.path):
             if ancestor in current and ancestor not in planned:
                 ops.append(RestoreOp(ancestor, None))
                 planned.add(ancestor)
@@ -130,9 +128,7 @@ def in_the_way(plan: RestorePlan, saved: Callable[[RepoPath], bool], workspace: 
     for op in plan.ops:
         if op.entry is None or saved(op.path):
             continue
-        parts = op.path.split("/")
-        for depth in range(1, len(parts) + 1):
-            path = RepoPath("/".join(parts[:depth]))
+        for path in (*folders_above(op.path), op.path):
             if path in folders:
                 continue
             if saved(path):
@@ -217,6 +213,14 @@ def keep_outside_edits(plan: RestorePlan, base: Mapping[RepoPath, TreeEntry | No
         elif entry != o:
             ops.append(RestoreOp(op.path, entry))
             merged.append(op.path)
+    # A file the workspace keeps (the person's, where the checkpoint has a folder) cannot stay
+    # under a write below it, which would replace it: both sides changed that place, a conflict.
+    kept = {op.path for op in plan.ops if op.entry is None} - {op.path for op in ops} - set(conflicts)
+    if kept:
+        blocked = {op.path: above for op in ops if op.entry is not None
+                   for above in folders_above(op.path) if above in kept}
+        ops = [op for op in ops if op.path not in blocked]
+        conflicts = sorted({*conflicts, *blocked, *blocked.values()})
     return MergeOutcome(RestorePlan(plan.root, tuple(ops)), tuple(merged), tuple(conflicts))
 
 

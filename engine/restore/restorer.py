@@ -50,7 +50,7 @@ from shadowpoint.stage.scanner import SkipReason, StageResult
 from shadowpoint.stage.stat_cache import unknown_state
 from shadowpoint.store.checkpoints import CheckpointRecord, CheckpointStore, checkpoint_or_raise, now_iso
 from shadowpoint.store.values import MODE_TREE, TreeEntry, restore_ref, task_ref
-from shadowpoint.workspace import PathResolver, RepoPath
+from shadowpoint.workspace import PathResolver, RepoPath, folders_above
 
 if TYPE_CHECKING:
     from shadowpoint.engine import TaskRuntime
@@ -330,11 +330,9 @@ class Restorer:
             # a file or link standing where a folder of the target goes is replaced:
             # plan_restore names it (deleted), so an undo puts it back
             for path in list(target):
-                parts = path.split("/")
-                for i in range(1, len(parts)):
-                    above = root.cache.entry(RepoPath("/".join(parts[:i])))
-                    if above is not None:
-                        here[RepoPath("/".join(parts[:i]))] = above
+                for folder in folders_above(path):
+                    if (above := root.cache.entry(folder)) is not None:
+                        here[folder] = above
             plan = plan_restore(name, target, here, scope)
             if named is not None and request.targets is None:
                 newest = record.last_snapshot()

@@ -180,11 +180,22 @@ def test_a_file_the_task_left_alone_since_the_checkpoint_keeps_the_workspace(
     assert read_tree(ws)["f.txt"] == LINES.encode()
 
 
-@pytest.mark.parametrize("case", ["overlap", "binary", "deleted_by_person", "created_by_task", "type_change"])
+@pytest.mark.parametrize("case", ["overlap", "binary", "deleted_by_person", "created_by_task", "type_change",
+                                  "file_where_a_folder_goes"])
 def test_conflicts_refuse_the_whole_restore_and_write_nothing(make_engine: MakeEngine, ws: Path, case: str) -> None:
     eng = make_engine(ws)
     start(eng)
-    if case == "binary":
+    conflicting = ["new.txt"] if case == "created_by_task" else ["f.txt"]
+    if case == "file_where_a_folder_goes":
+        # the task removed lib/, the person then made a file lib: the checkpoint's lib/a.py
+        # cannot be written without replacing it (once replaced, and not undone)
+        edit_round(eng, ws, 5, {"lib/a.py": "a"})
+        edit_round(eng, ws, 10, {"lib/a.py": None, "g.txt": "g1"})
+        (ws / "lib").rmdir()
+        make_tree(ws, {"lib": "the person's file"})
+        target = 5
+        conflicting = ["lib", "lib/a.py"]
+    elif case == "binary":
         make_tree(ws, {"f.txt": b"\0bin" + LINES.encode()})
         edit_round(eng, ws, 5, {"f.txt": b"\0bin" + LINES.encode()})
         edit_round(eng, ws, 10, {"f.txt": b"\0bin" + lines(l2="task").encode(), "g.txt": "g1"})
@@ -202,18 +213,17 @@ def test_conflicts_refuse_the_whole_restore_and_write_nothing(make_engine: MakeE
         else:
             (ws / "f.txt").unlink()
             make_tree(ws, {"f.txt": Link("g.txt")})
-    conflicting = "new.txt" if case == "created_by_task" else "f.txt"
     before = untouched(eng, ws)
     dry = as_json(eng.restore("t1", target, RestoreMode.FILES, dry_run=True, keep_outside_edits=True).to_wire())
-    assert dry["files"]["conflicts"] == [conflicting] and dry["files"]["safety"] is None
+    assert dry["files"]["conflicts"] == conflicting and dry["files"]["safety"] is None
     assert untouched(eng, ws) == before, "a dry run writes nothing"
     with pytest.raises(RestoreConflictError) as info:
         eng.restore("t1", target, RestoreMode.FILES, keep_outside_edits=True)
-    assert info.value.conflicts == [conflicting] and info.value.kind == "restore_conflict"
+    assert info.value.conflicts == conflicting and info.value.kind == "restore_conflict"
     assert untouched(eng, ws) == before, "a refused restore writes nothing (g.txt stays g1)"
     both = as_json(eng.restore("t1", target, RestoreMode.BOTH, keep_outside_edits=True).to_wire())
     assert both["files"] is None and both["error"]["kind"] == "restore_conflict"
-    assert both["error"]["conflicts"] == [conflicting] and both["task"] == {"keepThrough": target}
+    assert both["error"]["conflicts"] == conflicting and both["task"] == {"keepThrough": target}
     assert read_tree(ws) == before[0]
 
 
