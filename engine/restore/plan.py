@@ -61,6 +61,7 @@ class RestoreStats:
     restored: list[RepoPath] = field(default_factory=list)
     deleted: list[RepoPath] = field(default_factory=list)
     failed: list[tuple[RepoPath, str]] = field(default_factory=list)
+    inodes: dict[RepoPath, int] = field(default_factory=dict)  # of the regular files written
 
 
 def plan_restore(
@@ -285,7 +286,8 @@ def apply_plan(workspace_root: Path, repo: ShadowRepo, plan: RestorePlan) -> Res
                 if op.entry.mode == MODE_LINK:
                     writer.write_symlink(op.path, data)
                 else:
-                    writer.write_file(op.path, data, executable=op.entry.mode == MODE_EXEC)
+                    executable = op.entry.mode == MODE_EXEC
+                    stats.inodes[op.path] = writer.write_file(op.path, data, executable=executable)
                 stats.restored.append(op.path)
             except ShadowpointError as exc:
                 stats.failed.append((op.path, str(exc)))

@@ -498,21 +498,22 @@ class Restorer:
         (for other processes and restarts). `patched`: a tree and that tree with the plan's
         writes, when already worked out (`_mirror_restore`)."""
         stats = apply_plan(root.ws.root, root.repo, plan)
-        self._mirror_restore(root, plan, patched)
+        self._mirror_restore(root, plan, patched, stats.inodes)
         root.set_head(root.cache.tree)
         return stats
 
     @staticmethod
-    def _mirror_restore(root: LockedRoot, plan: RestorePlan,
-                        patched: tuple[str | None, str | None] | None = None) -> None:
-        """The tracked set now holds what the restore wrote (stat unknown: re-verified on rescan)."""
+    def _mirror_restore(root: LockedRoot, plan: RestorePlan, patched: tuple[str | None, str | None] | None,
+                        inodes: Mapping[RepoPath, int]) -> None:
+        """The tracked set now holds what the restore wrote (stat unknown: re-verified on rescan;
+        the inode kept, for a hard link made to it later)."""
         changes: dict[RepoPath, TreeEntry | None] = {}
         for op in plan.ops:
             changes[op.path] = op.entry
             if op.entry is None:
                 root.cache.remove(op.path)
             else:
-                root.cache.set(op.path, unknown_state(op.entry))
+                root.cache.set(op.path, unknown_state(op.entry, inodes.get(op.path, 0)))
         if changes:
             if patched is not None and patched[0] == root.cache.tree:
                 root.cache.tree = patched[1]  # the tracked set is the safety state: its after-state

@@ -179,8 +179,9 @@ class SafeWriter:
 
     # ---- public operations -------------------------------------------------------------------
 
-    def write_file(self, path: RepoPath, data: bytes, *, executable: bool) -> None:
-        """Write a regular file atomically (temporary name, then a rename over the old one).
+    def write_file(self, path: RepoPath, data: bytes, *, executable: bool) -> int:
+        """Write a regular file atomically (temporary name, then a rename over the old one);
+        returns its inode.
 
         A symlink or file standing where a parent directory belongs is replaced by a directory;
         a symlink or file at the final name is replaced, never written through.
@@ -198,9 +199,10 @@ class SafeWriter:
         wanted_mode = 0o755 if executable else 0o644
         with _os_errors_as_restore_failed(path, "write"), self._parent_dirs(parts, path, create=True) as fds:
             assert fds is not None  # create=True never yields None
-            temp_name = self._create_temp_file(fds[-1], data, wanted_mode)
+            temp_name, ino = self._create_temp_file(fds[-1], data, wanted_mode)
             self._move_into_place(fds[-1], temp_name, parts[-1], path)
         log.debug("safe_fs.wrote", path=path, kind="file", size=len(data), executable=executable)
+        return ino
 
     def write_symlink(self, path: RepoPath, target: bytes) -> None:
         """Create a symbolic link atomically (temporary name, rename); the target is stored, not checked.
@@ -375,7 +377,7 @@ class SafeWriter:
             f"Could not restore {path!r}: the directory {name!r} kept changing while it was opened."
         )
 
-    def _create_temp_file(self, dir_fd: int, data: bytes, wanted_mode: int) -> str:
+    def _create_temp_file(self, dir_fd: int, data: bytes, wanted_mode: int) -> tuple[str, int]:
         for _ in range(_MAX_RACE_RETRIES):
             temp_name = TEMP_PREFIX + secrets.token_hex(8)
             try:
@@ -388,7 +390,8 @@ class SafeWriter:
                     # The kernel applied the umask at creation. os.umask() cannot be read without
                     # setting it, which would race with other threads creating files, so narrow
                     # the created mode instead: never wider than wanted, never setuid/setgid/sticky.
-                    created_mode = stat.S_IMODE(os.fstat(fd).st_mode)
+                    created = os.fstat(fd)
+                    created_mode = stat.S_IMODE(created.st_mode)
                     if created_mode & ~wanted_mode:  # the usual file needs no chmod (nor its watcher event)
                         os.fchmod(fd, created_mode & wanted_mode)
                     # No fsync, as git's checkout: see `_move_into_place`.
@@ -397,7 +400,7 @@ class SafeWriter:
             except BaseException:
                 _unlink_quietly(temp_name, dir_fd)
                 raise
-            return temp_name
+            return temp_name, created.st_ino
         raise FileExistsError(errno.EEXIST, "no free temporary name")
 
     def _create_temp_symlink(self, dir_fd: int, target: bytes) -> str:

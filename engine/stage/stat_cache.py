@@ -110,9 +110,10 @@ def state_of(st: os.stat_result, entry: TreeEntry, checked_ns: int) -> FileState
                       entry.mode, bytes.fromhex(entry.oid))
 
 
-def unknown_state(entry: TreeEntry) -> FileState:
-    """A tracked path whose stat is not known: never clean until hashed again."""
-    return _pack(0, 0, 0, 0, 0, False, entry.mode, bytes.fromhex(entry.oid))
+def unknown_state(entry: TreeEntry, ino: int = 0) -> FileState:
+    """A tracked path whose stat is not known: never clean until hashed again. `ino`: its
+    inode when known (a file a restore wrote), so `with_inodes` finds it among hard links."""
+    return _pack(0, 0, 0, 0, ino, False, entry.mode, bytes.fromhex(entry.oid))
 
 
 def stat_fields(state: FileState) -> tuple[int, int, int, int, int, bool]:

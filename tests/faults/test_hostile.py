@@ -662,3 +662,17 @@ def test_a_write_through_one_hard_link_is_in_the_snapshot_under_every_name(make_
         tree = git_tree(shadow_git_dir(eng.options.docs_dir, workspace), cp.hashes[eng.first_root])
         assert tree["run.sh"] == tree["alias.sh"] == expected_git_tree({"x": content})["x"], f"round {ts}"
         assert eng.diff("t", ts).to_wire()["files"] == [], f"round {ts} holds what a rescan finds"
+
+    # a file a restore wrote (a new inode, its stat not yet known) linked again, and written
+    # through the new name alone: the restored name's inode was not known, so it was missed
+    eng.restore("t", 3, RestoreMode.FILES, paths=["run.sh"])
+    eng.begin_round("t")
+    eng.tool_began("t", "write_to_file", ToolKind.EDIT, ["again.sh"])
+    os.link(workspace / "run.sh", workspace / "again.sh")
+    append("again.sh", "v5\n")
+    eng.tool_ended("t", "write_to_file", ["again.sh"])
+    cp = eng.end_round("t", 6)
+    assert cp is not None
+    tree = git_tree(shadow_git_dir(eng.options.docs_dir, workspace), cp.hashes[eng.first_root])
+    assert tree["run.sh"] == tree["again.sh"] == expected_git_tree({"x": b"v1\nv2\nv5\n"})["x"]
+    assert eng.diff("t", 6).to_wire()["files"] == [], "round 6 holds what a rescan finds"

@@ -82,6 +82,8 @@ class WorkspaceModel(RuleBasedStateMachine):
         self.root = Path(os.path.realpath(self.tmp / "ws"))
         self.root.mkdir()
         self.disk: dict[str, Entry] = {}
+        self.inode: dict[str, int] = {}  # a model inode per file name: hard links share one
+        self.next_inode = 0
         for path, data in (("a", b"base a\n"), ("d/b.txt", b"base b\n"), ("x.log", b"log\n"),
                            ("node_modules/a", b"dep\n")):
             self._write(path, data, False)
@@ -94,7 +96,9 @@ class WorkspaceModel(RuleBasedStateMachine):
         rt.baseline.result(timeout=120)
         assert rt.state == "ready", rt.error
         self.ts = 1
-        self.tracked: dict[str, Entry] = self._rescan({}, set())
+        self.seen: dict[str, int | None] = {}  # the inode of each tracked file when last staged
+        self.tracked: dict[str, Entry] = {}
+        self._set_tracked(self._rescan({}, set()))
         self.checkpoints: list[tuple[int, dict[str, Entry]]] = [(1, dict(self.tracked))]
         self._check_checkpoint(1, self.tracked)
         self.restored: set[int] = set()
@@ -114,13 +118,22 @@ class WorkspaceModel(RuleBasedStateMachine):
     # ---- the disk ---------------------------------------------------------------------------------
 
     def _write(self, path: str, data: bytes, executable: bool) -> None:
+        """Writes in place (as `echo > f`): through a hard link, every name of the file changes."""
         full = self.root / path
         full.parent.mkdir(parents=True, exist_ok=True)
         if full.is_symlink():
             full.unlink()
         full.write_bytes(data)
         full.chmod(0o755 if executable else 0o644)
-        self.disk[path] = ("file", data, executable)
+        for name in self._names(path):
+            self.disk[name] = ("file", data, executable)
+
+    def _names(self, path: str) -> list[str]:
+        """Every name of the file at `path` (a new file gets a fresh inode)."""
+        if path not in self.inode:
+            self.next_inode += 1
+            self.inode[path] = self.next_inode
+        return [p for p, i in self.inode.items() if i == self.inode[path]]
 
     def _rescan(self, tracked: dict[str, Entry], forced: set[str]) -> dict[str, Entry]:
         return {p: e for p, e in self.disk.items() if not excluded(p) or p in tracked or p in forced}
@@ -136,6 +149,7 @@ class WorkspaceModel(RuleBasedStateMachine):
         path = data.draw(st.sampled_from(sorted(self.disk)))
         (self.root / path).unlink()
         del self.disk[path]
+        self.inode.pop(path, None)
         self.pending.add(path)
 
     @rule(path=st.sampled_from(PATHS), link_to=st.sampled_from(LINK_TARGETS))
@@ -146,6 +160,7 @@ class WorkspaceModel(RuleBasedStateMachine):
             full.unlink()
         full.symlink_to(link_to)
         self.disk[path] = ("link", link_to)
+        self.inode.pop(path, None)
         self.pending.add(path)
 
     @precondition(lambda self: any(e[0] == "file" for e in self.disk.values()))
@@ -154,8 +169,9 @@ class WorkspaceModel(RuleBasedStateMachine):
         path = data.draw(st.sampled_from(sorted(p for p, e in self.disk.items() if e[0] == "file")))
         _, content, executable = self.disk[path]
         (self.root / path).chmod(0o644 if executable else 0o755)
-        self.disk[path] = ("file", content, not executable)
-        self.pending.add(path)
+        for name in self._names(path):
+            self.disk[name] = ("file", content, not executable)
+            self.pending.add(name)
 
     @rule(folder=st.sampled_from(["d", "d/e", "node_modules", "empty", "d/empty"]))
     def mkdir(self, folder: str) -> None:
@@ -166,12 +182,29 @@ class WorkspaceModel(RuleBasedStateMachine):
     def rename_file(self, data: st.DataObject, to: str) -> None:
         """An editor's save (a temporary file renamed over the file) or `mv a b`."""
         source = data.draw(st.sampled_from(sorted(self.disk)))
-        if source == to:
-            return
+        if source == to or (source in self.inode and self.inode.get(to) == self.inode[source]):
+            return  # two names of one file: rename(2) does nothing
         (self.root / to).parent.mkdir(parents=True, exist_ok=True)
         os.rename(self.root / source, self.root / to)
         self.disk[to] = self.disk.pop(source)
+        self.inode.pop(to, None)
+        if source in self.inode:
+            self.inode[to] = self.inode.pop(source)
         self.pending |= {source, to}
+
+    @precondition(lambda self: any(e[0] == "file" for e in self.disk.values()))
+    @rule(data=st.data(), to=st.sampled_from(PATHS))
+    def hard_link(self, data: st.DataObject, to: str) -> None:
+        """`ln src to`: a second name of one file; a write through either changes both."""
+        source = data.draw(st.sampled_from(sorted(p for p, e in self.disk.items() if e[0] == "file")))
+        if to in self.disk:
+            return
+        (self.root / to).parent.mkdir(parents=True, exist_ok=True)
+        os.link(self.root / source, self.root / to)
+        self._names(source)
+        self.inode[to] = self.inode[source]
+        self.disk[to] = self.disk[source]
+        self.pending.add(to)
 
     @rule(source=st.sampled_from(FOLDERS), to=st.sampled_from(FOLDERS))
     def rename_folder(self, source: str, to: str) -> None:
@@ -183,6 +216,8 @@ class WorkspaceModel(RuleBasedStateMachine):
         for path in [p for p in self.disk if p.startswith(f"{source}/")]:
             moved = to + path[len(source):]
             self.disk[moved] = self.disk.pop(path)
+            if path in self.inode:
+                self.inode[moved] = self.inode.pop(path)
             self.pending |= {path, moved}
 
     @rule(folder=st.sampled_from(FOLDERS))
@@ -193,6 +228,7 @@ class WorkspaceModel(RuleBasedStateMachine):
         shutil.rmtree(self.root / folder)
         for path in [p for p in self.disk if p.startswith(f"{folder}/")]:
             del self.disk[path]
+            self.inode.pop(path, None)
             self.pending.add(path)
 
     # ---- rounds -----------------------------------------------------------------------------------------
@@ -217,15 +253,17 @@ class WorkspaceModel(RuleBasedStateMachine):
             # the watcher records every change: the unreported ones are staged, minus exclusions
             # (a round of reported edits adds only its paths to the scope, even when it rescans:
             # what else changed meanwhile is not its commands' doing, PROTOCOL 1.1 "Scope")
-            self.tracked = self._rescan(self.tracked, reported)
+            self._set_tracked(self._rescan(self.tracked, reported))
             self.pending.clear()
         else:
-            for path in reported:
-                if path in self.disk:
-                    self.tracked[path] = self.disk[path]
-                else:
-                    self.tracked.pop(path, None)
-            self.pending -= reported
+            # a reported file with other names: the tracked names the engine last saw on its
+            # inode are staged too (the stat cache's inodes: a name that got the inode since
+            # then, unreported, is not known to have it)
+            linked = {q for p in reported if p in self.inode and len(self._names(p)) > 1
+                      for q, seen in self.seen.items() if seen == self.inode[p]}
+            for path in reported | linked:
+                self._track(path, self.disk.get(path))
+            self.pending -= reported | linked
         self._round_done(ts)
 
     @rule()
@@ -238,7 +276,7 @@ class WorkspaceModel(RuleBasedStateMachine):
         cp = eng.end_round("t", ts)
         assert cp is not None
         before = self.tracked
-        self.tracked = self._rescan(self.tracked, set())
+        self._set_tracked(self._rescan(self.tracked, set()))
         if not self.trusted:
             self.changed |= {p for p in set(before) | set(self.tracked) if before.get(p) != self.tracked.get(p)}
         self.pending.clear()
@@ -308,7 +346,7 @@ class WorkspaceModel(RuleBasedStateMachine):
         if newest is not None:  # named paths: a deletion of what no snapshot holds is left alone
             touched = [p for p in touched if p in target or p in newest]
         before = {p: self.disk.get(p) for p in touched}
-        self.tracked = current
+        self._set_tracked(current)
         for path in touched:
             self._put(path, target.get(path))
             self._track(path, target.get(path))
@@ -345,19 +383,30 @@ class WorkspaceModel(RuleBasedStateMachine):
         """An undo or redo: its safety checkpoint, then `files` put back."""
         # its safety checkpoint forces the edited paths too, as a restore's does (one staging
         # for both): a file made since in an excluded place under an edited path is tracked
-        self.tracked = self._rescan(self.tracked, set(files) | self.edited)
+        self._set_tracked(self._rescan(self.tracked, set(files) | self.edited))
         for path, entry in files.items():
             self._put(path, entry)
             self._track(path, entry)
         self.pending.clear()
 
     def _put(self, path: str, entry: Entry | None) -> None:
+        self.inode.pop(path, None)  # a restore writes a new file and renames it into place
+        if entry is not None and entry[0] == "file":
+            self._names(path)
         if entry is None:
             self.disk.pop(path, None)
         else:
             self.disk[path] = entry
 
+    def _set_tracked(self, tracked: dict[str, Entry]) -> None:
+        """A staging that looked at every tracked file (a rescan)."""
+        self.tracked = tracked
+        self.seen = {p: self.inode.get(p) for p in tracked}
+
     def _track(self, path: str, entry: Entry | None) -> None:
+        self.seen.pop(path, None)
+        if entry is not None:
+            self.seen[path] = self.inode.get(path)
         if entry is None:
             self.tracked.pop(path, None)
         else:
