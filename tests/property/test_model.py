@@ -1,16 +1,20 @@
 """A Hypothesis stateful model of a workspace, its rounds, restores and undos (SPEC §4, §6).
 
-The machine edits a small workspace (write, delete, mkdir, symlink, chmod), runs edit rounds
-(reporting some of the paths it touched) and command rounds, restores files to any
-checkpoint and undoes restores, driving the `Engine` in-process. An in-memory model predicts:
+The machine edits a small workspace (write, delete, mkdir, symlink, chmod, renames of files
+and folders, rm -rf, hard links), runs edit rounds (reporting some of the paths it touched)
+and command rounds, restores files to any checkpoint (whole, named paths, or keeping outside
+edits) and undoes and redoes restores, driving the `Engine` in-process. An in-memory model
+predicts:
 
 - the tracked set after every round: an edit round (no watcher) stages exactly the reported
-  paths, force-added past every exclusion; a command round (or any round with the watcher)
-  rescans: every file not excluded, plus every file already tracked, plus forced paths (with
-  either observer: the inotify one records every change, the portable one makes rounds rescan);
+  paths, force-added past every exclusion, and the other tracked names of a reported file
+  with hard links; a command round (or any round with the watcher) rescans: every file not
+  excluded, plus every file already tracked, plus forced paths (with either observer: the
+  inotify one records every change, the portable one makes rounds rescan);
 - every restore: within the scope of SPEC §6 (only the paths edit tools ever reported, or
-  every tracked path when there were none), the checkpoint's content byte for byte;
-- every undo: the paths the restore touched, as they were before it.
+  every tracked path when there were none), or the named paths, the checkpoint's content
+  byte for byte; an ignored file it writes over is saved first (and tracked from then on);
+- every undo and redo: the paths the restore touched, as they were before it, or after it.
 
 After every step the disk must equal the model; after every round the checkpoint's tree
 (read with `list_tree` + `read_blob`) must equal the model's tracked set.
@@ -35,7 +39,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
-from shadowpoint.errors import AlreadyRestoredError, NothingToUndoError
+from shadowpoint.errors import AlreadyRestoredError, NothingToUndoError, RestoreConflictError
 from shadowpoint.kinds import RestoreMode, ToolKind
 from shadowpoint.observe.watcher import ObserverKind
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK
@@ -50,8 +54,10 @@ PATHS = [f"{d}/{n}" if d else n for d in DIRS for n in NAMES]
 # folders a rename or a removal takes whole; "m" and "n/m" are made only by a rename
 FOLDERS = ["d", "d/e", "node_modules", "m", "n/m", "d/m"]
 LINK_TARGETS = ["a", "../a", "d", "/nonexistent/abs", "../../../outside", "b.txt"]
+# one text and two edits of it far apart: the three-way merges of keepOutsideEdits are clean
+LINES = [b"l1\nl2\nl3\nl4\nl5\nl6\n", b"L1\nl2\nl3\nl4\nl5\nl6\n", b"l1\nl2\nl3\nl4\nl5\nL6\n"]
 CONTENTS = [b"", b"one\n", b"two\r\nlines\r\n", b"\x00\x01binary\xff", b"same size 1", b"same size 2",
-            b"x" * 3000]
+            b"x" * 3000, *LINES]
 
 
 def excluded(path: str) -> bool:
@@ -128,6 +134,12 @@ class WorkspaceModel(RuleBasedStateMachine):
         for name in self._names(path):
             self.disk[name] = ("file", data, executable)
 
+    def _unseen(self, path: str) -> bool:
+        """A change through an excluded name of a file that has other names: the watcher sees
+        none (a folder like node_modules/ has no watch), so a round misses the other names'
+        change until the verification scan (as for a link from outside the workspace)."""
+        return excluded(path) and path in self.inode and len(self._names(path)) > 1
+
     def _names(self, path: str) -> list[str]:
         """Every name of the file at `path` (a new file gets a fresh inode)."""
         if path not in self.inode:
@@ -140,6 +152,8 @@ class WorkspaceModel(RuleBasedStateMachine):
 
     @rule(path=st.sampled_from(PATHS), data=st.sampled_from(CONTENTS), executable=st.booleans())
     def write(self, path: str, data: bytes, executable: bool) -> None:
+        if self._unseen(path):
+            return
         self._write(path, data, executable)
         self.pending.add(path)
 
@@ -167,6 +181,8 @@ class WorkspaceModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def chmod(self, data: st.DataObject) -> None:
         path = data.draw(st.sampled_from(sorted(p for p, e in self.disk.items() if e[0] == "file")))
+        if self._unseen(path):
+            return
         _, content, executable = self.disk[path]
         (self.root / path).chmod(0o644 if executable else 0o755)
         for name in self._names(path):
@@ -195,7 +211,8 @@ class WorkspaceModel(RuleBasedStateMachine):
     @precondition(lambda self: any(e[0] == "file" for e in self.disk.values()))
     @rule(data=st.data(), to=st.sampled_from(PATHS))
     def hard_link(self, data: st.DataObject, to: str) -> None:
-        """`ln src to`: a second name of one file; a write through either changes both."""
+        """`ln src to`: a second name of one file; a write through either changes both (not
+        through an excluded one: `_unseen`)."""
         source = data.draw(st.sampled_from(sorted(p for p, e in self.disk.items() if e[0] == "file")))
         if to in self.disk:
             return
@@ -335,6 +352,48 @@ class WorkspaceModel(RuleBasedStateMachine):
         self._restored(out, target, lambda p: any(p == n or p.startswith(f"{n}/") for n in named),
                        self.checkpoints[-1][1])
 
+    @rule(data=st.data())
+    def restore_keeping_outside_edits(self, data: st.DataObject) -> None:
+        """`keepOutsideEdits`: the merges are libgit2's, so the model takes the answer's lists
+        and holds the restore to them: a conflict writes nothing; otherwise only the listed
+        paths (in the scope) change, restored ones to the checkpoint, and an undo puts them back."""
+        ts, target = data.draw(st.sampled_from(self.checkpoints))
+        current = self._rescan(self.tracked, self.edited)
+        scope = self.edited | self.changed
+        if ts in self.restored or any(p not in current and p in self.disk for p in target):
+            return  # the marks and an untracked file in the way are the other rules' cases
+        try:
+            out: dict[str, Any] = self.engine.restore("t", ts, RestoreMode.FILES,
+                                                      keep_outside_edits=True).to_wire()
+        except RestoreConflictError as exc:
+            assert exc.conflicts and all(not scope or p in scope for p in exc.conflicts)
+            self._set_tracked(current)  # its safety state was staged; nothing was written
+            self.pending.clear()
+            return
+        files = out["files"]
+        touched = sorted(files["restored"] + files["deleted"] + files["merged"])
+        assert all(not scope or p in scope for p in touched), "only the task's paths"
+        actual = read_tree(self.root)
+        for path in files["restored"] + files["deleted"]:
+            assert actual.get(path) == (wire(target[path]) if path in target else None), path
+        before = {p: self.disk.get(p) for p in touched}
+        self._set_tracked(current)
+        for path in touched:
+            self._put(path, self._on_disk(path))
+            self._track(path, self.disk.get(path))
+        self.restored.add(ts)
+        self.undo.append((before, {p: self.disk.get(p) for p in before}))
+        self.redo.clear()
+        self.pending.clear()
+
+    def _on_disk(self, path: str) -> Entry | None:
+        full = self.root / path
+        if full.is_symlink():
+            return ("link", os.readlink(full))
+        if not full.is_file():
+            return None
+        return ("file", full.read_bytes(), bool(full.stat().st_mode & stat.S_IXUSR))
+
     def _restored(self, out: dict[str, Any], target: dict[str, Entry], in_scope: Callable[[str], bool],
                   newest: dict[str, Entry] | None) -> None:
         """What a file restore to `target` did: its safety checkpoint rescans (edited paths
@@ -385,7 +444,8 @@ class WorkspaceModel(RuleBasedStateMachine):
         # for both): a file made since in an excluded place under an edited path is tracked
         self._set_tracked(self._rescan(self.tracked, set(files) | self.edited))
         for path, entry in files.items():
-            self._put(path, entry)
+            if self.disk.get(path) != entry:  # a path already so is not written (its inode stays)
+                self._put(path, entry)
             self._track(path, entry)
         self.pending.clear()
 
