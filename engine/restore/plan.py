@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,7 +110,7 @@ def plan_restore(
     return RestorePlan(root, tuple(ops))
 
 
-def in_the_way(plan: RestorePlan, saved: Callable[[RepoPath], bool], workspace: Path) -> set[RepoPath]:
+def in_the_way(plan: RestorePlan, saved: Container[str], workspace: Path) -> set[RepoPath]:
     """What a write of `plan` would replace on disk that the safety state does not hold.
 
     That is an untracked file or link (ignored, excluded, or made since the last round) at a
@@ -118,7 +118,7 @@ def in_the_way(plan: RestorePlan, saved: Callable[[RepoPath], bool], workspace: 
     writer replaces both, so the restore saves them first (a safety state with them forced)
     and an undo brings them back: a restore never destroys what it did not save.
 
-    `saved(path)`: the safety state holds `path`. Only writes to paths the safety state lacks
+    `saved`: the paths the safety state holds. Only writes to paths the safety state lacks
     are looked at (lstat, in `workspace`), top down, up to the first thing that is not a
     folder: a tracked path's folders were folders when it was staged. A folder at a written
     path is left to the writer (an empty one is removed; one with content refuses the
@@ -127,12 +127,12 @@ def in_the_way(plan: RestorePlan, saved: Callable[[RepoPath], bool], workspace: 
     found: set[RepoPath] = set()
     folders: set[str] = set()
     for op in plan.ops:
-        if op.entry is None or saved(op.path):
+        if op.entry is None or op.path in saved:
             continue
         for path in (*folders_above(op.path), op.path):
             if path in folders:
                 continue
-            if saved(path):
+            if path in saved:
                 break  # the plan replaces it as a tracked entry (`plan_restore`)
             try:
                 st = os.lstat(workspace / path)

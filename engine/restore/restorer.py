@@ -284,7 +284,7 @@ class Restorer:
         current = root.stage(root.safety_plan(forced, keep=request.dry_run))
         try:
             out = self._plan_staged(rt, cp, request, name, root, named, current)
-            unsaved = in_the_way(out.plan, lambda p: root.cache.entry(p) is not None, root.ws.root) if out else None
+            unsaved = in_the_way(out.plan, root.cache.entries, root.ws.root) if out is not None else set()
             if unsaved:
                 # an untracked file the restore would replace: saved first, and planned again
                 # with it known (so it is named in the result, journaled, and undone)

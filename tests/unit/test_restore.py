@@ -94,7 +94,7 @@ def test_in_the_way_finds_what_a_write_would_replace_that_the_safety_state_lacks
               "saved/x", "nothing/here/at/all", "deep/a/b/c", "deep/a/new"]
     deletion = RestoreOp(RepoPath("real/dir/keep"), None)  # a deletion replaces nothing
     plan = RestorePlan("r", (*(RestoreOp(RepoPath(p), E(1)) for p in writes), deletion))
-    found = in_the_way(plan, lambda p: p == "saved", ws)
+    found = in_the_way(plan, {"saved"}, ws)
     assert found == {"file_at_path", "file_above", "link_above", "deep/a/b"}
 
 
