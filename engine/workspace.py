@@ -36,8 +36,7 @@ def folders_above(path: RepoPath) -> Iterator[RepoPath]:
 
 def at_or_under(path: str, paths: Container[str]) -> bool:
     """Whether `path` or a folder above it is one of `paths` (root-relative, "/"-separated)."""
-    parts = path.split("/")
-    return any("/".join(parts[:i]) in paths for i in range(1, len(parts) + 1))
+    return path in paths or any(folder in paths for folder in folders_above(RepoPath(path)))
 
 
 def workspace_hash(real_root: Path) -> str:
