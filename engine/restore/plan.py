@@ -118,18 +118,11 @@ def in_the_way(plan: RestorePlan, saved: Container[str], workspace: Path) -> set
     writer replaces both, so the restore saves them first (a safety state with them forced)
     and an undo brings them back: a restore never destroys what it did not save.
 
-    A folder at a written path is reported too when it holds a file the safety state lacks
-    (an ignored build folder where the checkpoint has a file): a forced folder is staged with
-    everything under it, so the plan then deletes its files, journaled, before the write, and
-    an undo brings them back. Before, the writer refused there, and the undo of that partly
-    failed restore deleted the folder's files, no longer ignored once the restore had put the
-    checkpoint's rules back. An empty folder, or one holding only tracked files (which the plan
-    deletes), is left to the writer, which removes it.
-
     `saved`: the paths the safety state holds. Only writes to paths the safety state lacks
     are looked at (lstat, in `workspace`), top down, up to the first thing that is not a
-    folder: a tracked path's folders were folders when it was staged. A place that cannot be
-    looked at is left to the writer (the write fails there too).
+    folder: a tracked path's folders were folders when it was staged. A folder at a written
+    path is left to the writer (an empty one is removed; one with content refuses the
+    restore), and so is a place that cannot be looked at (the write fails there too).
     """
     found: set[RepoPath] = set()
     folders: set[str] = set()
@@ -146,33 +139,11 @@ def in_the_way(plan: RestorePlan, saved: Container[str], workspace: Path) -> set
             except OSError:
                 break  # nothing there (or no way in): nothing below it to lose either
             if stat.S_ISDIR(st.st_mode):
-                if path == op.path and _holds_unsaved(workspace, path, saved):
-                    found.add(path)
                 folders.add(path)
                 continue
             found.add(path)
             break
     return found
-
-
-def _holds_unsaved(workspace: Path, folder: RepoPath, saved: Container[str]) -> bool:
-    """Whether the folder `folder` holds a file or link (at any depth) that `saved` lacks.
-    Symlinked folders are not followed; a folder that cannot be read is passed over."""
-    stack = [folder]
-    while stack:
-        current = stack.pop()
-        try:
-            with os.scandir(workspace / current) as it:
-                entries = list(it)
-        except OSError:
-            continue
-        for dirent in entries:
-            child = f"{current}/{dirent.name}"
-            if dirent.is_dir(follow_symlinks=False):
-                stack.append(RepoPath(child))
-            elif child not in saved:
-                return True
-    return False
 
 
 def keep_skipped(plan: RestorePlan, skipped_then: Iterable[RepoPath]) -> RestorePlan:
@@ -185,32 +156,23 @@ def keep_skipped(plan: RestorePlan, skipped_then: Iterable[RepoPath]) -> Restore
     kept = (op for op in plan.ops if op.entry is not None or not at_or_under(op.path, skipped))
     return RestorePlan(plan.root, tuple(kept))
 
-def withhold(plan: RestorePlan, unsaved: Iterable[RepoPath]) -> tuple[RestorePlan, dict[RepoPath, RepoPath]]:
+def withhold(plan: RestorePlan, unsaved: Iterable[RepoPath]) -> tuple[RestorePlan, list[RepoPath]]:
     """Drop the ops that would overwrite content the safety checkpoint could not keep (a file
-    over the size cap or unreadable): at its path, below it (it stands where a folder must
-    go), or above it (a file written where the folder holding it is), with every op under
-    that folder.
+    over the size cap or unreadable, at the path or standing where a folder must go).
 
-    Returns the plan that may run and the paths left alone, each with the unsaved path that
-    holds it. A restore must stay undoable: it never destroys what it could not save first.
+    Returns the plan that may run and the paths left alone. A restore must stay undoable: it
+    never destroys what it could not save first.
     """
-    blocked = {p: p for p in unsaved}
+    blocked = set(unsaved)
     if not blocked:
-        return plan, {}
-    written = {op.path for op in plan.ops if op.entry is not None}
-    for path in list(blocked):
-        for folder in folders_above(path):
-            if folder in written:
-                blocked.setdefault(folder, path)
-                break
+        return plan, []
     keep: list[RestoreOp] = []
-    held: dict[RepoPath, RepoPath] = {}
+    held: list[RepoPath] = []
     for op in plan.ops:
-        by = next((blocked[p] for p in (*folders_above(op.path), op.path) if p in blocked), None)
-        if by is None:
-            keep.append(op)
+        if at_or_under(op.path, blocked):
+            held.append(op.path)
         else:
-            held[op.path] = by
+            keep.append(op)
     return RestorePlan(plan.root, tuple(keep)), held
 
 

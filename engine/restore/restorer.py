@@ -351,11 +351,9 @@ class Restorer:
             plan = keep_skipped(plan, self._skipped_in(cp, root))
         plan, held = withhold(plan, unsaved)
         why = {s.path: s.reason.value for s in current.stats.skipped}
-        show = self._shower(root)
         out = _RootPlan(plan, current.tree, held=[
-            f"{show(p)}: left as it is, since the safety checkpoint could not save what is there "
-            f"({why[by] if by == p else f'{show(by)}, {why[by]}'}); move it aside and restore again"
-            for p, by in held.items()])
+            f"{self.host.resolver.display(root.ws, p)}: left as it is, since the safety checkpoint could not "
+            f"save what is there ({why.get(p, 'a file in its way')}); move it aside and restore again" for p in held])
         if base is not None:
             here_now = {op.path: e for op in plan.ops if (e := root.cache.entry(op.path)) is not None}
             outcome = keep_outside_edits(plan, base, here_now, repo)
@@ -380,16 +378,13 @@ class Restorer:
     def _only_known(plan: RestorePlan, target: dict[RepoPath, TreeEntry], root: LockedRoot,
                     newest_tree: str | None) -> RestorePlan:
         """Drop deletions of named paths that neither the checkpoint nor the newest snapshot
-        holds (untracked, ignored, excluded: PROTOCOL 1.1 `paths`), unless a write needs the place:
-        a file where a folder of a written path goes, or one in a folder where a file is written
-        (saved first: `in_the_way`)."""
+        holds (untracked, ignored, excluded: PROTOCOL 1.1 `paths`), unless a write needs the place."""
         repo = root.repo
-        writes = {op.path for op in plan.ops if op.entry is not None}
-        above_writes = {folder for w in writes for folder in folders_above(w)}
+        writes = [op.path for op in plan.ops if op.entry is not None]
         keep = []
         for op in plan.ops:
             if op.entry is None and op.path not in target and repo.lookup(newest_tree, op.path) is None \
-                    and op.path not in above_writes and not any(f in writes for f in folders_above(op.path)):
+                    and not any(w.startswith(op.path + "/") for w in writes):
                 continue
             keep.append(op)
         return RestorePlan(plan.root, tuple(keep))

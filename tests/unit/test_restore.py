@@ -21,7 +21,6 @@ from shadowpoint.restore.plan import (
     in_the_way,
     plan_restore,
     raise_if_failed,
-    withhold,
 )
 from shadowpoint.stage.exclusions import ExclusionRules
 from shadowpoint.stage.scanner import Scanner, StageOptions
@@ -87,35 +86,16 @@ def test_mode_only_change_is_an_op() -> None:
 
 
 def test_in_the_way_finds_what_a_write_would_replace_that_the_safety_state_lacks(tmp_path: Path) -> None:
-    """Files, links (a link to a folder included: the writer never follows one), and a folder
-    at the written path holding one at any depth; nothing else: an empty folder, or one of
-    saved files only, is the writer's to remove, a saved path the plan's."""
+    """Files, links (a link to a folder included: the writer never follows one) and nothing
+    else: a folder at the written path is the writer's to refuse, a saved path the plan's."""
     ws = make_tree(tmp_path / "ws", {"file_at_path": "x", "file_above": "a build output", "real/dir/keep": "k",
-                                     "link_above": Link("real"), "saved": "s", "empty_dir/sub/": None,
-                                     "deep/a/b": "b", "built/sub/x.o": "x", "built/sub/saved.o": "s",
-                                     "tracked/a": "a", "tracked/sub/b": "b", "linked/to": Link("../real")})
+                                     "link_above": Link("real"), "saved": "s", "empty_dir/": None, "deep/a/b": "b"})
     writes = ["file_at_path", "file_above/x/y", "link_above/dir/new", "real/dir/new", "empty_dir",
-              "saved/x", "nothing/here/at/all", "deep/a/b/c", "deep/a/new", "built", "tracked", "linked"]
+              "saved/x", "nothing/here/at/all", "deep/a/b/c", "deep/a/new"]
     deletion = RestoreOp(RepoPath("real/dir/keep"), None)  # a deletion replaces nothing
     plan = RestorePlan("r", (*(RestoreOp(RepoPath(p), E(1)) for p in writes), deletion))
-    saved = {"saved", "built/sub/saved.o", "tracked/a", "tracked/sub/b"}
-    found = in_the_way(plan, saved, ws)
-    assert found == {"file_at_path", "file_above", "link_above", "deep/a/b", "built", "linked"}
-    assert in_the_way(plan, saved | {"built/sub/x.o", "linked/to"}, ws) == found - {"built", "linked"}
-
-
-def test_withhold_keeps_what_an_unsaved_file_holds() -> None:
-    """Ops at, under and (a file written where its folder is) above a file the safety
-    checkpoint could not save are held, each with that file; the rest run."""
-    ops = [RestoreOp(RepoPath(p), E(1) if write else None) for p, write in [
-        ("big", True), ("big/x", True), ("gen", True), ("gen/x.o", False), ("gen/sub/y.o", False),
-        ("src/a.py", True), ("src/deep/big.bin", False), ("z", False)]]
-    plan, held = withhold(RestorePlan("r", tuple(ops)), [RepoPath("big"), RepoPath("gen/sub/huge.o"),
-                                                         RepoPath("src/deep/big.bin")])
-    assert [op.path for op in plan.ops] == ["src/a.py", "z"], "src is not written as a file: only its folder"
-    assert held == {"big": "big", "big/x": "big", "gen": "gen/sub/huge.o", "gen/x.o": "gen/sub/huge.o",
-                    "gen/sub/y.o": "gen/sub/huge.o", "src/deep/big.bin": "src/deep/big.bin"}
-    assert withhold(RestorePlan("r", tuple(ops)), []) == (RestorePlan("r", tuple(ops)), {})
+    found = in_the_way(plan, {"saved"}, ws)
+    assert found == {"file_at_path", "file_above", "link_above", "deep/a/b"}
 
 
 def test_plan_json_round_trip() -> None:

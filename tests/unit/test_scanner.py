@@ -376,6 +376,23 @@ def test_dir_replaced_by_file_reported_as_one_path(env: Env) -> None:
     assert_consistent(env, cache)
 
 
+def test_file_replaced_by_a_folder_reported_by_a_path_in_it(env: Env) -> None:
+    """An edit tool reports only the file it wrote in a folder that replaced a tracked file:
+    the tracked file goes from the stat cache too, so a later rescan, finding a folder there,
+    does not record it as gone, which took the folder's files out of the tree."""
+    make_tree(env.root, {"d/e": "a file", "keep": "k"})
+    cache = StatCache()
+    env.stage(cache, rescan=True)
+    (env.root / "d" / "e").unlink()
+    make_tree(env.root, {"d/e/a": "in a folder now"})
+    res = env.stage(cache, forced=["d/e/a"])
+    assert env.snapshot(res.tree) == {"d/e/a": b"in a folder now", "keep": b"k"}
+    assert_consistent(env, cache)
+    res = env.stage(cache, rescan=True)
+    assert env.snapshot(res.tree) == {"d/e/a": b"in a folder now", "keep": b"k"}
+    assert_consistent(env, cache)
+
+
 def test_dir_replaced_by_symlink_reported_as_one_path(env: Env) -> None:
     make_tree(env.root, {"d/x": "1", "other/x": "1"})
     cache = StatCache()
