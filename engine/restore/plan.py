@@ -110,22 +110,30 @@ def plan_restore(
     return RestorePlan(root, tuple(ops))
 
 
-def in_the_way(plan: RestorePlan, saved: Container[str], workspace: Path) -> set[RepoPath]:
-    """What a write of `plan` would replace on disk that the safety state does not hold.
+def in_the_way(plan: RestorePlan, saved: Container[str],
+               workspace: Path) -> tuple[set[RepoPath], dict[RepoPath, RepoPath]]:
+    """What stands on disk in the way of a write of `plan` that the plan does not account for.
 
-    That is an untracked file or link (ignored, excluded, or made since the last round) at a
-    path the plan writes, or one standing where a folder of a written path must go. The safe
-    writer replaces both, so the restore saves them first (a safety state with them forced)
-    and an undo brings them back: a restore never destroys what it did not save.
+    Returns two things:
+    - the untracked files and links (ignored, excluded, or made since the last round) at a
+      path the plan writes, or standing where a folder of a written path must go. The safe
+      writer replaces both, so the restore saves them first (a safety state with them forced)
+      and an undo brings them back: a restore never destroys what it did not save.
+    - each written path where a folder stands holding a file the plan does not delete (one
+      no snapshot holds, or a named restore leaves alone), with that file. The writer would
+      refuse there, after the plan's other writes; the restore leaves such a path alone
+      instead, and an undo is refused whole. Such a file is never deleted to make room: a
+      restore never touches an ignored or excluded file no snapshot holds (SPEC §6).
 
     `saved`: the paths the safety state holds. Only writes to paths the safety state lacks
     are looked at (lstat, in `workspace`), top down, up to the first thing that is not a
-    folder: a tracked path's folders were folders when it was staged. A folder at a written
-    path is left to the writer (an empty one is removed; one with content refuses the
-    restore), and so is a place that cannot be looked at (the write fails there too).
+    folder: a tracked path's folders were folders when it was staged. A place that cannot be
+    looked at is left to the writer (the write fails there too).
     """
     found: set[RepoPath] = set()
+    occupied: dict[RepoPath, RepoPath] = {}
     folders: set[str] = set()
+    deleted: set[str] | None = None
     for op in plan.ops:
         if op.entry is None or op.path in saved:
             continue
@@ -140,10 +148,67 @@ def in_the_way(plan: RestorePlan, saved: Container[str], workspace: Path) -> set
                 break  # nothing there (or no way in): nothing below it to lose either
             if stat.S_ISDIR(st.st_mode):
                 folders.add(path)
+                if path == op.path:
+                    if deleted is None:
+                        deleted = {o.path for o in plan.ops if o.entry is None}
+                    if (kept := _kept_in(workspace, op.path, deleted)) is not None:
+                        occupied[op.path] = kept
                 continue
             found.add(path)
             break
-    return found
+    return found, occupied
+
+
+def _kept_in(workspace: Path, folder: RepoPath, deleted: Container[str]) -> RepoPath | None:
+    """A file or link (at any depth) in the folder `folder` that is not in `deleted`, if any.
+    Symlinked folders are not followed; a folder that cannot be read is passed over (the
+    writer refuses there, or finds it empty)."""
+    stack = [folder]
+    while stack:
+        current = stack.pop()
+        try:
+            with os.scandir(workspace / current) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for dirent in entries:
+            child = RepoPath(f"{current}/{dirent.name}")
+            if dirent.is_dir(follow_symlinks=False):
+                stack.append(child)
+            elif child not in deleted:
+                return child
+    return None
+
+
+def exactly(plan: RestorePlan, paths: Iterable[RepoPath]) -> tuple[RestorePlan, dict[RepoPath, RepoPath]]:
+    """The ops of `plan` at `paths` only: an undo or redo puts back exactly the paths its
+    restore touched (PROTOCOL `checkpoint/undoRestore`), and nothing made since then.
+
+    `plan` was made with `paths` as its scope, where a folder stands for what is under it; a
+    path the restore wrote as a file can be a folder now. A write is left out (returned with
+    the path in its way) when what stands there is none of `paths`: files in a folder at the
+    path, or a file where a folder of it goes. Deleting them would lose work no restore
+    touched, and the writer would refuse the folder (and replace the file).
+    """
+    exact = set(paths)
+    others = [op.path for op in plan.ops if op.path not in exact]
+    if not others:
+        return plan, {}
+    others_set = set(others)
+    keep: list[RestoreOp] = []
+    held: dict[RepoPath, RepoPath] = {}
+    for op in plan.ops:
+        if op.path not in exact:
+            continue
+        if op.entry is not None:
+            below = op.path + "/"
+            by = next((f for f in folders_above(op.path) if f in others_set), None) or \
+                next((o for o in others if o.startswith(below)), None)
+            if by is not None:
+                held[op.path] = by
+                continue
+        keep.append(op)
+    return RestorePlan(plan.root, tuple(keep)), held
 
 
 def keep_skipped(plan: RestorePlan, skipped_then: Iterable[RepoPath]) -> RestorePlan:

@@ -36,6 +36,7 @@ from shadowpoint.restore.plan import (
     RestorePlan,
     RestoreStats,
     apply_plan,
+    exactly,
     in_the_way,
     keep_outside_edits,
     keep_skipped,
@@ -118,6 +119,8 @@ class _RootPlan:
     merged: list[RepoPath] = field(default_factory=list)
     conflicts: list[RepoPath] = field(default_factory=list)
     held: list[str] = field(default_factory=list)  # why paths the plan leaves alone are left
+    # what is in the way of an undo's or redo's paths, made since its restore: refused whole
+    in_way: list[str] = field(default_factory=list)
     # a merged file's content in the checkpoint: the task's own part of what the merge wrote,
     # its base from now on (the person's edits in the merge stay outside edits)
     theirs: dict[RepoPath, TreeEntry | None] = field(default_factory=dict)
@@ -212,6 +215,12 @@ class Restorer:
                     if request.dry_run:
                         self._head_to_safety(plans, locked)
                         return self._dry_answer(plans, conflicts)
+                    if in_way := [why for p in plans.values() for why in p.in_way]:
+                        more = " …" if len(in_way) > 5 else ""
+                        raise RestoreFailedError(
+                            f"The {request.op} cannot put back {', '.join(in_way[:5])}{more}: what is in the "
+                            f"way was made after restore {request.of}, which did not touch it. Nothing was "
+                            f"changed; move it aside and {request.op} again.")
                     if conflicts:
                         raise RestoreConflictError(
                             f"The restore would overwrite edits made outside the task's rounds that it cannot merge "
@@ -284,7 +293,7 @@ class Restorer:
         current = root.stage(root.safety_plan(forced, keep=request.dry_run))
         try:
             out = self._plan_staged(rt, cp, request, name, root, named, current)
-            unsaved = in_the_way(out.plan, root.cache.entries, root.ws.root) if out is not None else set()
+            unsaved, occupied = in_the_way(out.plan, root.cache.entries, root.ws.root) if out else (set(), {})
             if unsaved:
                 # an untracked file the restore would replace: saved first, and planned again
                 # with it known (so it is named in the result, journaled, and undone)
@@ -292,12 +301,30 @@ class Restorer:
                          count=len(unsaved))
                 current = root.stage(root.safety_plan(forced | unsaved, keep=request.dry_run))
                 out = self._plan_staged(rt, cp, request, name, root, named, current)
+                _, occupied = in_the_way(out.plan, root.cache.entries, root.ws.root) if out else (set(), {})
+            if out is not None and occupied:
+                self._leave_occupied(out, occupied, request, root)
         except BaseException:
             root.set_head(current.tree)  # the staged blobs stay anchored (gc)
             raise
         if out is None:
             root.set_head(current.tree)
         return out
+
+    def _leave_occupied(self, out: _RootPlan, occupied: Mapping[RepoPath, RepoPath], request: RestoreRequest,
+                        root: LockedRoot) -> None:
+        """Leave alone each written path where a folder holds a file the plan keeps, and what is
+        under it (`in_the_way`): a restore does the rest, an undo or redo is refused whole."""
+        show = self._shower(root)
+        out.plan, held = withhold(out.plan, occupied)
+        log.info("restore.folder_in_the_way", op=request.op, paths=sorted(occupied)[:20], count=len(occupied))
+        if request.targets is not None:
+            out.in_way += [f"{show(p)} ({show(by)} is in its way)" for p, by in occupied.items()]
+            return
+        out.held += [
+            f"{show(p)}: left as it is, since the folder there holds {show(occupied[p])}, which the "
+            "restore does not delete (no snapshot holds it, or it was not named); move it aside and restore again"
+            for p in held if p in occupied]
 
     @staticmethod
     def _head_to_safety(plans: Mapping[str, _RootPlan], locked: Mapping[str, LockedRoot]) -> None:
@@ -334,6 +361,9 @@ class Restorer:
                     if (above := root.cache.entry(folder)) is not None:
                         here[folder] = above
             plan = plan_restore(name, target, here, scope)
+            in_way: dict[RepoPath, RepoPath] = {}
+            if named is not None and request.targets is not None:  # an undo or redo
+                plan, in_way = exactly(plan, named)
             if named is not None and request.targets is None:
                 newest = record.last_snapshot()
                 newest_tree = self._tree_or_none(root, newest.hashes.get(name)) if newest else None
@@ -353,7 +383,9 @@ class Restorer:
         why = {s.path: s.reason.value for s in current.stats.skipped}
         out = _RootPlan(plan, current.tree, held=[
             f"{self.host.resolver.display(root.ws, p)}: left as it is, since the safety checkpoint could not "
-            f"save what is there ({why.get(p, 'a file in its way')}); move it aside and restore again" for p in held])
+            f"save what is there ({why.get(p, 'a file in its way')}); move it aside and restore again" for p in held],
+            in_way=[f"{self.host.resolver.display(root.ws, p)} ({self.host.resolver.display(root.ws, by)} "
+                    "is in its way)" for p, by in in_way.items()])
         if base is not None:
             here_now = {op.path: e for op in plan.ops if (e := root.cache.entry(op.path)) is not None}
             outcome = keep_outside_edits(plan, base, here_now, repo)

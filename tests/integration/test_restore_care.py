@@ -22,6 +22,7 @@ from shadowpoint.errors import (
     NothingToUndoError,
     PathOutsideWorkspaceError,
     RestoreConflictError,
+    RestoreFailedError,
     UnknownCheckpointError,
 )
 from shadowpoint.kinds import RestoreMode
@@ -416,6 +417,60 @@ def test_an_untracked_file_a_restore_replaces_is_saved_first_and_undone(
                              **{p: v.encode() for p, v in old.items()}}
     eng.undo_restore("t1")
     assert read_tree(ws) == before
+
+
+@pytest.mark.parametrize("watcher", [False, True], ids=["rescan", "watcher"])
+@pytest.mark.parametrize("named", [False, True], ids=["whole", "named"])
+def test_a_folder_where_a_restore_writes_a_file_is_left_whole_and_the_undo_keeps_it(
+        make_engine: MakeEngine, ws: Path, watcher: bool, named: bool) -> None:
+    """The task's `gen` was a file; a later build made `gen/` a folder, which the task
+    ignored. A restore to the file's checkpoint (whole, or of `paths: ["gen"]`) does not
+    touch the folder's files, which no snapshot holds (SPEC §6): `gen` is left as it is,
+    named in the error, before any write, and the rest is restored. The undo of that restore
+    puts back exactly its paths: it once deleted the folder's files, no longer ignored once
+    the restore had removed `.gitignore`, because `gen` was one of them."""
+    make_tree(ws, {"gen": "built then"})
+    eng = make_engine(ws, watcher=watcher)
+    start(eng)
+    command_round(eng, ws, 10, {".gitignore": "gen\n", "gen": None})
+    command_round(eng, ws, 20, {"gen/x.o": b"\x7fELF x", "gen/sub/y.o": b"\x7fELF y", "g.txt": "g2"})
+    assert not any(p.startswith("gen") for p in files_of(eng, wire(eng)[20]["hash"])), "ignored"
+    before = read_tree(ws)
+    paths = ["gen"] if named else None
+    plan = as_json(eng.restore("t1", 0, RestoreMode.FILES, paths=paths, dry_run=True).to_wire())["files"]
+    assert "gen" not in plan["restored"] and not any(p.startswith("gen/") for p in plan["deleted"])
+    with pytest.raises(RestoreFailedError, match=r"gen: left as it is, since the folder there holds gen/"):
+        eng.restore("t1", 0, RestoreMode.FILES, paths=paths)
+    after = read_tree(ws)
+    assert {p: v for p, v in after.items() if p.startswith("gen")} == \
+        {p: v for p, v in before.items() if p.startswith("gen")}, "the folder is left whole"
+    assert after["g.txt"] == (b"g2" if named else b"g0") and (".gitignore" in after) == named
+    eng.undo_restore("t1")
+    assert read_tree(ws) == before
+
+
+@pytest.mark.parametrize("watcher", [False, True], ids=["rescan", "watcher"])
+def test_an_undo_puts_back_exactly_its_paths_or_nothing(make_engine: MakeEngine, ws: Path, watcher: bool) -> None:
+    """A restore deleted `out` and `lib/a.py`; then a folder `out/` and a file `lib` were made.
+    The undo cannot put the two back without deleting them, which it did not touch (PROTOCOL
+    `undoRestore`: exactly its paths): it is refused whole, naming both, and writes nothing.
+    Moved aside, the undo goes through. (It once deleted `out/x`, saved only in its own safety
+    checkpoint, which no undo or redo reaches.)"""
+    eng = make_engine(ws, watcher=watcher)
+    start(eng)
+    command_round(eng, ws, 10, {"out": "out file", "lib/a.py": "a"})
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES).to_wire())["files"]
+    assert sorted(out["deleted"]) == ["lib/a.py", "out"]
+    command_round(eng, ws, 20, {"out/x": "made after the restore", "lib": "a file, made after"})
+    before = read_tree(ws)
+    with pytest.raises(RestoreFailedError, match=r"lib/a\.py \(lib is in its way\), out \(out/x is in its way\)"):
+        eng.undo_restore("t1")
+    assert read_tree(ws) == before, "nothing was changed"
+    make_tree(ws, {"out/x": None, "lib": None})
+    (ws / "out").rmdir()
+    undone = as_json(eng.undo_restore("t1").to_wire())["files"]
+    assert sorted(undone["restored"]) == ["lib/a.py", "out"] and undone["deleted"] == []
+    assert read_tree(ws)["out"] == b"out file" and read_tree(ws)["lib/a.py"] == b"a"
 
 
 def test_bad_input_is_refused_and_writes_nothing(make_engine: MakeEngine, ws: Path, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from shadowpoint.restore.plan import (
     RestorePlan,
     RestoreStats,
     apply_plan,
+    exactly,
     in_the_way,
     plan_restore,
     raise_if_failed,
@@ -86,16 +87,36 @@ def test_mode_only_change_is_an_op() -> None:
 
 
 def test_in_the_way_finds_what_a_write_would_replace_that_the_safety_state_lacks(tmp_path: Path) -> None:
-    """Files, links (a link to a folder included: the writer never follows one) and nothing
-    else: a folder at the written path is the writer's to refuse, a saved path the plan's."""
+    """Files and links (a link to a folder included: the writer never follows one) to save;
+    a folder at the written path holding a file (at any depth) that the plan does not delete,
+    with that file; nothing else: an empty folder, or one of files the plan deletes, is the
+    writer's to remove, a saved path the plan's."""
     ws = make_tree(tmp_path / "ws", {"file_at_path": "x", "file_above": "a build output", "real/dir/keep": "k",
-                                     "link_above": Link("real"), "saved": "s", "empty_dir/": None, "deep/a/b": "b"})
+                                     "link_above": Link("real"), "saved": "s", "empty_dir/sub/": None,
+                                     "deep/a/b": "b", "built/sub/x.o": "x", "built/sub/gone.o": "g",
+                                     "tracked/a": "a", "tracked/sub/b": "b", "linked/to": Link("../real")})
     writes = ["file_at_path", "file_above/x/y", "link_above/dir/new", "real/dir/new", "empty_dir",
-              "saved/x", "nothing/here/at/all", "deep/a/b/c", "deep/a/new"]
-    deletion = RestoreOp(RepoPath("real/dir/keep"), None)  # a deletion replaces nothing
-    plan = RestorePlan("r", (*(RestoreOp(RepoPath(p), E(1)) for p in writes), deletion))
-    found = in_the_way(plan, {"saved"}, ws)
+              "saved/x", "nothing/here/at/all", "deep/a/b/c", "deep/a/new", "built", "tracked", "linked"]
+    deletions = ["real/dir/keep", "built/sub/gone.o", "tracked/a", "tracked/sub/b"]  # replace nothing
+    plan = RestorePlan("r", tuple(sorted((*(RestoreOp(RepoPath(p), E(1)) for p in writes),
+                                          *(RestoreOp(RepoPath(p), None) for p in deletions)),
+                                         key=lambda op: op.path)))
+    found, occupied = in_the_way(plan, {"saved", "tracked/a", "tracked/sub/b", "built/sub/gone.o"}, ws)
     assert found == {"file_at_path", "file_above", "link_above", "deep/a/b"}
+    assert occupied == {"built": "built/sub/x.o", "linked": "linked/to"}
+
+
+def test_exactly_keeps_an_undo_to_its_paths() -> None:
+    """Ops under one of the paths (a folder now) are dropped; a write with one of them in its
+    way (under it, or a file where its folder goes) is left out, with it."""
+    ops = [RestoreOp(RepoPath(p), E(1) if write else None) for p, write in [
+        ("lib", False), ("lib/a.py", True), ("out", True), ("out/x", False), ("src", False), ("src/new", False),
+        ("z", True)]]
+    plan = RestorePlan("r", tuple(ops))
+    kept, held = exactly(plan, [RepoPath(p) for p in ("lib/a.py", "out", "src", "z")])
+    assert [op.path for op in kept.ops] == ["src", "z"]
+    assert held == {"lib/a.py": "lib", "out": "out/x"}
+    assert exactly(plan, [op.path for op in ops]) == (plan, {})
 
 
 def test_plan_json_round_trip() -> None:
