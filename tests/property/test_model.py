@@ -1,10 +1,10 @@
 """A Hypothesis stateful model of a workspace, its rounds, restores and undos (SPEC §4, §6).
 
 The machine edits a small workspace (write, delete, mkdir, symlink, chmod, renames of files
-and folders, rm -rf, hard links), runs edit rounds (reporting some of the paths it touched)
-and command rounds, restores files to any checkpoint (whole, named paths, or keeping outside
-edits) and undoes and redoes restores, driving the `Engine` in-process. An in-memory model
-predicts:
+and folders, rm -rf, hard links, a folder replaced by a file of its name and back), runs
+edit rounds (reporting some of the paths it touched) and command rounds, restores files to
+any checkpoint (whole, named paths, or keeping outside edits) and undoes and redoes
+restores, driving the `Engine` in-process. An in-memory model predicts:
 
 - the tracked set after every round: an edit round (no watcher) stages exactly the reported
   paths, force-added past every exclusion, and the other tracked names of a reported file
@@ -13,8 +13,10 @@ predicts:
   inotify one records every change, the portable one makes rounds rescan);
 - every restore: within the scope of SPEC §6 (only the paths edit tools ever reported, or
   every tracked path when there were none), or the named paths, the checkpoint's content
-  byte for byte; an ignored file it writes over is saved first (and tracked from then on);
-- every undo and redo: the paths the restore touched, as they were before it, or after it.
+  byte for byte; an ignored file it writes over, or one in a folder where it writes a file,
+  is saved first (and tracked from then on);
+- every undo and redo: a restore to the state before the restore (or after it) of the paths
+  it touched (a folder standing for the files under it).
 
 After every step the disk must equal the model; after every round the checkpoint's tree
 (read with `list_tree` + `read_blob`) must equal the model's tracked set.
@@ -39,7 +41,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from shadowpoint.config import DEFAULT_READ_ONLY_TOOLS
 from shadowpoint.engine import Engine, EngineOptions
-from shadowpoint.errors import AlreadyRestoredError, NothingToUndoError, RestoreConflictError
+from shadowpoint.errors import AlreadyRestoredError, NothingToUndoError, RestoreConflictError, RestoreFailedError
 from shadowpoint.kinds import RestoreMode, ToolKind
 from shadowpoint.observe.watcher import ObserverKind
 from shadowpoint.store.values import MODE_EXEC, MODE_FILE, MODE_LINK
@@ -47,12 +49,14 @@ from tests.conftest import Exe, Link, read_tree
 
 SOAK = max(1, int(os.environ.get("SHADOWPOINT_SOAK") or 1))  # read at import: the hermetic fixture clears it
 
-# Folder names and file names never overlap, so a path is always a file or always a folder.
+# Folder names and file names never overlap, so a path is always a file or always a folder,
+# but for SWAPS: folders a build may replace with a file of the same name, and back.
 DIRS = ["", "d", "d/e", "node_modules"]
 NAMES = ["a", "b.txt", "x.log", "c.sh"]
 PATHS = [f"{d}/{n}" if d else n for d in DIRS for n in NAMES]
 # folders a rename or a removal takes whole; "m" and "n/m" are made only by a rename
 FOLDERS = ["d", "d/e", "node_modules", "m", "n/m", "d/m"]
+SWAPS = ["d/e", "node_modules"]  # `node_modules/` ignores the folder, not a file of the name
 LINK_TARGETS = ["a", "../a", "d", "/nonexistent/abs", "../../../outside", "b.txt"]
 # one text and two edits of it far apart: the three-way merges of keepOutsideEdits are clean
 LINES = [b"l1\nl2\nl3\nl4\nl5\nl6\n", b"L1\nl2\nl3\nl4\nl5\nl6\n", b"l1\nl2\nl3\nl4\nl5\nL6\n"]
@@ -63,6 +67,16 @@ CONTENTS = [b"", b"one\n", b"two\r\nlines\r\n", b"\x00\x01binary\xff", b"same si
 def excluded(path: str) -> bool:
     """The built-in rules that touch this universe: `*.log` and `node_modules/`."""
     return path.endswith(".log") or path.startswith("node_modules/")
+
+
+def above(path: str) -> list[str]:
+    """The folders above `path`, top down."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def at_or_under(path: str, paths: set[str]) -> bool:
+    return path in paths or any(f in paths for f in above(path))
 
 
 File = tuple[bytes, bool]  # content, executable
@@ -113,9 +127,9 @@ class WorkspaceModel(RuleBasedStateMachine):
         # found; with a watcher the writes of this model happen between rounds, not the task's
         self.changed: set[str] = set()
         self.pending: set[str] = set()
-        # the undo and redo stacks: each restore's files before it and as it left them
-        self.undo: list[tuple[dict[str, Entry | None], dict[str, Entry | None]]] = []
-        self.redo: list[tuple[dict[str, Entry | None], dict[str, Entry | None]]] = []
+        # the undo and redo stacks: each restore's safety state, the state it left, its paths
+        self.undo: list[tuple[dict[str, Entry], dict[str, Entry], list[str]]] = []
+        self.redo: list[tuple[dict[str, Entry], dict[str, Entry], list[str]]] = []
 
     def teardown(self) -> None:
         self.engine.close()
@@ -148,11 +162,20 @@ class WorkspaceModel(RuleBasedStateMachine):
         return [p for p, i in self.inode.items() if i == self.inode[path]]
 
     def _rescan(self, tracked: dict[str, Entry], forced: set[str]) -> dict[str, Entry]:
-        return {p: e for p, e in self.disk.items() if not excluded(p) or p in tracked or p in forced}
+        """A forced folder is staged with every file under it."""
+        return {p: e for p, e in self.disk.items() if not excluded(p) or p in tracked or at_or_under(p, forced)}
+
+    def _under(self, folder: str) -> list[str]:
+        return [p for p in self.disk if p.startswith(f"{folder}/")]
+
+    def _blocked(self, path: str) -> bool:
+        """A file or link stands where a folder of `path` goes (a swapped folder): no rule
+        but a restore writes there."""
+        return any(f in self.disk for f in above(path))
 
     @rule(path=st.sampled_from(PATHS), data=st.sampled_from(CONTENTS), executable=st.booleans())
     def write(self, path: str, data: bytes, executable: bool) -> None:
-        if self._unseen(path):
+        if self._unseen(path) or self._blocked(path):
             return
         self._write(path, data, executable)
         self.pending.add(path)
@@ -168,6 +191,8 @@ class WorkspaceModel(RuleBasedStateMachine):
 
     @rule(path=st.sampled_from(PATHS), link_to=st.sampled_from(LINK_TARGETS))
     def symlink(self, path: str, link_to: str) -> None:
+        if self._blocked(path):
+            return
         full = self.root / path
         full.parent.mkdir(parents=True, exist_ok=True)
         if full.is_symlink() or full.exists():
@@ -191,6 +216,8 @@ class WorkspaceModel(RuleBasedStateMachine):
 
     @rule(folder=st.sampled_from(["d", "d/e", "node_modules", "empty", "d/empty"]))
     def mkdir(self, folder: str) -> None:
+        if folder in self.disk or self._blocked(folder):
+            return
         (self.root / folder).mkdir(parents=True, exist_ok=True)  # git keeps no empty folder: no model change
 
     @precondition(lambda self: bool(self.disk))
@@ -200,6 +227,8 @@ class WorkspaceModel(RuleBasedStateMachine):
         source = data.draw(st.sampled_from(sorted(self.disk)))
         if source == to or (source in self.inode and self.inode.get(to) == self.inode[source]):
             return  # two names of one file: rename(2) does nothing
+        if self._blocked(to):
+            return
         (self.root / to).parent.mkdir(parents=True, exist_ok=True)
         os.rename(self.root / source, self.root / to)
         self.disk[to] = self.disk.pop(source)
@@ -214,7 +243,7 @@ class WorkspaceModel(RuleBasedStateMachine):
         """`ln src to`: a second name of one file; a write through either changes both (not
         through an excluded one: `_unseen`)."""
         source = data.draw(st.sampled_from(sorted(p for p, e in self.disk.items() if e[0] == "file")))
-        if to in self.disk:
+        if to in self.disk or self._blocked(to):
             return
         (self.root / to).parent.mkdir(parents=True, exist_ok=True)
         os.link(self.root / source, self.root / to)
@@ -248,6 +277,28 @@ class WorkspaceModel(RuleBasedStateMachine):
             self.inode.pop(path, None)
             self.pending.add(path)
 
+    @rule(path=st.sampled_from(SWAPS), data=st.sampled_from(CONTENTS))
+    def swap(self, path: str, data: bytes) -> None:
+        """A build replaces the folder `path` with a file of that name (`rm -rf out && cc -o
+        out`), or the file (or nothing) with a folder holding `a`."""
+        full = self.root / path
+        if full.is_dir() and not full.is_symlink():
+            shutil.rmtree(full)
+            for gone in self._under(path):
+                del self.disk[gone]
+                self.inode.pop(gone, None)
+                self.pending.add(gone)
+            self._write(path, data, False)
+            self.pending.add(path)
+            return
+        if path in self.disk:
+            full.unlink()
+            del self.disk[path]
+            self.inode.pop(path, None)
+            self.pending.add(path)
+        self._write(f"{path}/a", data, False)
+        self.pending.add(f"{path}/a")
+
     # ---- rounds -----------------------------------------------------------------------------------------
 
     def _next_ts(self) -> int:
@@ -276,11 +327,20 @@ class WorkspaceModel(RuleBasedStateMachine):
             # a reported file with other names: the tracked names the engine last saw on its
             # inode are staged too (the stat cache's inodes: a name that got the inode since
             # then, unreported, is not known to have it)
-            linked = {q for p in reported if p in self.inode and len(self._names(p)) > 1
+            # a reported folder is staged with every file under it (and a file or nothing there:
+            # no tracked path under it is left)
+            staged = {q for p in reported for q in (p, *self._under(p)) if q in self.disk}
+            linked = {q for p in staged if p in self.inode and len(self._names(p)) > 1
                       for q, seen in self.seen.items() if seen == self.inode[p]}
             for path in reported | linked:
+                for gone in [q for q in self.tracked if q.startswith(f"{path}/")]:
+                    self._track(gone, None)
                 self._track(path, self.disk.get(path))
-            self.pending -= reported | linked
+            for path in staged:
+                for folder in above(path):  # a tracked file where its folder is now
+                    self._track(folder, None)
+                self._track(path, self.disk[path])
+            self.pending = {p for p in self.pending if not at_or_under(p, reported | linked)}
         self._round_done(ts)
 
     @rule()
@@ -335,10 +395,10 @@ class WorkspaceModel(RuleBasedStateMachine):
             with pytest.raises(AlreadyRestoredError):
                 self.engine.restore("t", ts, RestoreMode.FILES)
             return
-        out: dict[str, Any] = self.engine.restore("t", ts, RestoreMode.FILES).to_wire()
         scope = self.edited | self.changed
-        self._restored(out, target, lambda p: not scope or p in scope, None)
-        self.restored.add(ts)
+        if self._restored(lambda: self.engine.restore("t", ts, RestoreMode.FILES), target,
+                          lambda p: not scope or at_or_under(p, scope), None):
+            self.restored.add(ts)  # a partly failed restore marks nothing
 
     @rule(data=st.data())
     def restore_paths(self, data: st.DataObject) -> None:
@@ -348,9 +408,8 @@ class WorkspaceModel(RuleBasedStateMachine):
         ts, target = data.draw(st.sampled_from(self.checkpoints))
         known = {*target, *self._rescan(self.tracked, self.edited), *self.disk, *FOLDERS}
         named = data.draw(st.sets(st.sampled_from(sorted(known)), min_size=1, max_size=3))
-        out: dict[str, Any] = self.engine.restore("t", ts, RestoreMode.FILES, paths=sorted(named)).to_wire()
-        self._restored(out, target, lambda p: any(p == n or p.startswith(f"{n}/") for n in named),
-                       self.checkpoints[-1][1])
+        self._restored(lambda: self.engine.restore("t", ts, RestoreMode.FILES, paths=sorted(named)), target,
+                       lambda p: any(p == n or p.startswith(f"{n}/") for n in named), self.checkpoints[-1][1])
 
     @rule(data=st.data())
     def restore_keeping_outside_edits(self, data: st.DataObject) -> None:
@@ -360,29 +419,30 @@ class WorkspaceModel(RuleBasedStateMachine):
         ts, target = data.draw(st.sampled_from(self.checkpoints))
         current = self._rescan(self.tracked, self.edited)
         scope = self.edited | self.changed
-        if ts in self.restored or any(p not in current and p in self.disk for p in target):
-            return  # the marks and an untracked file in the way are the other rules' cases
+        if ts in self.restored or any((p not in current and p in self.disk) or self._blocked(p)
+                                      or self._under(p) for p in target):
+            return  # the marks and what stands in a write's way are the other rules' cases
         try:
             out: dict[str, Any] = self.engine.restore("t", ts, RestoreMode.FILES,
                                                       keep_outside_edits=True).to_wire()
         except RestoreConflictError as exc:
-            assert exc.conflicts and all(not scope or p in scope for p in exc.conflicts)
+            assert exc.conflicts and all(not scope or at_or_under(p, scope) for p in exc.conflicts)
             self._set_tracked(current)  # its safety state was staged; nothing was written
             self.pending.clear()
             return
         files = out["files"]
         touched = sorted(files["restored"] + files["deleted"] + files["merged"])
-        assert all(not scope or p in scope for p in touched), "only the task's paths"
+        assert all(not scope or at_or_under(p, scope) for p in touched), "only the task's paths"
         actual = read_tree(self.root)
         for path in files["restored"] + files["deleted"]:
             assert actual.get(path) == (wire(target[path]) if path in target else None), path
-        before = {p: self.disk.get(p) for p in touched}
         self._set_tracked(current)
+        safety = dict(current)
         for path in touched:
             self._put(path, self._on_disk(path))
             self._track(path, self.disk.get(path))
         self.restored.add(ts)
-        self.undo.append((before, {p: self.disk.get(p) for p in before}))
+        self.undo.append((safety, dict(self.tracked), touched))
         self.redo.clear()
         self.pending.clear()
 
@@ -394,26 +454,68 @@ class WorkspaceModel(RuleBasedStateMachine):
             return None
         return ("file", full.read_bytes(), bool(full.stat().st_mode & stat.S_IXUSR))
 
-    def _restored(self, out: dict[str, Any], target: dict[str, Entry], in_scope: Callable[[str], bool],
-                  newest: dict[str, Entry] | None) -> None:
-        """What a file restore to `target` did: its safety checkpoint rescans (edited paths
-        forced) and becomes the tracked set, then the paths in scope that differ are put back."""
+    def _restored(self, call: Callable[[], Any], target: dict[str, Entry], in_scope: Callable[[str], bool],
+                  newest: dict[str, Entry] | None) -> bool:
+        """A file restore to `target`, recorded for undo and redo (a partly failed one too).
+        Returns whether all of it went through."""
         current = self._rescan(self.tracked, self.edited)
-        # an untracked file (excluded) where the restore writes is saved first: tracked from now
-        current |= {p: self.disk[p] for p in target if in_scope(p) and p not in current and p in self.disk}
-        touched = sorted(p for p in set(target) | set(current) if in_scope(p) and target.get(p) != current.get(p))
-        if newest is not None:  # named paths: a deletion of what no snapshot holds is left alone
-            touched = [p for p in touched if p in target or p in newest]
-        before = {p: self.disk.get(p) for p in touched}
+        writes = [p for p in target if in_scope(p) and target[p] != current.get(p)]
+        self._save_in_the_way(current, writes)
+        touched = {p for p in set(target) | set(current) if in_scope(p) and target.get(p) != current.get(p)}
+        # a tracked file where a folder of a written path goes is deleted, in scope or not
+        touched |= {f for p in writes for f in above(p) if f in current}
+        if newest is not None:
+            # named paths: a deletion of what no snapshot holds is left alone, unless a write
+            # needs the place
+            needed = {f for p in writes for f in above(p)}
+            touched = {p for p in touched if p in target or p in newest or p in needed}
+        # a folder where a file is written, holding a file the restore does not delete (one no
+        # snapshot holds, or not named): left whole, the write with it (SPEC §6), and the
+        # restore fails for it after doing the rest
+        occupied = self._occupied(target, touched)
+        touched = {p for p in touched if not at_or_under(p, occupied)}
+        if occupied:
+            with pytest.raises(RestoreFailedError, match="left as it is, since the folder there holds"):
+                call()
+        safety = self._apply(None if occupied else call().to_wire(), target, current, touched)
+        self.undo.append((safety, dict(self.tracked), sorted(touched)))
+        self.redo.clear()
+        return not occupied
+
+    def _occupied(self, target: dict[str, Entry], touched: set[str]) -> set[str]:
+        """The written paths where a folder holds a file the restore does not delete."""
+        deleted = {p for p in touched if p not in target}
+        return {p for p in touched if p in target and any(q not in deleted for q in self._under(p))}
+
+    def _save_in_the_way(self, current: dict[str, Entry], writes: list[str]) -> None:
+        """What a write replaces that no snapshot holds (ignored, excluded) is saved first and
+        tracked from now: a file at the path or where a folder of it goes."""
+        for path in writes:
+            if path in current:
+                continue
+            for place in (*above(path), path):
+                if place in current:
+                    break  # tracked: the restore deletes it (a folder goes there)
+                if place in self.disk:
+                    current[place] = self.disk[place]
+                    break
+                if not self._under(place):
+                    break  # nothing there
+
+    def _apply(self, out: dict[str, Any] | None, target: dict[str, Entry], current: dict[str, Entry],
+               touched: set[str]) -> dict[str, Entry]:
+        """The restore's safety state `current` becomes the tracked set; `touched` is put back
+        (and is what the answer `out` names, when it answered). Returns the safety state."""
+        safety = dict(current)
         self._set_tracked(current)
-        for path in touched:
+        for path in sorted(touched):
             self._put(path, target.get(path))
             self._track(path, target.get(path))
-        assert out["files"] is not None
-        assert sorted(out["files"]["restored"] + out["files"]["deleted"]) == touched
-        self.undo.append((before, {p: target.get(p) for p in before}))
-        self.redo.clear()
+        if out is not None:
+            assert out["files"] is not None
+            assert sorted(out["files"]["restored"] + out["files"]["deleted"]) == sorted(touched), (out, touched)
         self.pending.clear()
+        return safety
 
     @rule()
     def undo_restore(self) -> None:
@@ -421,11 +523,10 @@ class WorkspaceModel(RuleBasedStateMachine):
             with pytest.raises(NothingToUndoError):
                 self.engine.undo_restore("t")
             return
-        self.engine.undo_restore("t")
-        before, after = self.undo.pop()
-        self._step(before)
-        self.redo.append((before, after))
-        self.restored.clear()  # the files are no longer as a restore left them
+        safety, _, paths = self.undo[-1]
+        if self._step(self.engine.undo_restore, safety, paths):
+            self.redo.append(self.undo.pop())
+            self.restored.clear()  # the files are no longer as a restore left them
 
     @rule()
     def redo_restore(self) -> None:
@@ -433,21 +534,38 @@ class WorkspaceModel(RuleBasedStateMachine):
             with pytest.raises(NothingToUndoError):
                 self.engine.redo_restore("t")
             return
-        self.engine.redo_restore("t")
-        before, after = self.redo.pop()
-        self._step(after)
-        self.undo.append((before, after))
+        _, after, paths = self.redo[-1]
+        if self._step(self.engine.redo_restore, after, paths):
+            self.undo.append(self.redo.pop())
 
-    def _step(self, files: dict[str, Entry | None]) -> None:
-        """An undo or redo: its safety checkpoint, then `files` put back."""
-        # its safety checkpoint forces the edited paths too, as a restore's does (one staging
-        # for both): a file made since in an excluded place under an edited path is tracked
-        self._set_tracked(self._rescan(self.tracked, set(files) | self.edited))
-        for path, entry in files.items():
-            if self.disk.get(path) != entry:  # a path already so is not written (its inode stays)
-                self._put(path, entry)
-            self._track(path, entry)
-        self.pending.clear()
+    def _step(self, call: Callable[[str], Any], tree: dict[str, Entry], paths: list[str]) -> bool:
+        """An undo or redo: exactly the restore's paths put back to the state before it (`tree`:
+        its safety state) or after it. Something made since in the way of one (files in a
+        folder where it writes a file, a file where a folder of it goes) refuses it whole,
+        writing nothing. Returns whether it went through."""
+        scope = set(paths)
+        current = self._rescan(self.tracked, self.edited)
+        writes = [p for p in paths if p in tree and tree[p] != current.get(p)]
+
+        def blocked() -> set[str]:
+            others = {p for p in set(tree) | set(current)
+                      if at_or_under(p, scope) and p not in scope and tree.get(p) != current.get(p)}
+            others |= {f for w in writes for f in above(w) if f in current and f not in scope}
+            return {w for w in writes if any(f in others for f in above(w))
+                    or any(o.startswith(f"{w}/") for o in others)}
+
+        # a write left out is not looked at for what it replaces
+        self._save_in_the_way(current, [w for w in writes if w not in blocked()])
+        left = blocked()
+        touched = {p for p in scope if tree.get(p) != current.get(p)}
+        if left or self._occupied(tree, {p for p in touched if p not in left}):
+            with pytest.raises(RestoreFailedError, match="in its way"):
+                call("t")
+            self._set_tracked(current)
+            self.pending.clear()
+            return False
+        self._apply(call("t").to_wire(), tree, current, touched)
+        return True
 
     def _put(self, path: str, entry: Entry | None) -> None:
         self.inode.pop(path, None)  # a restore writes a new file and renames it into place
