@@ -319,7 +319,7 @@ class Restorer:
         out.plan, held = withhold(out.plan, occupied)
         log.info("restore.folder_in_the_way", op=request.op, paths=sorted(occupied)[:20], count=len(occupied))
         if request.targets is not None:
-            out.in_way += [f"{show(p)} ({show(by)} is in its way)" for p, by in occupied.items()]
+            out.in_way += _in_its_way(show, occupied)
             return
         out.held += [
             f"{show(p)}: left as it is, since the folder there holds {show(occupied[p])}, which the "
@@ -384,8 +384,7 @@ class Restorer:
         out = _RootPlan(plan, current.tree, held=[
             f"{self.host.resolver.display(root.ws, p)}: left as it is, since the safety checkpoint could not "
             f"save what is there ({why.get(p, 'a file in its way')}); move it aside and restore again" for p in held],
-            in_way=[f"{self.host.resolver.display(root.ws, p)} ({self.host.resolver.display(root.ws, by)} "
-                    "is in its way)" for p, by in in_way.items()])
+            in_way=_in_its_way(self._shower(root), in_way))
         if base is not None:
             here_now = {op.path: e for op in plan.ops if (e := root.cache.entry(op.path)) is not None}
             outcome = keep_outside_edits(plan, base, here_now, repo)
@@ -686,6 +685,11 @@ class Restorer:
             cut = self._cut(rt, keep_through)
             self.host.save(rt)
             return Restore(files, cut, error, text)
+
+
+def _in_its_way(show: Callable[[RepoPath], str], paths: Mapping[RepoPath, RepoPath]) -> list[str]:
+    """An undo's or redo's paths, each with what was made since in its way."""
+    return [f"{show(p)} ({show(by)} is in its way)" for p, by in paths.items()]
 
 
 def error_value(exc: ShadowpointError) -> KindError:
