@@ -409,12 +409,13 @@ class Restorer:
     def _only_known(plan: RestorePlan, target: dict[RepoPath, TreeEntry], root: LockedRoot,
                     newest_tree: str | None) -> RestorePlan:
         """Drop deletions of named paths that neither the checkpoint nor the newest snapshot
-        holds (untracked, ignored, excluded: PROTOCOL 1.1 `paths`), unless a write needs the place."""
+        holds (untracked, ignored, excluded: PROTOCOL 1.1 `paths`), unless a write needs the place.
+        A folder the newest snapshot has at the path of a file made since does not hold it."""
         repo = root.repo
         writes = [op.path for op in plan.ops if op.entry is not None]
         keep = []
         for op in plan.ops:
-            if op.entry is None and op.path not in target and repo.lookup(newest_tree, op.path) is None \
+            if op.entry is None and op.path not in target and not _holds_file(repo, newest_tree, op.path) \
                     and not any(w.startswith(op.path + "/") for w in writes):
                 continue
             keep.append(op)
@@ -685,6 +686,12 @@ class Restorer:
             cut = self._cut(rt, keep_through)
             self.host.save(rt)
             return Restore(files, cut, error, text)
+
+
+def _holds_file(repo: ShadowRepo, tree: str | None, path: RepoPath) -> bool:
+    """Whether `tree` has a file or link (not a folder) at `path`."""
+    entry = repo.lookup(tree, path)
+    return entry is not None and entry.mode != MODE_TREE
 
 
 def _in_its_way(show: Callable[[RepoPath], str], paths: Mapping[RepoPath, RepoPath]) -> list[str]:

@@ -420,6 +420,23 @@ def test_an_untracked_file_a_restore_replaces_is_saved_first_and_undone(
 
 
 @pytest.mark.parametrize("watcher", [False, True], ids=["rescan", "watcher"])
+def test_a_named_file_made_where_the_newest_snapshot_has_a_folder_is_left_alone(
+        make_engine: MakeEngine, ws: Path, watcher: bool) -> None:
+    """The newest snapshot has a folder `gen`; a file `gen` was made since. A restore of
+    `paths: ["gen"]` to a checkpoint without either leaves the file alone: neither snapshot
+    holds it (PROTOCOL 1.1 `paths`). The folder at that path once counted as holding it."""
+    eng = make_engine(ws, watcher=watcher)
+    start(eng)
+    command_round(eng, ws, 10, {"gen/x": "in the newest snapshot"})
+    make_tree(ws, {"gen/x": None})
+    (ws / "gen").rmdir()
+    make_tree(ws, {"gen": "made since"})
+    out = as_json(eng.restore("t1", 0, RestoreMode.FILES, paths=["gen"]).to_wire())["files"]
+    assert (out["restored"], out["deleted"]) == ([], [])
+    assert read_tree(ws)["gen"] == b"made since"
+
+
+@pytest.mark.parametrize("watcher", [False, True], ids=["rescan", "watcher"])
 @pytest.mark.parametrize("named", [False, True], ids=["whole", "named"])
 def test_a_folder_where_a_restore_writes_a_file_is_left_whole_and_the_undo_keeps_it(
         make_engine: MakeEngine, ws: Path, watcher: bool, named: bool) -> None:
