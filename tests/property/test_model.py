@@ -13,10 +13,10 @@ restores, driving the `Engine` in-process. An in-memory model predicts:
   inotify one records every change, the portable one makes rounds rescan);
 - every restore: within the scope of SPEC §6 (only the paths edit tools ever reported, or
   every tracked path when there were none), or the named paths, the checkpoint's content
-  byte for byte; an ignored file it writes over, or one in a folder where it writes a file,
-  is saved first (and tracked from then on);
-- every undo and redo: a restore to the state before the restore (or after it) of the paths
-  it touched (a folder standing for the files under it).
+  byte for byte; an ignored file it writes over is saved first (and tracked from then on);
+  a folder holding a file it does not delete, where it writes a file, is left whole;
+- every undo and redo: exactly the paths the restore touched, as they were before it (or
+  after it), or, when something made since is in the way of one, a refusal writing nothing.
 
 After every step the disk must equal the model; after every round the checkpoint's tree
 (read with `list_tree` + `read_blob`) must equal the model's tracked set.
