@@ -295,11 +295,19 @@ if AVAILABLE:
                 if not self.is_active or os.path.lexists(path):
                     return
                 prefix = path + b"/"
-                wds = [
-                    wd
-                    for watched, wd in self._active_callbacks_by_path.items()
-                    if watched == path or watched.startswith(prefix)
-                ]
+                wds = []
+                for watched, wd in list(self._active_callbacks_by_path.items()):
+                    if watched != path and not watched.startswith(prefix):
+                        continue
+                    now = self._active_callbacks_by_watch.get(wd)
+                    if now is not None and now != path and not now.startswith(prefix):
+                        # The folder moved to a place watched meanwhile (`mkdir n && mv d n/m`
+                        # before `n`'s watch was placed: the move's two halves never paired), and
+                        # the walk of that place took the same watch under the new path. Only the
+                        # old name goes: removing the watch lost every event below the new path.
+                        del self._active_callbacks_by_path[watched]
+                    else:
+                        wds.append(wd)
                 self._remove_callbacks(wds)
 
         def on_event(self, event: InotifyEvent) -> None:
