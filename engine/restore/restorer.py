@@ -316,15 +316,15 @@ class Restorer:
         """Leave alone each written path where a folder holds a file the plan keeps, and what is
         under it (`in_the_way`): a restore does the rest, an undo or redo is refused whole."""
         show = self._shower(root)
-        out.plan, held = withhold(out.plan, occupied)
         log.info("restore.folder_in_the_way", op=request.op, paths=sorted(occupied)[:20], count=len(occupied))
         if request.targets is not None:
             out.in_way += _in_its_way(show, occupied)
             return
+        out.plan, _ = withhold(out.plan, occupied)
         out.held += [
-            f"{show(p)}: left as it is, since the folder there holds {show(occupied[p])}, which the "
-            "restore does not delete (no snapshot holds it, or it was not named); move it aside and restore again"
-            for p in held if p in occupied]
+            f"{show(p)}: left as it is, since the folder there holds {show(by)}, which the restore does not "
+            "delete (no snapshot holds it, or it was not named); move it aside and restore again"
+            for p, by in occupied.items()]
 
     @staticmethod
     def _head_to_safety(plans: Mapping[str, _RootPlan], locked: Mapping[str, LockedRoot]) -> None:
